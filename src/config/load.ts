@@ -1,0 +1,133 @@
+import { readFileSync } from 'node:fs';
+import { parseDocument } from 'yaml';
+import type { z } from 'zod';
+import { configSchema, type Config } from './schema';
+
+/** Env vars of DESIGN §4.1 and the config key each one overrides. */
+export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => unknown }> = {
+  LIGHTNING_UPSTREAM_URL: { path: ['receivers', 'llm_proxy', 'upstream_url'] },
+  LIGHTNING_UPSTREAM_FLAVOR: { path: ['receivers', 'llm_proxy', 'upstream_flavor'] },
+  LIGHTNING_PROXY_ADDR: { path: ['receivers', 'llm_proxy', 'endpoint'] },
+  LIGHTNING_OTLP_GRPC_ADDR: { path: ['receivers', 'otlp', 'protocols', 'grpc', 'endpoint'] },
+  LIGHTNING_OTLP_HTTP_ADDR: { path: ['receivers', 'otlp', 'protocols', 'http', 'endpoint'] },
+  LIGHTNING_TELEMETRY_ADDR: { path: ['service', 'telemetry', 'endpoint'] },
+  LIGHTNING_DATA_DIR: { path: ['service', 'data_dir'] },
+  LIGHTNING_EXPORTER: { path: ['service', 'exporter'] },
+  LIGHTNING_LOG_LEVEL: { path: ['service', 'log_level'] },
+  LIGHTNING_KAFKA_BROKERS: {
+    path: ['exporters', 'kafka', 'brokers'],
+    parse: (v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0),
+  },
+  LIGHTNING_KAFKA_TOPIC: { path: ['exporters', 'kafka', 'topic'] },
+  LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: { path: ['processors', 'episodes', 'idle_timeout_ms'], parse: toNumber },
+  LIGHTNING_TOOL_SPAN_WAIT_MS: { path: ['processors', 'episodes', 'tool_span_wait_ms'], parse: toNumber },
+};
+
+function toNumber(v: string): unknown {
+  const n = Number(v);
+  return v.trim() === '' || Number.isNaN(n) ? v : n;
+}
+
+export class ConfigError extends Error {
+  readonly code = 'CONFIG_INVALID';
+  constructor(readonly problems: string[]) {
+    super(problems.join('\n'));
+    this.name = 'ConfigError';
+  }
+}
+
+export interface LoadOptions {
+  /** YAML file path; undefined = none. */
+  file?: string;
+  env?: NodeJS.ProcessEnv;
+  /** Overrides applied last, as parsed YAML would be (used by tests and the demo). */
+  overrides?: Record<string, unknown>;
+}
+
+/** YAML, then env vars, then schema defaults. Every problem is listed, as `path: message`. */
+export function loadConfig(options: LoadOptions = {}): Config {
+  const problems: string[] = [];
+  let raw: Record<string, unknown> = {};
+  if (options.file !== undefined) {
+    raw = readYaml(options.file, problems);
+  }
+  const fromEnv = new Map<string, string>();
+  const env = options.env ?? {};
+  for (const [name, spec] of Object.entries(ENV_KEYS)) {
+    const value = env[name];
+    if (value === undefined || value === '') continue;
+    setPath(raw, spec.path, spec.parse ? spec.parse(value) : value);
+    fromEnv.set(spec.path.join('.'), name);
+  }
+  if (options.overrides) raw = deepMerge(raw, options.overrides);
+  if (problems.length > 0) throw new ConfigError(problems);
+
+  const result = configSchema.safeParse(raw);
+  if (!result.success) throw new ConfigError(formatIssues(result.error.issues, fromEnv));
+  return result.data;
+}
+
+function readYaml(file: string, problems: string[]): Record<string, unknown> {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    problems.push(`${file}: cannot read config file (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    return {};
+  }
+  const doc = parseDocument(text, { uniqueKeys: true });
+  for (const e of doc.errors) {
+    const line = e.linePos?.[0];
+    problems.push(`${file}${line ? `:${line.line}:${line.col}` : ''}: ${e.message.split('\n')[0]}`);
+  }
+  if (doc.errors.length > 0) return {};
+  const value: unknown = doc.toJS();
+  if (value === null || value === undefined) return {};
+  if (typeof value !== 'object' || Array.isArray(value)) {
+    problems.push(`${file}: the top level must be a mapping`);
+    return {};
+  }
+  return value as Record<string, unknown>;
+}
+
+export function formatIssues(issues: readonly z.core.$ZodIssue[], fromEnv = new Map<string, string>()): string[] {
+  return issues.map((issue) => {
+    let path = issue.path.map(String).join('.');
+    let message = issue.message;
+    if (issue.code === 'unrecognized_keys') {
+      const keys = issue.keys;
+      path = [path, keys[0]].filter((p) => p).join('.');
+      message = keys.length > 1 ? `unknown keys ${keys.map((k) => `'${k}'`).join(', ')}` : 'unknown key';
+    }
+    const envName = fromEnv.get(issue.path.map(String).join('.'));
+    return `${path || '(root)'}${envName ? ` (from ${envName})` : ''}: ${lowerFirst(message)}`;
+  });
+}
+
+function lowerFirst(s: string): string {
+  return s.length > 0 ? s[0].toLowerCase() + s.slice(1) : s;
+}
+
+function setPath(target: Record<string, unknown>, path: string[], value: unknown): void {
+  let node = target;
+  for (const key of path.slice(0, -1)) {
+    const next = node[key];
+    if (typeof next !== 'object' || next === null || Array.isArray(next)) node[key] = {};
+    node = node[key] as Record<string, unknown>;
+  }
+  node[path[path.length - 1]] = value;
+}
+
+function deepMerge(base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...base };
+  for (const [k, v] of Object.entries(over)) {
+    const b = out[k];
+    out[k] =
+      isPlainObject(b) && isPlainObject(v) ? deepMerge(b, v) : v;
+  }
+  return out;
+}
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}

@@ -1,0 +1,147 @@
+import { z } from 'zod';
+
+/** `host:port`, the form every listener address takes (port 0 = any free port). */
+export const address = z.string().superRefine((v, ctx) => {
+  const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(v);
+  if (!m) ctx.addIssue({ code: 'custom', message: 'must be host:port, e.g. 127.0.0.1:4000' });
+  else if (Number(m[2]) > 65535) ctx.addIssue({ code: 'custom', message: 'port must be 0-65535' });
+});
+
+const positiveInt = z.number().int().positive();
+const MiB = 1024 * 1024;
+
+/** Headers that never reach a record or a log line. Lower-case. */
+export const DEFAULT_SECRET_HEADERS = [
+  'authorization',
+  'proxy-authorization',
+  'x-api-key',
+  'api-key',
+  'cookie',
+  'set-cookie',
+  'openai-organization',
+  'openai-project',
+];
+
+export const llmProxySchema = z
+  .object({
+    endpoint: address.default('127.0.0.1:4000'),
+    upstream_url: z
+      .string()
+      .url('must be an absolute http(s) URL')
+      .refine((v) => /^https?:\/\//.test(v), 'must start with http:// or https://')
+      .default('http://127.0.0.1:8000/v1'),
+    upstream_flavor: z.enum(['openai', 'vllm', 'sglang']).default('openai'),
+    /** Socket idle time towards the upstream (waiting for headers or between body bytes). */
+    upstream_timeout_ms: positiveInt.default(600_000),
+    max_request_bytes: positiveInt.default(64 * MiB),
+    max_capture_bytes: positiveInt.default(32 * MiB),
+    secret_headers: z.array(z.string().min(1).toLowerCase()).default(DEFAULT_SECRET_HEADERS),
+  })
+  .strict();
+
+export const otlpSchema = z
+  .object({
+    protocols: z
+      .object({
+        grpc: z.object({ endpoint: address.default('127.0.0.1:4317'), enabled: z.boolean().default(true) }).strict().default({ endpoint: '127.0.0.1:4317', enabled: true }),
+        http: z.object({ endpoint: address.default('127.0.0.1:4318'), enabled: z.boolean().default(true) }).strict().default({ endpoint: '127.0.0.1:4318', enabled: true }),
+      })
+      .strict()
+      .prefault({}),
+    max_request_bytes: positiveInt.default(64 * MiB),
+  })
+  .strict();
+
+export const rolloutApiSchema = z
+  .object({
+    enabled: z.boolean().default(true),
+    max_body_bytes: positiveInt.default(1 * MiB),
+  })
+  .strict();
+
+export const episodesSchema = z
+  .object({
+    idle_timeout_ms: positiveInt.default(120_000),
+    tool_span_wait_ms: z.number().int().nonnegative().default(5_000),
+    max_open_episodes: positiveInt.default(10_000),
+    tick_interval_ms: positiveInt.default(250),
+  })
+  .strict();
+
+export const creditSchema = z
+  .object({
+    mode: z.enum(['identical', 'last', 'discounted']).default('identical'),
+    gamma: z.number().gt(0).lte(1).default(0.99),
+  })
+  .strict();
+
+export const fileExporterSchema = z
+  .object({
+    /** Defaults to `{service.data_dir}`. */
+    dir: z.string().min(1).optional(),
+    max_file_bytes: positiveInt.default(64 * MiB),
+  })
+  .strict();
+
+export const kafkaExporterSchema = z
+  .object({
+    brokers: z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'must be host:port')).default([]),
+    topic: z.string().min(1).default('lightning.transitions'),
+    episodes_topic: z.string().min(1).default('lightning.episodes'),
+    client_id: z.string().min(1).default('lightning-sidecar'),
+  })
+  .strict();
+
+export const configSchema = z
+  .object({
+    receivers: z
+      .object({
+        llm_proxy: llmProxySchema.prefault({}),
+        otlp: otlpSchema.prefault({}),
+        rollout_api: rolloutApiSchema.prefault({}),
+      })
+      .strict()
+      .prefault({}),
+    processors: z
+      .object({
+        episodes: episodesSchema.prefault({}),
+        credit: creditSchema.prefault({}),
+      })
+      .strict()
+      .prefault({}),
+    exporters: z
+      .object({
+        file: fileExporterSchema.prefault({}),
+        kafka: kafkaExporterSchema.prefault({}),
+      })
+      .strict()
+      .prefault({}),
+    service: z
+      .object({
+        exporter: z.enum(['file', 'kafka']).default('file'),
+        data_dir: z.string().min(1).default('./data'),
+        log_level: z.enum(['debug', 'info', 'warn', 'error']).default('info'),
+        telemetry: z
+          .object({ endpoint: address.default('0.0.0.0:9464') })
+          .strict()
+          .prefault({}),
+        shutdown_timeout_ms: positiveInt.default(25_000),
+      })
+      .strict()
+      .prefault({}),
+  })
+  .strict()
+  .superRefine((cfg, ctx) => {
+    if (cfg.service.exporter === 'kafka' && cfg.exporters.kafka.brokers.length === 0) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['exporters', 'kafka', 'brokers'],
+        message: 'at least one broker is required when service.exporter is kafka',
+      });
+    }
+  });
+
+export type Config = z.infer<typeof configSchema>;
+export type LlmProxyConfig = z.infer<typeof llmProxySchema>;
+export type EpisodesConfig = z.infer<typeof episodesSchema>;
+export type CreditConfig = z.infer<typeof creditSchema>;

@@ -1,0 +1,153 @@
+/**
+ * Records flowing from receivers to processors. Every captured fact is one of these; the
+ * episode assembler is a fold over them (plus `tick`s), so the same stream replayed gives the
+ * same transitions.
+ */
+
+export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages';
+
+/** Which rollout a record belongs to (DESIGN §4.2). */
+export interface Correlation {
+  rolloutId: string;
+  attemptId: string;
+  groupId: string | null;
+  agentName: string | null;
+  /** How the rollout id was found: 'path' | 'header' | 'baggage' | 'traceparent' | 'self'. */
+  source: 'path' | 'header' | 'baggage' | 'traceparent' | 'self';
+}
+
+export interface ToolCallRequest {
+  id: string | null;
+  name: string | null;
+  arguments: string | null;
+}
+
+/** One generated sequence of a call (one per choice; `n > 1` gives several). */
+export interface ChoiceCapture {
+  index: number;
+  finishReason: string | null;
+  responseTokenIds: number[] | null;
+  responseLogprobs: number[] | null;
+  /** SGLang reports prompt ids per choice. */
+  promptTokenIds: number[] | null;
+  toolCalls: ToolCallRequest[];
+}
+
+export interface CallStartRecord {
+  type: 'call_start';
+  correlation: Correlation;
+  seq: number;
+  at: number;
+}
+
+export interface CallRecord {
+  type: 'call';
+  correlation: Correlation;
+  seq: number;
+  api: Api;
+  model: string | null;
+  traceId: string | null;
+  spanId: string | null;
+  /** Request body as sent upstream (parsed JSON), or null when it could not be parsed. */
+  request: unknown;
+  /** Response body, or assembled from the stream; null when nothing usable arrived. */
+  response: unknown;
+  streamed: boolean;
+  status: 'ok' | 'error' | 'aborted';
+  httpStatus: number | null;
+  error: string | null;
+  usage: unknown;
+  promptTokenIds: number[] | null;
+  choices: ChoiceCapture[];
+  /** Fields the sidecar added to the upstream request. */
+  injected: string[];
+  /** The capture cap was hit: request and/or response bodies are incomplete. */
+  truncated: boolean;
+  startedAt: number;
+  endedAt: number;
+  ttftMs: number | null;
+}
+
+export interface RewardRecord {
+  type: 'reward';
+  rolloutId: string;
+  attemptId: string;
+  value: number;
+  name: string;
+  final: boolean;
+  at: number;
+  source: 'rollout_api' | 'agentlightning_events' | 'span';
+}
+
+export interface EndRecord {
+  type: 'end';
+  rolloutId: string;
+  attemptId: string;
+  at: number;
+}
+
+export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord;
+
+/** DESIGN §4.4 transition, JSON shape. */
+export interface Transition {
+  schema: 'lightning.transition.v1';
+  transition_id: string;
+  rollout_id: string;
+  attempt_id: string;
+  group_id: string | null;
+  seq: number;
+  choice_index: number;
+  agent_name: string | null;
+  model: string | null;
+  policy_version: string | null;
+  api: Api;
+  request: unknown;
+  response: unknown;
+  streamed: boolean;
+  status: 'ok' | 'error' | 'aborted';
+  http_status: number | null;
+  error: string | null;
+  finish_reason: string | null;
+  usage: unknown;
+  prompt_token_ids: number[] | null;
+  response_token_ids: number[] | null;
+  response_logprobs: number[] | null;
+  continues_previous: boolean;
+  tool_calls: { id: string | null; name: string | null; status: string | null; reward: number | null; span_id: string | null }[];
+  intermediate_reward: number | null;
+  final_reward: number | null;
+  reward: number;
+  credit: number | null;
+  is_last: boolean;
+  episode_status: EpisodeStatus;
+  truncated: boolean;
+  trace_id: string | null;
+  span_id: string | null;
+  started_at: string;
+  ended_at: string;
+  latency_ms: number;
+  ttft_ms: number | null;
+  injected: string[];
+}
+
+export type EpisodeStatus = 'completed' | 'timed_out' | 'evicted';
+
+export interface EpisodeSummary {
+  schema: 'lightning.episode.v1';
+  rollout_id: string;
+  attempt_id: string;
+  group_id: string | null;
+  episode_status: EpisodeStatus;
+  final_reward: number | null;
+  rewards: { name: string; value: number; final: boolean }[];
+  credit_mode: string;
+  transitions: number;
+  transition_ids: string[];
+  started_at: string;
+  ended_at: string;
+}
+
+export interface ClosedEpisode {
+  episode: EpisodeSummary;
+  transitions: Transition[];
+}

@@ -1,0 +1,181 @@
+import type { CreditConfig, EpisodesConfig } from '../../config/schema';
+import type { CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from '../../pipeline/records';
+import { buildEpisode } from '../rewards/transitions';
+
+export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };
+
+export interface AssemblerOptions {
+  episodes: EpisodesConfig;
+  credit: CreditConfig;
+  airWeight?: number;
+}
+
+interface OpenEpisode {
+  rolloutId: string;
+  attemptId: string;
+  groupId: string | null;
+  calls: CallRecord[];
+  inFlight: Set<number>;
+  rewards: { name: string; value: number; final: boolean }[];
+  finalReward: number | null;
+  /** When a final reward or `end` arrived; null while the episode runs. */
+  closeRequestedAt: number | null;
+  lastCallEndedAt: number;
+  lastActivity: number;
+  startedAt: number;
+}
+
+/** Counts of records that arrived for episodes already closed (for metrics). */
+export interface LateCounts {
+  calls: number;
+  rewards: number;
+}
+
+/**
+ * Groups records into episodes per (rollout, attempt) and closes them: on a final reward or
+ * `end`, once no call is in flight and tool spans have had `tool_span_wait_ms`; or after
+ * `idle_timeout_ms` without activity (`timed_out`); or, past `max_open_episodes`, the least
+ * recently active one (`evicted`). A fold: no I/O, time comes only from the events, so a
+ * replayed record stream closes the same episodes with the same transitions.
+ */
+export class EpisodeAssembler {
+  /** Insertion order = least recently active first. */
+  private readonly open = new Map<string, OpenEpisode>();
+  private readonly recentlyClosed = new Map<string, true>();
+  readonly late: LateCounts = { calls: 0, rewards: 0 };
+
+  constructor(private readonly options: AssemblerOptions) {}
+
+  get openCount(): number {
+    return this.open.size;
+  }
+
+  apply(event: AssemblerEvent): ClosedEpisode[] {
+    const closed: ClosedEpisode[] = [];
+    switch (event.type) {
+      case 'tick':
+        for (const [key, ep] of this.open) {
+          const status = this.dueStatus(ep, event.at);
+          if (status) closed.push(this.close(key, ep, status, event.at));
+        }
+        return closed;
+      case 'call_start': {
+        const ep = this.touch(event.correlation.rolloutId, event.correlation.attemptId, event.at, closed);
+        ep.inFlight.add(event.seq);
+        ep.groupId ??= event.correlation.groupId;
+        return closed;
+      }
+      case 'call': {
+        const key = keyOf(event.correlation.rolloutId, event.correlation.attemptId);
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) this.late.calls++;
+        const ep = this.touch(event.correlation.rolloutId, event.correlation.attemptId, event.endedAt, closed);
+        ep.inFlight.delete(event.seq);
+        ep.calls.push(event);
+        ep.groupId ??= event.correlation.groupId;
+        ep.startedAt = Math.min(ep.startedAt, event.startedAt);
+        ep.lastCallEndedAt = Math.max(ep.lastCallEndedAt, event.endedAt);
+        this.closeIfDue(key, ep, event.endedAt, closed);
+        return closed;
+      }
+      case 'reward':
+      case 'end': {
+        const key = keyOf(event.rolloutId, event.attemptId);
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
+          this.late.rewards++;
+          return closed;
+        }
+        const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
+        if (event.type === 'reward') {
+          ep.rewards.push({ name: event.name, value: event.value, final: event.final });
+          if (event.final) {
+            ep.finalReward = event.value;
+            ep.closeRequestedAt ??= event.at;
+          }
+        } else {
+          ep.closeRequestedAt ??= event.at;
+        }
+        this.closeIfDue(key, ep, event.at, closed);
+        return closed;
+      }
+    }
+  }
+
+  /** Closes every open episode now (shutdown without a journal to resume from). */
+  drain(at: number): ClosedEpisode[] {
+    const closed: ClosedEpisode[] = [];
+    for (const [key, ep] of this.open) closed.push(this.close(key, ep, ep.closeRequestedAt !== null ? 'completed' : 'timed_out', at));
+    return closed;
+  }
+
+  private touch(rolloutId: string, attemptId: string, at: number, closed: ClosedEpisode[]): OpenEpisode {
+    const key = keyOf(rolloutId, attemptId);
+    let ep = this.open.get(key);
+    if (ep) {
+      this.open.delete(key);
+      ep.lastActivity = Math.max(ep.lastActivity, at);
+    } else {
+      if (this.open.size >= this.options.episodes.max_open_episodes) {
+        const [oldKey, oldest] = this.open.entries().next().value as [string, OpenEpisode];
+        closed.push(this.close(oldKey, oldest, 'evicted', at));
+      }
+      this.recentlyClosed.delete(key);
+      ep = {
+        rolloutId,
+        attemptId,
+        groupId: null,
+        calls: [],
+        inFlight: new Set(),
+        rewards: [],
+        finalReward: null,
+        closeRequestedAt: null,
+        lastCallEndedAt: at,
+        lastActivity: at,
+        startedAt: at,
+      };
+    }
+    this.open.set(key, ep);
+    return ep;
+  }
+
+  private dueStatus(ep: OpenEpisode, at: number): EpisodeStatus | null {
+    if (ep.closeRequestedAt !== null && ep.inFlight.size === 0) {
+      const waitFrom = Math.max(ep.closeRequestedAt, ep.lastCallEndedAt);
+      if (at >= waitFrom + this.options.episodes.tool_span_wait_ms) return 'completed';
+    }
+    if (ep.inFlight.size === 0 && at - ep.lastActivity >= this.options.episodes.idle_timeout_ms) {
+      return ep.closeRequestedAt !== null ? 'completed' : 'timed_out';
+    }
+    return null;
+  }
+
+  private closeIfDue(key: string, ep: OpenEpisode, at: number, closed: ClosedEpisode[]): void {
+    const status = this.dueStatus(ep, at);
+    if (status) closed.push(this.close(key, ep, status, at));
+  }
+
+  private close(key: string, ep: OpenEpisode, status: EpisodeStatus, at: number): ClosedEpisode {
+    this.open.delete(key);
+    this.recentlyClosed.set(key, true);
+    if (this.recentlyClosed.size > 4 * this.options.episodes.max_open_episodes) {
+      this.recentlyClosed.delete(this.recentlyClosed.keys().next().value as string);
+    }
+    return buildEpisode(
+      {
+        rolloutId: ep.rolloutId,
+        attemptId: ep.attemptId,
+        groupId: ep.groupId,
+        calls: ep.calls,
+        rewards: ep.rewards,
+        finalReward: ep.finalReward,
+        startedAt: ep.startedAt,
+        endedAt: at,
+      },
+      status,
+      { credit: this.options.credit, airWeight: this.options.airWeight ?? 0 },
+    );
+  }
+}
+
+function keyOf(rolloutId: string, attemptId: string): string {
+  return `${rolloutId}\u0000${attemptId}`;
+}

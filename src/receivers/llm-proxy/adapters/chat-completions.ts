@@ -1,0 +1,133 @@
+import type { ChoiceCapture } from '../../../pipeline/records';
+import { emptyChoice, intArray, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+
+/** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
+export function extractChat(body: unknown): Extracted {
+  const res = isObject(body) ? body : {};
+  const choices = Array.isArray(res.choices) ? res.choices : [];
+  return {
+    response: body,
+    model: str(res.model),
+    usage: res.usage ?? null,
+    promptTokenIds: intArray(res.prompt_token_ids),
+    choices: choices.filter(isObject).map((c, i) => chatChoice(c, i)),
+    incomplete: false,
+  };
+}
+
+function chatChoice(c: Json, position: number): ChoiceCapture {
+  const choice = emptyChoice(typeof c.index === 'number' ? c.index : position);
+  choice.finishReason = str(c.finish_reason);
+  choice.responseTokenIds = intArray(c.token_ids);
+  choice.promptTokenIds = intArray(c.prompt_token_ids);
+  const lp = isObject(c.logprobs) ? c.logprobs.content : undefined;
+  choice.responseLogprobs = logprobList(lp, (e) => (isObject(e) ? e.logprob : undefined));
+  const msg = isObject(c.message) ? c.message : {};
+  if (Array.isArray(msg.tool_calls)) {
+    for (const tc of msg.tool_calls) {
+      if (!isObject(tc)) continue;
+      const fn = isObject(tc.function) ? tc.function : {};
+      choice.toolCalls.push(toolCall(tc.id, fn.name, fn.arguments));
+    }
+  }
+  return choice;
+}
+
+interface ChoiceAcc {
+  index: number;
+  message: Json;
+  toolCalls: Map<number, Json>;
+  finishReason: unknown;
+  logprobs: unknown[] | null;
+  tokenIds: number[] | null;
+  promptTokenIds: number[] | null;
+  extra: Json;
+}
+
+/**
+ * Assembles `chat.completion.chunk` payloads into the non-streamed shape: content and other
+ * string deltas concatenated, tool-call deltas merged by index, token-id and logprob deltas
+ * appended, usage and vLLM's first-chunk `prompt_token_ids` kept.
+ */
+export function assembleChatStream(chunks: unknown[], done: boolean): Extracted {
+  const accs = new Map<number, ChoiceAcc>();
+  const top: Json = {};
+  let usage: unknown = null;
+  let promptTokenIds: number[] | null = null;
+  for (const chunk of chunks) {
+    if (!isObject(chunk)) continue;
+    for (const [k, v] of Object.entries(chunk)) {
+      if (k === 'choices' || k === 'usage' || k === 'prompt_token_ids') continue;
+      if (!(k in top)) top[k] = v;
+    }
+    if (chunk.usage !== undefined && chunk.usage !== null) usage = chunk.usage;
+    if (promptTokenIds === null) promptTokenIds = intArray(chunk.prompt_token_ids);
+    if (!Array.isArray(chunk.choices)) continue;
+    for (const c of chunk.choices) {
+      if (!isObject(c)) continue;
+      const index = typeof c.index === 'number' ? c.index : 0;
+      let acc = accs.get(index);
+      if (!acc) {
+        acc = { index, message: {}, toolCalls: new Map(), finishReason: null, logprobs: null, tokenIds: null, promptTokenIds: null, extra: {} };
+        accs.set(index, acc);
+      }
+      mergeChoiceDelta(acc, c);
+    }
+  }
+  const ordered = [...accs.values()].sort((a, b) => a.index - b.index);
+  const response: Json = {
+    ...top,
+    object: 'chat.completion',
+    choices: ordered.map((a) => {
+      const message: Json = { ...a.message };
+      if (a.toolCalls.size > 0) message.tool_calls = [...a.toolCalls.entries()].sort((x, y) => x[0] - y[0]).map((e) => e[1]);
+      const out: Json = { index: a.index, message, finish_reason: a.finishReason, ...a.extra };
+      if (a.logprobs !== null) out.logprobs = { content: a.logprobs };
+      if (a.tokenIds !== null) out.token_ids = a.tokenIds;
+      if (a.promptTokenIds !== null) out.prompt_token_ids = a.promptTokenIds;
+      return out;
+    }),
+    usage,
+  };
+  if (promptTokenIds !== null) response.prompt_token_ids = promptTokenIds;
+  const extracted = extractChat(response);
+  extracted.incomplete = !done && ordered.every((a) => a.finishReason === null);
+  return extracted;
+}
+
+function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
+  if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finishReason = c.finish_reason;
+  const ids = intArray(c.token_ids);
+  if (ids) acc.tokenIds = acc.tokenIds ? acc.tokenIds.concat(ids) : ids.slice();
+  const pids = intArray(c.prompt_token_ids);
+  if (pids && acc.promptTokenIds === null) acc.promptTokenIds = pids;
+  if (isObject(c.logprobs) && Array.isArray(c.logprobs.content)) {
+    acc.logprobs = (acc.logprobs ?? []).concat(c.logprobs.content);
+  }
+  for (const [k, v] of Object.entries(c)) {
+    if (['index', 'delta', 'finish_reason', 'token_ids', 'prompt_token_ids', 'logprobs'].includes(k)) continue;
+    if (v !== null && v !== undefined) acc.extra[k] = v;
+  }
+  const delta = isObject(c.delta) ? c.delta : {};
+  for (const [k, v] of Object.entries(delta)) {
+    if (k === 'tool_calls') {
+      if (Array.isArray(v)) for (const tc of v) if (isObject(tc)) mergeToolCall(acc.toolCalls, tc);
+    } else if (typeof v === 'string' && typeof acc.message[k] === 'string' && k !== 'role') {
+      acc.message[k] = (acc.message[k] as string) + v;
+    } else if (v !== null || !(k in acc.message)) {
+      acc.message[k] = v;
+    }
+  }
+}
+
+function mergeToolCall(calls: Map<number, Json>, tc: Json): void {
+  const index = typeof tc.index === 'number' ? tc.index : calls.size;
+  const cur = calls.get(index) ?? { id: null, type: 'function', function: { name: '', arguments: '' } };
+  if (typeof tc.id === 'string' && tc.id) cur.id = tc.id;
+  if (typeof tc.type === 'string') cur.type = tc.type;
+  const fn = isObject(tc.function) ? tc.function : {};
+  const curFn = cur.function as Json;
+  if (typeof fn.name === 'string') curFn.name = (curFn.name as string) + fn.name;
+  if (typeof fn.arguments === 'string') curFn.arguments = (curFn.arguments as string) + fn.arguments;
+  calls.set(index, cur);
+}

@@ -1,0 +1,64 @@
+import type { ChoiceCapture } from '../../../pipeline/records';
+import { emptyChoice, intArray, isObject, logprobList, str, type Extracted, type Json } from './shape';
+
+/** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
+export function extractCompletions(body: unknown): Extracted {
+  const res = isObject(body) ? body : {};
+  const choices = Array.isArray(res.choices) ? res.choices.filter(isObject) : [];
+  const mapped = choices.map((c, i) => completionChoice(c, i));
+  return {
+    response: body,
+    model: str(res.model),
+    usage: res.usage ?? null,
+    promptTokenIds: intArray(res.prompt_token_ids) ?? mapped[0]?.promptTokenIds ?? null,
+    choices: mapped,
+    incomplete: false,
+  };
+}
+
+function completionChoice(c: Json, position: number): ChoiceCapture {
+  const choice = emptyChoice(typeof c.index === 'number' ? c.index : position);
+  choice.finishReason = str(c.finish_reason);
+  choice.responseTokenIds = intArray(c.token_ids);
+  choice.promptTokenIds = intArray(c.prompt_token_ids);
+  const lp = isObject(c.logprobs) ? c.logprobs.token_logprobs : undefined;
+  choice.responseLogprobs = logprobList(lp, (v) => v);
+  return choice;
+}
+
+/** Assembles completion stream chunks: text, token ids and `token_logprobs` appended per choice. */
+export function assembleCompletionsStream(chunks: unknown[], done: boolean): Extracted {
+  const top: Json = {};
+  const accs = new Map<number, Json>();
+  let usage: unknown = null;
+  for (const chunk of chunks) {
+    if (!isObject(chunk)) continue;
+    for (const [k, v] of Object.entries(chunk)) if (k !== 'choices' && k !== 'usage' && !(k in top)) top[k] = v;
+    if (chunk.usage !== undefined && chunk.usage !== null) usage = chunk.usage;
+    if (!Array.isArray(chunk.choices)) continue;
+    for (const c of chunk.choices) {
+      if (!isObject(c)) continue;
+      const index = typeof c.index === 'number' ? c.index : 0;
+      const acc = accs.get(index) ?? { index, text: '', finish_reason: null };
+      if (typeof c.text === 'string') acc.text = (acc.text as string) + c.text;
+      if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finish_reason = c.finish_reason;
+      const ids = intArray(c.token_ids);
+      if (ids) acc.token_ids = ((acc.token_ids as number[] | undefined) ?? []).concat(ids);
+      const pids = intArray(c.prompt_token_ids);
+      if (pids && acc.prompt_token_ids === undefined) acc.prompt_token_ids = pids;
+      if (isObject(c.logprobs)) {
+        const prev = isObject(acc.logprobs) ? acc.logprobs : { tokens: [], token_logprobs: [] };
+        for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'] as const) {
+          const more = c.logprobs[key];
+          if (Array.isArray(more)) prev[key] = ((prev[key] as unknown[] | undefined) ?? []).concat(more);
+        }
+        acc.logprobs = prev;
+      }
+      accs.set(index, acc);
+    }
+  }
+  const ordered = [...accs.values()].sort((a, b) => (a.index as number) - (b.index as number));
+  const extracted = extractCompletions({ ...top, choices: ordered, usage });
+  extracted.incomplete = !done && ordered.every((a) => a.finish_reason === null);
+  return extracted;
+}

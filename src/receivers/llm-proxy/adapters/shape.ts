@@ -1,0 +1,50 @@
+import type { ChoiceCapture, ToolCallRequest } from '../../../pipeline/records';
+
+/** What an API adapter extracts from one call. */
+export interface Extracted {
+  /** The response body, or one assembled from the stream in the non-streamed shape. */
+  response: unknown;
+  model: string | null;
+  usage: unknown;
+  promptTokenIds: number[] | null;
+  choices: ChoiceCapture[];
+  /** The stream ended without its terminal event. */
+  incomplete: boolean;
+}
+
+export type Json = Record<string, unknown>;
+
+export function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+export function str(v: unknown): string | null {
+  return typeof v === 'string' ? v : null;
+}
+
+/** An array of integers, or null when absent or not all integers. */
+export function intArray(v: unknown): number[] | null {
+  if (!Array.isArray(v)) return null;
+  for (const x of v) if (!Number.isInteger(x)) return null;
+  return v as number[];
+}
+
+/** Chosen-token logprobs; null when absent or any value is not a finite number. */
+export function logprobList(entries: unknown, pick: (e: unknown) => unknown): number[] | null {
+  if (!Array.isArray(entries) || entries.length === 0) return null;
+  const out: number[] = new Array(entries.length);
+  for (let i = 0; i < entries.length; i++) {
+    const v = pick(entries[i]);
+    if (typeof v !== 'number' || !Number.isFinite(v)) return null;
+    out[i] = v;
+  }
+  return out;
+}
+
+export function emptyChoice(index: number): ChoiceCapture {
+  return { index, finishReason: null, responseTokenIds: null, responseLogprobs: null, promptTokenIds: null, toolCalls: [] };
+}
+
+export function toolCall(id: unknown, name: unknown, args: unknown): ToolCallRequest {
+  return { id: str(id), name: str(name), arguments: typeof args === 'string' ? args : args === undefined ? null : JSON.stringify(args) };
+}

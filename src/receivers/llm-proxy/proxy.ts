@@ -1,0 +1,364 @@
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import https from 'node:https';
+import { performance } from 'node:perf_hooks';
+import type { Socket } from 'node:net';
+import type { LlmProxyConfig } from '../../config/schema';
+import type { CaptureSink } from '../../pipeline/component';
+import type { Api } from '../../pipeline/records';
+import type { SequenceCounter } from '../../pipeline/sequence';
+import type { Logger } from '../../telemetry/logger';
+import type { Metrics } from '../../telemetry/metrics';
+import { recordedApi } from './adapters';
+import { CallCapture } from './capture';
+import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
+import { sendProxyError } from './errors';
+import { forwardHeaders, rawHeader } from './forward-headers';
+import { injectFields } from './inject';
+
+export interface ProxyDeps {
+  logger: Logger;
+  metrics: Metrics;
+  sequences: SequenceCounter;
+  capture: CaptureSink;
+  /** Routes served by the sidecar itself on this port (rollout API); true when handled. */
+  localRoutes?: (req: IncomingMessage, res: ServerResponse) => boolean;
+  now?: () => number;
+}
+
+interface Upstream {
+  client: typeof http | typeof https;
+  agent: http.Agent;
+  hostname: string;
+  port: number;
+  host: string;
+  basePath: string;
+}
+
+function parseUpstream(url: string): Upstream {
+  const u = new URL(url);
+  const secure = u.protocol === 'https:';
+  const client = secure ? https : http;
+  return {
+    client,
+    agent: new client.Agent({ keepAlive: true, maxFreeSockets: 256 }),
+    hostname: u.hostname.replace(/^\[|\]$/g, ''),
+    port: u.port ? Number(u.port) : secure ? 443 : 80,
+    host: u.host,
+    basePath: u.pathname.replace(/\/+$/, ''),
+  };
+}
+
+/** `/v1/x` on the proxy → `{upstream}/x`; any other path → the upstream's origin + path. */
+function upstreamPath(basePath: string, path: string): string {
+  if (path === '/v1' || path.startsWith('/v1/') || path.startsWith('/v1?')) return basePath + path.slice(3);
+  return path;
+}
+
+/**
+ * The agent-facing proxy. Bytes pass through unchanged and unbuffered; recorded calls keep
+ * references to the chunks that passed and are parsed after the response ends, on a later tick.
+ */
+export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
+  const log = deps.logger.child('llm_proxy');
+  const m = deps.metrics;
+  const upstream = parseUpstream(config.upstream_url);
+  const now = deps.now ?? Date.now;
+  const server = http.createServer({ keepAlive: true, requestTimeout: 0 }, handle);
+  server.keepAliveTimeout = 65_000;
+  const sockets = new Set<Socket>();
+  server.on('connection', (s: Socket) => {
+    sockets.add(s);
+    s.once('close', () => sockets.delete(s));
+  });
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
+    if (socket.writable && !socket.destroyed) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+    else socket.destroy();
+    log.once(`client_error:${err.code ?? 'unknown'}`, 'warn', 'malformed request from a client', { err });
+  });
+  const inFlight = new Set<Promise<void>>();
+
+  function handle(req: IncomingMessage, res: ServerResponse): void {
+    const t0 = performance.now();
+    const url = req.url ?? '/';
+    if (deps.localRoutes?.(req, res)) return;
+    const routed = routePath(url);
+    const api = recordedApi(req.method, routed.path);
+    const trace = api ? parseTraceparent(req.headers.traceparent as string | undefined) : null;
+    let capture: CallCapture | null = null;
+    try {
+      if (api) {
+        const correlation = resolveCorrelation(routed, req.headers, trace);
+        const seq = deps.sequences.take(correlation.rolloutId, correlation.attemptId);
+        capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes);
+        startCapture(capture);
+      } else if (routed.rolloutId !== null && (!ID_PATTERN.test(routed.rolloutId) || !ID_PATTERN.test(routed.attemptId ?? '0'))) {
+        throw new CorrelationError('rollout id', routed.rolloutId);
+      }
+    } catch (err) {
+      if (!(err instanceof CorrelationError)) throw err;
+      m.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
+      req.resume();
+      sendProxyError(res, 400, 'invalid_rollout_id', err.message, api);
+      return;
+    }
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > config.max_request_bytes) {
+      tooLarge(req, res, api, capture, t0);
+      return;
+    }
+    const done = forward(req, res, routed.path, api, capture, t0);
+    inFlight.add(done);
+    void done.finally(() => inFlight.delete(done));
+  }
+
+  function tooLarge(req: IncomingMessage, res: ServerResponse, api: Api | null, capture: CallCapture | null, t0: number): void {
+    m.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
+    res.shouldKeepAlive = false;
+    sendProxyError(res, 413, 'request_too_large', `request body exceeds ${config.max_request_bytes} bytes (receivers.llm_proxy.max_request_bytes)`, api, {
+      connection: 'close',
+    });
+    req.resume();
+    if (capture) {
+      capture.responseStatus = 413;
+      finishCapture(capture, 'error', 'request body over max_request_bytes', t0);
+    }
+  }
+
+  function forward(req: IncomingMessage, res: ServerResponse, path: string, api: Api | null, capture: CallCapture | null, t0: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const flavor = config.upstream_flavor;
+      const mustBuffer = capture !== null && flavor !== 'openai' && !req.headers['content-encoding'];
+      let settled = false;
+      let rejected = false;
+      let upstreamT0 = 0;
+      let received = 0;
+      let ureq: http.ClientRequest | null = null;
+      const settle = (status: 'ok' | 'error' | 'aborted', error: string | null, statusClass: string): void => {
+        if (settled) return;
+        settled = true;
+        m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
+        m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, performance.now() - t0);
+        if (capture) finishCapture(capture, status, error, t0);
+        resolve();
+      };
+      const upstreamBroke = (reason: string): void => {
+        if (settled) return;
+        res.destroy();
+        settle('error', reason, 'upstream_abort');
+      };
+
+      const dispatch = (headers: string[]): http.ClientRequest => {
+        upstreamT0 = performance.now();
+        const r = upstream.client.request({
+          hostname: upstream.hostname,
+          port: upstream.port,
+          method: req.method,
+          path: upstreamPath(upstream.basePath, path),
+          headers: headers as unknown as http.OutgoingHttpHeaders,
+          agent: upstream.agent,
+        });
+        r.setTimeout(config.upstream_timeout_ms, () => r.destroy(new UpstreamTimeout()));
+        r.on('response', (ures) => onResponse(ures));
+        r.on('error', (err: NodeJS.ErrnoException) => onUpstreamError(err));
+        return r;
+      };
+
+      const onResponse = (ures: IncomingMessage): void => {
+        const tHead = performance.now();
+        const status = ures.statusCode ?? 502;
+        const streamed = (ures.headers['content-type'] ?? '').startsWith('text/event-stream');
+        const out = forwardHeaders(ures.rawHeaders, streamed && !ures.headers['x-accel-buffering'] ? SSE_EXTRA : NONE);
+        if (capture) {
+          capture.responseStatus = status;
+          capture.streamed = streamed;
+          capture.responseEncoding = ures.headers['content-encoding'];
+        }
+        res.writeHead(status, ures.statusMessage, out);
+        if (streamed) res.flushHeaders();
+        if (api) {
+          m.upstreamTtfb.observe({ api }, tHead - upstreamT0);
+          m.proxyAdded.observe({ api }, upstreamT0 - t0 + (performance.now() - tHead));
+        }
+        ures.on('data', (chunk: Buffer) => {
+          if (capture) {
+            if (capture.firstByteAt === null) capture.firstByteAt = performance.now();
+            capture.response(chunk);
+          }
+          if (!res.write(chunk)) {
+            ures.pause();
+            res.once('drain', () => ures.resume());
+          }
+        });
+        ures.on('end', () => {
+          res.end();
+          if (streamed && api && capture) m.streamedChunks.inc({ api }, capture.chunks);
+          settle('ok', null, `${Math.floor(status / 100)}xx`);
+        });
+        ures.on('close', () => {
+          if (!ures.complete) upstreamBroke('upstream closed the response before its end');
+        });
+      };
+
+      const onUpstreamError = (err: NodeJS.ErrnoException): void => {
+        if (settled) return;
+        const timeout = err instanceof UpstreamTimeout;
+        if (res.headersSent) {
+          upstreamBroke(timeout ? 'upstream went idle past upstream_timeout_ms' : `upstream failed mid-response: ${err.message}`);
+          return;
+        }
+        const code = timeout ? 504 : 502;
+        const message = timeout
+          ? `upstream did not answer within ${config.upstream_timeout_ms} ms (receivers.llm_proxy.upstream_timeout_ms)`
+          : `upstream ${upstream.host} unreachable: ${err.code ?? err.message}`;
+        if (capture) capture.responseStatus = code;
+        sendProxyError(res, code, timeout ? 'upstream_timeout' : 'upstream_unreachable', message, api);
+        log.once(`upstream:${err.code ?? (timeout ? 'timeout' : 'error')}`, 'warn', 'upstream request failed', { code: err.code, timeout, upstream: upstream.host });
+        settle('error', message, `${Math.floor(code / 100)}xx`);
+      };
+
+      // A client that goes away before the response ended: abort upstream, keep what arrived.
+      res.on('close', () => {
+        if (settled || res.writableFinished) return;
+        ureq?.destroy();
+        settle('aborted', 'client closed the connection before the response ended', 'client_abort');
+      });
+
+      const overLimit = (): void => {
+        rejected = true;
+        ureq?.destroy();
+        req.resume();
+        if (res.headersSent) {
+          upstreamBroke('request body over max_request_bytes');
+          return;
+        }
+        settled = true;
+        tooLarge(req, res, api, capture, t0);
+        resolve();
+      };
+
+      if (mustBuffer) {
+        const parts: Buffer[] = [];
+        req.on('data', (chunk: Buffer) => {
+          if (rejected) return;
+          received += chunk.length;
+          if (received > config.max_request_bytes) return overLimit();
+          parts.push(chunk);
+        });
+        req.on('end', () => {
+          if (rejected || settled) return;
+          let body: Buffer = Buffer.concat(parts);
+          const injection = injectFields(flavor, capture.api, body);
+          if (injection) {
+            body = injection.body;
+            capture.injected = injection.injected;
+          }
+          capture.requestBody = body;
+          const headers = forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(body.length) }, DROP_WHEN_REWRITTEN);
+          ureq = dispatch(headers);
+          ureq.end(body);
+        });
+      } else {
+        const r = dispatch(forwardHeaders(req.rawHeaders, { host: upstream.host }, DROP_ALWAYS));
+        ureq = r;
+        req.on('data', (chunk: Buffer) => {
+          if (rejected) return;
+          received += chunk.length;
+          if (received > config.max_request_bytes) return overLimit();
+          capture?.request(chunk);
+          if (!r.write(chunk)) {
+            req.pause();
+            r.once('drain', () => req.resume());
+          }
+        });
+        req.on('end', () => {
+          if (!rejected) r.end();
+        });
+      }
+    });
+  }
+
+  function startCapture(capture: CallCapture): void {
+    try {
+      deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, at: capture.startedAt });
+    } catch (err) {
+      m.captureDrops.inc({ reason: 'capture_error' });
+      log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err });
+    }
+  }
+
+  function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): void {
+    const endedAt = now();
+    setImmediate(() => {
+      try {
+        const record = capture.finish({ status, error, endedAt }, t0);
+        if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
+        deps.capture.callEnded(record);
+      } catch (err) {
+        m.captureDrops.inc({ reason: 'capture_error' });
+        log.once('capture_error', 'error', 'capture of a proxied call failed; the call itself was served', { err });
+      }
+    });
+  }
+
+  let started = false;
+  const shutdownOnce = { p: undefined as Promise<void> | undefined };
+  return {
+    server,
+    async start(): Promise<void> {
+      const [host, port] = splitAddress(config.endpoint);
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(port, host, () => {
+          server.off('error', reject);
+          resolve();
+        });
+      });
+      started = true;
+      log.info('listening', { address: `${host}:${this.port()}`, upstream: `${upstream.host}${upstream.basePath}` });
+    },
+    port(): number {
+      const a = server.address();
+      return typeof a === 'object' && a ? a.port : 0;
+    },
+    inFlight(): number {
+      return inFlight.size;
+    },
+    /** Stops accepting; lets in-flight calls finish until the deadline, then cuts them. */
+    shutdown(deadlineMs = 25_000): Promise<void> {
+      shutdownOnce.p ??= (async () => {
+        if (!started) return;
+        server.close();
+        server.closeIdleConnections();
+        const deadline = new Promise<void>((r) => setTimeout(r, deadlineMs).unref());
+        await Promise.race([Promise.allSettled([...inFlight]), deadline]);
+        for (const s of sockets) s.destroy();
+        upstream.agent.destroy();
+        // Let the captures queued with setImmediate reach the sink.
+        await new Promise<void>((r) => setImmediate(r));
+      })();
+      return shutdownOnce.p;
+    },
+  };
+}
+
+export type LlmProxy = ReturnType<typeof createLlmProxy>;
+
+class UpstreamTimeout extends Error {
+  readonly code = 'UPSTREAM_TIMEOUT';
+  constructor() {
+    super('upstream timeout');
+  }
+}
+
+/** `expect` was answered by this server already (Node sends 100-continue itself). */
+const DROP_ALWAYS = new Set(['expect']);
+/** When the body is rewritten, its length is set anew. */
+const DROP_WHEN_REWRITTEN = new Set(['expect', 'content-length']);
+/** Asks buffering reverse proxies in front of us (nginx, ingress) not to hold SSE back. */
+const SSE_EXTRA = { 'x-accel-buffering': 'no' };
+const NONE = {};
+
+export function splitAddress(addr: string): [string, number] {
+  const i = addr.lastIndexOf(':');
+  return [addr.slice(0, i).replace(/^\[|\]$/g, ''), Number(addr.slice(i + 1))];
+}

@@ -1,0 +1,97 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+/**
+ * Every metric the sidecar exports, in one place. Names are prefixed `lightning_sidecar_`.
+ * Labels are bounded: api names, status classes, fixed reason codes; never ids or model strings.
+ */
+export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
+  const registry = new Registry();
+  if (options.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'lightning_sidecar_' });
+  const ms = [0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000];
+  const fine = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100];
+  return {
+    registry,
+    proxyRequests: new Counter({
+      name: 'lightning_sidecar_proxy_requests_total',
+      help: 'Proxied requests by recorded api (or "other") and response status class.',
+      labelNames: ['api', 'status_class'] as const,
+      registers: [registry],
+    }),
+    proxyDuration: new Histogram({
+      name: 'lightning_sidecar_proxy_request_duration_ms',
+      help: 'Whole proxied request time, from request arrival to response end, in milliseconds.',
+      labelNames: ['api', 'streamed'] as const,
+      buckets: ms,
+      registers: [registry],
+    }),
+    upstreamTtfb: new Histogram({
+      name: 'lightning_sidecar_upstream_ttfb_ms',
+      help: 'Upstream time to first response byte, from dispatch, in milliseconds.',
+      labelNames: ['api'] as const,
+      buckets: ms,
+      registers: [registry],
+    }),
+    proxyAdded: new Histogram({
+      name: 'lightning_sidecar_proxy_added_latency_ms',
+      help: "The proxy's own time before the agent got the response head: total time to head minus upstream time to head, ms.",
+      labelNames: ['api'] as const,
+      buckets: fine,
+      registers: [registry],
+    }),
+    streamedChunks: new Counter({
+      name: 'lightning_sidecar_streamed_chunks_total',
+      help: 'Response body chunks forwarded on streamed (SSE) calls.',
+      labelNames: ['api'] as const,
+      registers: [registry],
+    }),
+    tokens: new Counter({
+      name: 'lightning_sidecar_tokens_total',
+      help: 'Tokens seen on recorded calls, by kind (prompt, response).',
+      labelNames: ['kind'] as const,
+      registers: [registry],
+    }),
+    missingTokenIds: new Counter({
+      name: 'lightning_sidecar_calls_missing_token_ids_total',
+      help: 'Recorded calls whose response carried no token ids (the server was not asked or cannot return them).',
+      labelNames: ['api'] as const,
+      registers: [registry],
+    }),
+    captureDrops: new Counter({
+      name: 'lightning_sidecar_capture_drops_total',
+      help: 'Captures not kept or kept incomplete, by reason.',
+      labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
+    rolloutApi: new Counter({
+      name: 'lightning_sidecar_rollout_api_requests_total',
+      help: 'Rollout API requests by route and outcome.',
+      labelNames: ['route', 'outcome'] as const,
+      registers: [registry],
+    }),
+    openEpisodes: new Gauge({
+      name: 'lightning_sidecar_open_episodes',
+      help: 'Episodes open in the assembler.',
+      registers: [registry],
+    }),
+    episodesClosed: new Counter({
+      name: 'lightning_sidecar_episodes_closed_total',
+      help: 'Episodes closed, by status.',
+      labelNames: ['status'] as const,
+      registers: [registry],
+    }),
+    transitionsExported: new Counter({
+      name: 'lightning_sidecar_transitions_exported_total',
+      help: 'Transitions handed to the exporter and acknowledged by it.',
+      labelNames: ['exporter'] as const,
+      registers: [registry],
+    }),
+    exportErrors: new Counter({
+      name: 'lightning_sidecar_export_errors_total',
+      help: 'Export attempts that failed, by exporter and kind (retryable, permanent).',
+      labelNames: ['exporter', 'kind'] as const,
+      registers: [registry],
+    }),
+  };
+}
+
+export type Metrics = ReturnType<typeof createMetrics>;
