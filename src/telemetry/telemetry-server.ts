@@ -1,0 +1,69 @@
+import http from 'node:http';
+import type { Logger } from './logger';
+import type { Metrics } from './metrics';
+import { splitAddress } from '../receivers/llm-proxy/proxy';
+
+export interface ReadinessCheck {
+  name: string;
+  /** null when ready; otherwise why not. Must not call the model server. */
+  check(): string | null;
+}
+
+/** `/metrics` (Prometheus text), `/healthz` (the process serves), `/readyz` (every check passes). */
+export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[] }) {
+  const log = deps.logger.child('telemetry');
+  const server = http.createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0];
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' }).end('method not allowed\n');
+      return;
+    }
+    if (path === '/metrics') {
+      deps.metrics.registry
+        .metrics()
+        .then((text) => res.writeHead(200, { 'content-type': deps.metrics.registry.contentType }).end(text))
+        .catch((err) => {
+          log.once('metrics', 'error', 'metrics collection failed', { err });
+          res.writeHead(500).end();
+        });
+    } else if (path === '/healthz') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}\n');
+    } else if (path === '/readyz') {
+      const failing: Record<string, string> = {};
+      for (const c of deps.checks) {
+        const why = c.check();
+        if (why !== null) failing[c.name] = why;
+      }
+      const ready = Object.keys(failing).length === 0;
+      res.writeHead(ready ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: ready ? 'ready' : 'not_ready', failing }) + '\n');
+    } else {
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+    }
+  });
+  let closing: Promise<void> | undefined;
+  return {
+    async start(): Promise<void> {
+      const [host, port] = splitAddress(endpoint);
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(port, host, () => {
+          server.off('error', reject);
+          resolve();
+        });
+      });
+      log.info('listening', { address: `${host}:${this.port()}` });
+    },
+    port(): number {
+      const a = server.address();
+      return typeof a === 'object' && a ? a.port : 0;
+    },
+    shutdown(): Promise<void> {
+      closing ??= new Promise<void>((resolve) => {
+        if (!server.listening) return resolve();
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,90 @@
+import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { loadConfig } from '../../src/config/load';
+import { createApp, type App } from '../../src/pipeline/app';
+import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import { createLogger } from '../../src/telemetry/logger';
+import { createMetrics } from '../../src/telemetry/metrics';
+
+export interface TestSidecar {
+  app: App;
+  /** `http://127.0.0.1:PORT` */
+  origin: string;
+  /** `http://127.0.0.1:PORT/v1`, what an agent puts in OPENAI_BASE_URL. */
+  baseUrl: string;
+  telemetryOrigin: string;
+  dataDir: string;
+  logs: string[];
+  transitions(): Transition[];
+  episodes(): EpisodeSummary[];
+  waitForEpisodes(n: number, timeoutMs?: number): Promise<EpisodeSummary[]>;
+  stop(): Promise<void>;
+}
+
+/** Starts the whole sidecar in-process on port 0, with a temp data dir and captured logs. */
+export async function startSidecar(upstreamUrl: string, overrides: Record<string, unknown> = {}): Promise<TestSidecar> {
+  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-test-'));
+  const base = {
+    receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstreamUrl } },
+    processors: { episodes: { tool_span_wait_ms: 0, tick_interval_ms: 20 } },
+    service: { data_dir: dataDir, telemetry: { endpoint: '127.0.0.1:0' }, log_level: 'debug' },
+  };
+  const config = loadConfig({ env: {}, overrides: merge(base, overrides) });
+  const logs: string[] = [];
+  const app = createApp(config, { logger: createLogger({ level: 'debug', write: (l) => logs.push(l) }), metrics: createMetrics() });
+  await app.start();
+  const origin = `http://127.0.0.1:${app.proxy.port()}`;
+  const read = <T>(kind: string): T[] => {
+    const dir = path.join(dataDir, kind);
+    if (!existsSync(dir)) return [];
+    return readdirSync(dir)
+      .filter((f) => f.endsWith('.ndjson'))
+      .sort()
+      .flatMap((f) => readFileSync(path.join(dir, f), 'utf8').split('\n').filter((l) => l.trim() !== ''))
+      .map((l) => JSON.parse(l) as T);
+  };
+  const sidecar: TestSidecar = {
+    app,
+    origin,
+    baseUrl: `${origin}/v1`,
+    telemetryOrigin: `http://127.0.0.1:${app.telemetry.port()}`,
+    dataDir,
+    logs,
+    transitions: () => read<Transition>('transitions'),
+    episodes: () => read<EpisodeSummary>('episodes'),
+    async waitForEpisodes(n, timeoutMs = 5000) {
+      const until = Date.now() + timeoutMs;
+      for (;;) {
+        const eps = sidecar.episodes();
+        if (eps.length >= n) return eps;
+        if (Date.now() > until) throw new Error(`expected ${n} episodes, have ${eps.length} after ${timeoutMs} ms`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    },
+    stop: () => app.shutdown(),
+  };
+  return sidecar;
+}
+
+function merge(a: Record<string, unknown>, b: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...a };
+  for (const [k, v] of Object.entries(b)) {
+    const cur = out[k];
+    out[k] = isObj(cur) && isObj(v) ? merge(cur, v) : v;
+  }
+  return out;
+}
+
+function isObj(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Posts a final reward through the rollout API. */
+export async function postReward(origin: string, rolloutId: string, value: number, extra: Record<string, unknown> = {}): Promise<Response> {
+  return fetch(`${origin}/lightning/v1/rollouts/${rolloutId}/reward`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ value, ...extra }),
+  });
+}
