@@ -65,6 +65,8 @@ export interface CallRecord {
   truncated: boolean;
   startedAt: number;
   endedAt: number;
+  /** Monotonic duration from request arrival to response end (or failure), ms. */
+  latencyMs: number;
   ttftMs: number | null;
 }
 

@@ -69,7 +69,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         span_id: call.spanId,
         started_at: new Date(call.startedAt).toISOString(),
         ended_at: new Date(call.endedAt).toISOString(),
-        latency_ms: call.endedAt - call.startedAt,
+        latency_ms: call.latencyMs,
         ttft_ms: call.ttftMs,
         injected: call.injected,
       });

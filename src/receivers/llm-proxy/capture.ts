@@ -50,7 +50,7 @@ export class CallCapture {
   }
 
   /** Builds the record. Never throws: whatever cannot be parsed is recorded as null with a reason. */
-  finish(outcome: { status: 'ok' | 'error' | 'aborted'; error: string | null; endedAt: number }, startedMono: number): CallRecord {
+  finish(outcome: { status: 'ok' | 'error' | 'aborted'; error: string | null; endedAt: number; endedMono: number }, startedMono: number): CallRecord {
     const request = parseJson(this.requestBody ?? Buffer.concat(this.requestChunks), undefined);
     const responseBytes = Buffer.concat(this.responseChunks);
     let extracted: Extracted | null = null;
@@ -102,6 +102,7 @@ export class CallCapture {
       truncated: this.truncated,
       startedAt: this.startedAt,
       endedAt: outcome.endedAt,
+      latencyMs: round3(outcome.endedMono - startedMono),
       ttftMs: this.firstByteAt === null ? null : round3(this.firstByteAt - startedMono),
     };
   }

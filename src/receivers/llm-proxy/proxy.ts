@@ -288,9 +288,10 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
 
   function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): void {
     const endedAt = now();
+    const endedMono = performance.now();
     setImmediate(() => {
       try {
-        const record = capture.finish({ status, error, endedAt }, t0);
+        const record = capture.finish({ status, error, endedAt, endedMono }, t0);
         if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
         deps.capture.callEnded(record);
       } catch (err) {

@@ -28,6 +28,8 @@ function call(rolloutId: string, seq: number, at: number, extra: Partial<CallRec
     truncated: false,
     startedAt: at - 5,
     endedAt: at,
+    ttftMs: null,
+    latencyMs: 5,
     ...extra,
   };
 }

@@ -18,7 +18,7 @@ describe('SSE parsing', () => {
       c.streamed = true;
       c.responseStatus = 200;
       for (const chunk of chunks) c.response(chunk);
-      return c.finish({ status: 'ok', error: null, endedAt: 1 }, 0);
+      return c.finish({ status: 'ok', error: null, endedAt: 1, endedMono: 1 }, 0);
     };
     const whole = finish([bytes]);
     expect(whole.choices[0]).toMatchObject({ responseTokenIds: [5, 6], finishReason: 'stop' });

@@ -1,0 +1,215 @@
+/**
+ * `npm run demo`: the sidecar built from dist/, on its defaults, in front of a scripted
+ * DEMO model server, with a small tool-using agent written with the real `openai` SDK.
+ * Runs a GRPO-style group of rollouts, reports rewards, prints the transitions, exits 0.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import OpenAI from 'openai';
+import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import { startFakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
+
+const ROOT = path.resolve(__dirname, '../../..');
+const DATA_DIR = path.join(ROOT, 'data');
+const POPULATION: Record<string, number> = { Lisbon: 545_000, Porto: 232_000 };
+const AREA_KM2: Record<string, number> = { Lisbon: 100, Porto: 41 };
+
+/** The demo model's script: look the city up, compute the density, answer. Sample 2 slips. */
+function demoScript(r: ReceivedRequest): Turn {
+  const body = r.json as { messages: { role: string; content?: string }[] };
+  const toolResults = body.messages.filter((m) => m.role === 'tool');
+  const sample = Number(r.headers['x-rollout-id']?.toString().split('-').pop() ?? 0);
+  if (toolResults.length === 0) return { toolCalls: [{ name: 'lookup_city', arguments: { city: 'Lisbon' } }] };
+  if (toolResults.length === 1) {
+    const facts = JSON.parse(toolResults[0].content ?? '{}') as { population: number; area_km2: number };
+    const expression = sample === 2 ? `${facts.population} * ${facts.area_km2}` : `${facts.population} / ${facts.area_km2}`;
+    return { toolCalls: [{ name: 'calculator', arguments: { expression } }] };
+  }
+  return { content: `Lisbon has about ${toolResults[1].content} people per km².` };
+}
+
+const tools: OpenAI.Chat.ChatCompletionTool[] = [
+  { type: 'function', function: { name: 'lookup_city', description: 'population and area of a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
+  { type: 'function', function: { name: 'calculator', description: 'evaluates a * b or a / b', parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
+];
+
+function runTool(name: string, args: string): string {
+  const a = JSON.parse(args) as { city?: string; expression?: string };
+  if (name === 'lookup_city') return JSON.stringify({ population: POPULATION[a.city ?? ''] ?? 0, area_km2: AREA_KM2[a.city ?? ''] ?? 1 });
+  const m = /^\s*([\d.]+)\s*([*/])\s*([\d.]+)\s*$/.exec(a.expression ?? '');
+  if (!m) return 'error: cannot parse';
+  const v = m[2] === '*' ? Number(m[1]) * Number(m[3]) : Number(m[1]) / Number(m[3]);
+  return String(Math.round(v));
+}
+
+/** The agent: plain openai SDK code; the only sidecar-specific thing is the base URL and headers. */
+async function agent(baseURL: string, rolloutId: string, groupId: string, stream: boolean): Promise<string> {
+  const client = new OpenAI({ baseURL, apiKey: 'sk-demo-not-a-real-key', maxRetries: 0, defaultHeaders: { 'x-rollout-id': rolloutId, 'x-group-id': groupId, 'x-agent-name': 'density-agent' } });
+  const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [
+    { role: 'system', content: 'You answer questions about cities using tools.' },
+    { role: 'user', content: 'What is the population density of Lisbon?' },
+  ];
+  for (let step = 0; step < 6; step++) {
+    const message = stream
+      ? (await client.chat.completions.stream({ model: 'demo-policy', messages, tools }).finalChatCompletion()).choices[0].message
+      : (await client.chat.completions.create({ model: 'demo-policy', messages, tools })).choices[0].message;
+    messages.push(message);
+    if (!message.tool_calls?.length) return message.content ?? '';
+    for (const tc of message.tool_calls) {
+      if (tc.type !== 'function') continue;
+      messages.push({ role: 'tool', tool_call_id: tc.id, content: runTool(tc.function.name, tc.function.arguments) });
+    }
+  }
+  return '';
+}
+
+async function portFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+  });
+}
+
+async function pickPort(preferred: number): Promise<number> {
+  if (await portFree(preferred)) return preferred;
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const p = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+
+async function waitFor<T>(what: string, fn: () => T | null | Promise<T | null>, timeoutMs = 15_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v !== null) return v;
+    if (Date.now() > until) throw new Error(`demo: timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function readNdjson<T>(dir: string): T[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir)
+    .filter((f) => f.endsWith('.ndjson'))
+    .sort()
+    .flatMap((f) => readFileSync(path.join(dir, f), 'utf8').split('\n').filter((l) => l.trim() !== ''))
+    .map((l) => JSON.parse(l) as T);
+}
+
+async function main(): Promise<void> {
+  const model = await startFakeModelServer({ flavor: 'vllm', script: demoScript, model: 'demo-policy', chunkDelayMs: 1 });
+  const proxyPort = await pickPort(4000);
+  const grpcPort = await pickPort(4317);
+  const httpPort = await pickPort(4318);
+  const telemetryPort = await pickPort(9464);
+  const runId = new Date().toISOString().replace(/[-:.TZ]/g, '').slice(0, 14);
+  const before = new Set(readNdjson<Transition>(path.join(DATA_DIR, 'transitions')).map((t) => t.transition_id));
+
+  console.log('lightning-sidecar demo');
+  console.log(`  DEMO MODEL: a scripted stand-in that answers like vLLM (token ids, logprobs, tool calls, SSE) at ${model.url}`);
+  console.log('  it is not a language model; its answers come from a script in test/demo/run-demo.ts\n');
+
+  const env = {
+    ...process.env,
+    LIGHTNING_UPSTREAM_URL: model.url,
+    LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+    LIGHTNING_PROXY_ADDR: `127.0.0.1:${proxyPort}`,
+    LIGHTNING_OTLP_GRPC_ADDR: `127.0.0.1:${grpcPort}`,
+    LIGHTNING_OTLP_HTTP_ADDR: `127.0.0.1:${httpPort}`,
+    LIGHTNING_TELEMETRY_ADDR: `127.0.0.1:${telemetryPort}`,
+    LIGHTNING_DATA_DIR: DATA_DIR,
+    LIGHTNING_TOOL_SPAN_WAIT_MS: '200',
+    LIGHTNING_LOG_LEVEL: 'warn',
+  };
+  const sidecar: ChildProcess = spawn(process.execPath, [path.join(ROOT, 'dist/main.js'), 'run'], { env, stdio: ['ignore', 'inherit', 'inherit'] });
+  let exited = false;
+  sidecar.once('exit', () => (exited = true));
+  const origin = `http://127.0.0.1:${proxyPort}`;
+  try {
+    await waitFor('the sidecar to listen', async () => {
+      if (exited) throw new Error('demo: the sidecar exited during start-up');
+      try {
+        return (await fetch(`http://127.0.0.1:${telemetryPort}/readyz`)).ok ? true : null;
+      } catch {
+        return null;
+      }
+    });
+    console.log(`sidecar up: proxy ${origin}/v1, OTLP grpc :${grpcPort} http :${httpPort}, metrics http://127.0.0.1:${telemetryPort}/metrics`);
+    console.log(`the agent runs a GRPO group of 3 rollouts of one task (group demo-${runId}), streamed and not\n`);
+
+    const group = `demo-${runId}`;
+    for (let i = 0; i < 3; i++) {
+      const rolloutId = `${group}-${i}`;
+      const answer = await agent(`${origin}/v1`, rolloutId, group, i % 2 === 1);
+      const correct = /about 5450 people/.test(answer);
+      const reward = correct ? 1 : 0;
+      console.log(`  rollout ${rolloutId}: "${answer}" → reward ${reward}`);
+      const res = await fetch(`${origin}/lightning/v1/rollouts/${rolloutId}/reward`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ value: reward }) });
+      if (res.status !== 202) throw new Error(`demo: reward was not accepted (${res.status})`);
+    }
+
+    const episodes = await waitFor('3 closed episodes', () => {
+      const eps = readNdjson<EpisodeSummary>(path.join(DATA_DIR, 'episodes')).filter((e) => e.group_id === group);
+      return eps.length >= 3 ? eps : null;
+    });
+    const transitions = readNdjson<Transition>(path.join(DATA_DIR, 'transitions')).filter((t) => !before.has(t.transition_id) && t.group_id === group);
+    console.log(`\n${transitions.length} transitions in ${episodes.length} episodes:\n`);
+    const rows = transitions.map((t) => ({
+      transition: t.transition_id.replace(`${group}-`, '…-'),
+      api: t.api,
+      streamed: t.streamed ? 'yes' : 'no',
+      'prompt→resp tokens': `${t.prompt_token_ids?.length ?? '-'}→${t.response_token_ids?.length ?? '-'}`,
+      logprobs: t.response_logprobs ? t.response_logprobs.length : '-',
+      'continues prev': t.continues_previous ? 'yes' : 'no',
+      finish: t.finish_reason ?? '-',
+      tools: t.tool_calls.map((c) => c.name).join(',') || '-',
+      reward: t.reward,
+    }));
+    console.table(rows);
+    const sample = transitions[0];
+    console.log('\nfirst transition, abridged:');
+    console.log(
+      JSON.stringify(
+        {
+          ...sample,
+          request: '…',
+          response: '…',
+          prompt_token_ids: `[${sample.prompt_token_ids?.slice(0, 6).join(', ')}, …] (${sample.prompt_token_ids?.length})`,
+          response_token_ids: sample.response_token_ids,
+          response_logprobs: sample.response_logprobs?.map((x) => Number(x.toFixed(3))),
+        },
+        null,
+        2,
+      ),
+    );
+    console.log(`\nwritten to ${path.relative(process.cwd(), path.join(DATA_DIR, 'transitions')) || '.'}/*.ndjson and ${path.relative(process.cwd(), path.join(DATA_DIR, 'episodes'))}/*.ndjson`);
+    console.log('read them with: node dist/main.js tail --data-dir data\n');
+    console.log('point your own agent at it:');
+    console.log('  export OPENAI_BASE_URL=http://127.0.0.1:4000/rollout/<rollout-id>/v1   # or send x-rollout-id');
+    console.log('  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318');
+    console.log(`  curl -XPOST ${'http://127.0.0.1:4000'}/lightning/v1/rollouts/<rollout-id>/reward -d '{"value": 1.0}'`);
+  } finally {
+    if (!exited) {
+      sidecar.kill('SIGTERM');
+      await waitFor('the sidecar to stop', () => (exited ? true : null), 30_000);
+    }
+    await model.close();
+  }
+  if (sidecar.exitCode !== 0) throw new Error(`demo: the sidecar exited with ${sidecar.exitCode}`);
+  console.log('\nsidecar stopped cleanly (SIGTERM → drained → exit 0). demo done.');
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    console.error(err instanceof Error ? err.message : err);
+    process.exit(1);
+  },
+);
