@@ -1,4 +1,5 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import { gzipSync } from 'node:zlib';
 import type { AddressInfo, Socket } from 'node:net';
 import { buildAnthropic, buildChat, buildCompletions, buildResponses, type Generation, type Turn } from './fake-responses';
 import { assistantTokens, renderPrompt, tokenize } from './fake-tokenizer';
@@ -40,6 +41,8 @@ export interface FakeModelServerOptions {
   /** Per-request fault (return null for a normal answer). */
   fault?: (req: ReceivedRequest) => Fault | null;
   model?: string;
+  /** gzip JSON bodies when the client accepts it (like OpenAI's API does). */
+  gzip?: boolean;
 }
 
 export interface FakeModelServer {
@@ -156,9 +159,11 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
   }
 
   function sendJson(res: ServerResponse, index: number, value: unknown, status = 200): void {
-    const bytes = Buffer.from(JSON.stringify(value));
+    let bytes = Buffer.from(JSON.stringify(value));
+    const gzip = options.gzip === true && /gzip/.test(String(res.req.headers['accept-encoding'] ?? ''));
+    if (gzip) bytes = gzipSync(bytes);
     responses[index] = bytes;
-    res.writeHead(status, { 'content-type': 'application/json', 'content-length': bytes.length, 'x-fake-upstream': 'yes' });
+    res.writeHead(status, { 'content-type': 'application/json', 'content-length': bytes.length, 'x-fake-upstream': 'yes', ...(gzip ? { 'content-encoding': 'gzip' } : {}) });
     res.end(bytes);
   }
 

@@ -192,6 +192,33 @@ describe('proxy transparency', () => {
     expect(upstream.requests).toHaveLength(0);
   });
 
+  it('passes a gzip-encoded response through as bytes and still records its content', async () => {
+    await setup({ flavor: 'vllm', gzip: true });
+    const res = await request(`${sidecar.origin}/rollout/gz/v1/chat/completions`, { body: chatBody({ return_token_ids: true }), headers: { 'accept-encoding': 'gzip' } });
+    expect(res.headers['content-encoding']).toBe('gzip');
+    expect(res.body.equals(upstream.responses[0])).toBe(true);
+    await fetch(`${sidecar.origin}/lightning/v1/rollouts/gz/end`, { method: 'POST', body: '{}' });
+    await sidecar.waitForEpisodes(1);
+    const [t] = sidecar.transitions();
+    expect(t.status).toBe('ok');
+    expect(t.response_token_ids?.length).toBeGreaterThan(0);
+    expect((t.response as { object: string }).object).toBe('chat.completion');
+  });
+
+  it('forwards a call above the capture cap whole and marks its record truncated', async () => {
+    await setup({ flavor: 'vllm' }, { receivers: { llm_proxy: { max_capture_bytes: 600 } } });
+    const body = chatBody({ stream: true, pad: 'p'.repeat(300) });
+    const direct = await request(`${upstream.url}/chat/completions`, { body });
+    const res = await request(`${sidecar.origin}/rollout/cap/v1/chat/completions`, { body });
+    expect(res.body.toString()).toBe(direct.body.toString());
+    expect(res.body.length).toBeGreaterThan(600);
+    await fetch(`${sidecar.origin}/lightning/v1/rollouts/cap/end`, { method: 'POST', body: '{}' });
+    await sidecar.waitForEpisodes(1);
+    expect(sidecar.transitions()[0].truncated).toBe(true);
+    const metrics = await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total');
+    expect(metrics).toContain('lightning_sidecar_capture_drops_total{reason="capture_cap"} 1');
+  });
+
   it('forwards every method and path, recording only the completion routes', async () => {
     await setup();
     const res = await request(`${sidecar.baseUrl}/models`, { method: 'GET' });
