@@ -13,6 +13,7 @@ afterEach(async () => {
   await upstream.close();
 });
 
+type ErrorJson = { error: { message: string } };
 const post = (path: string, body: string, method = 'POST') => fetch(`${sidecar.origin}${path}`, { method, headers: { 'content-type': 'application/json' }, body: method === 'GET' ? undefined : body });
 
 describe('rollout API', () => {
@@ -27,14 +28,14 @@ describe('rollout API', () => {
   ])('answers 400 naming the field for %s', async (body, message) => {
     const res = await post('/lightning/v1/rollouts/r1/reward', body);
     expect(res.status).toBe(400);
-    const json = await res.json();
+    const json = (await res.json()) as ErrorJson;
     expect(json.error.message).toContain(message);
   });
 
   it('answers 400 for a malformed rollout id in the path', async () => {
     const res = await post('/lightning/v1/rollouts/bad%20id/reward', '{"value":1}');
     expect(res.status).toBe(400);
-    expect((await res.json()).error.message).toContain('rollout_id');
+    expect(((await res.json()) as ErrorJson).error.message).toContain('rollout_id');
   });
 
   it('answers 404, 405 and 413 for unknown routes, other methods and big bodies', async () => {
@@ -68,7 +69,7 @@ describe('rollout API', () => {
     expect(ep).toMatchObject({ rollout_id: 'agl', final_reward: 1 });
     const bad = await post('/api/rollouts/agl/attempt/0/events', '{"event_type":"model_request","data":{}}');
     expect(bad.status).toBe(400);
-    expect((await bad.json()).error.message).toContain('event_type');
+    expect(((await bad.json()) as ErrorJson).error.message).toContain('event_type');
   });
 
   it('closes on end without a reward', async () => {
