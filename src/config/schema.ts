@@ -75,6 +75,84 @@ export const creditSchema = z
   })
   .strict();
 
+/** `attr op value`, e.g. `http.response.status_code >= 500`, `process.exit.code != 0`, `exists error.type`. */
+export const predicateSchema = z.string().transform((text, ctx) => {
+  const p = parsePredicate(text);
+  if (!p) {
+    ctx.addIssue({ code: 'custom', message: `cannot parse '${text}': use 'attribute op value' with op one of == != > >= < <= ~= (regex), or 'exists attribute'` });
+    return z.NEVER;
+  }
+  return p;
+});
+
+export type Predicate = { attribute: string; op: '==' | '!=' | '>' | '>=' | '<' | '<=' | '~=' | 'exists'; value: string | number | boolean | null };
+
+export function parsePredicate(text: string): Predicate | null {
+  const exists = /^\s*exists\s+(\S+)\s*$/.exec(text);
+  if (exists) return { attribute: exists[1], op: 'exists', value: null };
+  const m = /^\s*([^\s=!<>~]+)\s*(==|!=|>=|<=|~=|>|<)\s*(.+?)\s*$/.exec(text);
+  if (!m) return null;
+  const raw = m[3];
+  let value: string | number | boolean;
+  if (/^-?\d+(\.\d+)?$/.test(raw)) value = Number(raw);
+  else if (raw === 'true' || raw === 'false') value = raw === 'true';
+  else if (/^(['"]).*\1$/.test(raw)) value = raw.slice(1, -1);
+  else value = raw;
+  if (m[2] === '~=') {
+    try {
+      new RegExp(String(value));
+    } catch {
+      return null;
+    }
+  }
+  return { attribute: m[1], op: m[2] as Predicate['op'], value };
+}
+
+export const airRuleSchema = z
+  .object({
+    /** Glob on the tool name (`*` any run, `?` one char). */
+    tool: z.string().min(1).optional(),
+    outcome: z.enum(['ok', 'error', 'missing']).optional(),
+    /** All must hold (on the tool span's attributes). */
+    where: z.array(predicateSchema).default([]),
+    reward: z.number().finite(),
+  })
+  .strict();
+
+export const DEFAULT_AIR_RULES = [
+  { outcome: 'error' as const, where: [], reward: -0.5 },
+  { outcome: 'missing' as const, where: [], reward: -0.25 },
+  { outcome: 'ok' as const, where: [], reward: 0.1 },
+];
+
+export const airSchema = z
+  .object({
+    enabled: z.boolean().default(true),
+    /** `reward = credit(final) + weight × intermediate`. */
+    weight: z.number().finite().nonnegative().default(1),
+    rules: z.array(airRuleSchema).default(DEFAULT_AIR_RULES),
+  })
+  .strict();
+
+export const captureSchema = z
+  .object({
+    /** Agent-name globs whose calls become transitions (empty = all). */
+    include_agents: z.array(z.string().min(1)).default([]),
+    /** Agent-name globs whose calls are not emitted (they still count as episode activity). */
+    exclude_agents: z.array(z.string().min(1)).default([]),
+  })
+  .strict();
+
+export const spansSchema = z
+  .object({
+    /** A tool or reward span whose rollout is not known yet waits this long for a call of its trace. */
+    unattributed_wait_ms: positiveInt.default(30_000),
+    max_pending_spans: positiveInt.default(10_000),
+    /** Tool arguments/results kept per span, in characters. */
+    max_payload_chars: positiveInt.default(4096),
+  })
+  .strict();
+
 export const fileExporterSchema = z
   .object({
     /** Defaults to `{service.data_dir}`. */
@@ -106,6 +184,9 @@ export const configSchema = z
       .object({
         episodes: episodesSchema.prefault({}),
         credit: creditSchema.prefault({}),
+        air: airSchema.prefault({}),
+        capture: captureSchema.prefault({}),
+        spans: spansSchema.prefault({}),
       })
       .strict()
       .prefault({}),
@@ -145,3 +226,6 @@ export type Config = z.infer<typeof configSchema>;
 export type LlmProxyConfig = z.infer<typeof llmProxySchema>;
 export type EpisodesConfig = z.infer<typeof episodesSchema>;
 export type CreditConfig = z.infer<typeof creditSchema>;
+export type AirConfig = z.infer<typeof airSchema>;
+export type AirRule = z.infer<typeof airRuleSchema>;
+export type CaptureConfig = z.infer<typeof captureSchema>;

@@ -21,7 +21,12 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   const log = deps.logger.child('pipeline');
   const m = deps.metrics;
   const now = deps.now ?? Date.now;
-  const assembler = new EpisodeAssembler({ episodes: config.processors.episodes, credit: config.processors.credit });
+  const assembler = new EpisodeAssembler({
+    episodes: config.processors.episodes,
+    credit: config.processors.credit,
+    air: config.processors.air,
+    capture: config.processors.capture,
+  });
   const queue: ClosedEpisode[] = [];
   let pumping: Promise<void> | null = null;
   let timer: NodeJS.Timeout | null = null;

@@ -88,7 +88,27 @@ export interface EndRecord {
   at: number;
 }
 
-export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord;
+/** A tool execution seen as an OTLP span, attributed to a rollout. */
+export interface ToolSpanRecord {
+  type: 'tool_span';
+  rolloutId: string;
+  attemptId: string;
+  traceId: string;
+  spanId: string;
+  convention: string;
+  toolName: string | null;
+  toolCallId: string | null;
+  result: string | null;
+  outcome: 'ok' | 'error';
+  errorType: string | null;
+  /** Scalar span attributes (bounded), for AIR rule predicates. */
+  attributes: Record<string, string | number | boolean>;
+  startedAt: number;
+  endedAt: number;
+  at: number;
+}
+
+export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord;
 
 /** DESIGN §4.4 transition, JSON shape. */
 export interface Transition {
@@ -115,7 +135,7 @@ export interface Transition {
   response_token_ids: number[] | null;
   response_logprobs: number[] | null;
   continues_previous: boolean;
-  tool_calls: { id: string | null; name: string | null; status: string | null; reward: number | null; span_id: string | null }[];
+  tool_calls: TransitionToolCall[];
   intermediate_reward: number | null;
   final_reward: number | null;
   reward: number;
@@ -130,6 +150,17 @@ export interface Transition {
   latency_ms: number;
   ttft_ms: number | null;
   injected: string[];
+}
+
+export interface TransitionToolCall {
+  id: string | null;
+  name: string | null;
+  /** `ok` / `error` from the tool span; `missing` when no span came; null when the agent sends no tool spans at all. */
+  status: 'ok' | 'error' | 'missing' | null;
+  reward: number | null;
+  span_id: string | null;
+  /** How the span was joined to this call: `tool_call_id`, `trace_and_name`, `tool_result`; null when not joined. */
+  join: 'tool_call_id' | 'trace_and_name' | 'tool_result' | null;
 }
 
 export type EpisodeStatus = 'completed' | 'timed_out' | 'evicted';

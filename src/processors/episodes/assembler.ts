@@ -1,13 +1,16 @@
-import type { CreditConfig, EpisodesConfig } from '../../config/schema';
-import type { CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from '../../pipeline/records';
-import { buildEpisode } from '../rewards/transitions';
+import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig } from '../../config/schema';
+import type { CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../pipeline/records';
+import { globToRegExp } from '../air/glob';
+import { compileRules } from '../air/rules';
+import { buildEpisode, type TransitionOptions } from '../rewards/transitions';
 
 export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };
 
 export interface AssemblerOptions {
   episodes: EpisodesConfig;
   credit: CreditConfig;
-  airWeight?: number;
+  air?: AirConfig;
+  capture?: CaptureConfig;
 }
 
 interface OpenEpisode {
@@ -15,6 +18,7 @@ interface OpenEpisode {
   attemptId: string;
   groupId: string | null;
   calls: CallRecord[];
+  toolSpans: ToolSpanRecord[];
   inFlight: Set<number>;
   rewards: { name: string; value: number; final: boolean }[];
   finalReward: number | null;
@@ -29,6 +33,7 @@ interface OpenEpisode {
 export interface LateCounts {
   calls: number;
   rewards: number;
+  toolSpans: number;
 }
 
 /**
@@ -42,9 +47,19 @@ export class EpisodeAssembler {
   /** Insertion order = least recently active first. */
   private readonly open = new Map<string, OpenEpisode>();
   private readonly recentlyClosed = new Map<string, true>();
-  readonly late: LateCounts = { calls: 0, rewards: 0 };
+  readonly late: LateCounts = { calls: 0, rewards: 0, toolSpans: 0 };
+  private readonly build: TransitionOptions;
 
-  constructor(private readonly options: AssemblerOptions) {}
+  constructor(private readonly options: AssemblerOptions) {
+    const air = options.air;
+    this.build = {
+      credit: options.credit,
+      airWeight: air?.enabled ? air.weight : 0,
+      air: air?.enabled ? compileRules(air.rules) : null,
+      includeAgents: (options.capture?.include_agents ?? []).map(globToRegExp),
+      excludeAgents: (options.capture?.exclude_agents ?? []).map(globToRegExp),
+    };
+  }
 
   get openCount(): number {
     return this.open.size;
@@ -75,6 +90,17 @@ export class EpisodeAssembler {
         ep.startedAt = Math.min(ep.startedAt, event.startedAt);
         ep.lastCallEndedAt = Math.max(ep.lastCallEndedAt, event.endedAt);
         this.closeIfDue(key, ep, event.endedAt, closed);
+        return closed;
+      }
+      case 'tool_span': {
+        const key = keyOf(event.rolloutId, event.attemptId);
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
+          this.late.toolSpans++;
+          return closed;
+        }
+        const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
+        ep.toolSpans.push(event);
+        this.closeIfDue(key, ep, event.at, closed);
         return closed;
       }
       case 'reward':
@@ -124,6 +150,7 @@ export class EpisodeAssembler {
         attemptId,
         groupId: null,
         calls: [],
+        toolSpans: [],
         inFlight: new Set(),
         rewards: [],
         finalReward: null,
@@ -165,13 +192,14 @@ export class EpisodeAssembler {
         attemptId: ep.attemptId,
         groupId: ep.groupId,
         calls: ep.calls,
+        toolSpans: ep.toolSpans,
         rewards: ep.rewards,
         finalReward: ep.finalReward,
         startedAt: ep.startedAt,
         endedAt: at,
       },
       status,
-      { credit: this.options.credit, airWeight: this.options.airWeight ?? 0 },
+      this.build,
     );
   }
 }

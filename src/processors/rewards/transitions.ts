@@ -1,5 +1,8 @@
 import type { CreditConfig } from '../../config/schema';
-import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, Transition } from '../../pipeline/records';
+import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, ToolSpanRecord, Transition, TransitionToolCall } from '../../pipeline/records';
+import { matchesAny } from '../air/glob';
+import type { ToolFacts } from '../air/rules';
+import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 
 export interface EpisodeFacts {
@@ -7,6 +10,7 @@ export interface EpisodeFacts {
   attemptId: string;
   groupId: string | null;
   calls: CallRecord[];
+  toolSpans: ToolSpanRecord[];
   rewards: { name: string; value: number; final: boolean }[];
   finalReward: number | null;
   startedAt: number;
@@ -16,11 +20,26 @@ export interface EpisodeFacts {
 export interface TransitionOptions {
   credit: CreditConfig;
   airWeight: number;
+  /** AIR rule evaluation; null when AIR is off. */
+  air: ((facts: ToolFacts) => number | null) | null;
+  /** Agent-name globs (selective capture): calls of excluded agents are not emitted. */
+  includeAgents: RegExp[];
+  excludeAgents: RegExp[];
+}
+
+/** Whether a call's agent is captured under the include/exclude globs. */
+export function captured(agentName: string | null, options: Pick<TransitionOptions, 'includeAgents' | 'excludeAgents'>): boolean {
+  if (options.includeAgents.length > 0 && !matchesAny(agentName, options.includeAgents)) return false;
+  return !matchesAny(agentName, options.excludeAgents);
 }
 
 /** One transition per call and choice (`n > 1` → `{rollout}/{attempt}/{seq}.{choice}`), in seq order. */
 export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options: TransitionOptions): ClosedEpisode {
-  const calls = [...facts.calls].sort((a, b) => a.seq - b.seq);
+  const all = [...facts.calls].sort((a, b) => a.seq - b.seq);
+  const joined = joinToolSpans(all, facts.toolSpans);
+  // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
+  const instrumented = facts.toolSpans.length > 0;
+  const calls = all.filter((c) => captured(c.correlation.agentName, options));
   const transitions: Transition[] = [];
   let previous: number[] | null = null;
   calls.forEach((call, position) => {
@@ -31,7 +50,15 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     choices.forEach((choice) => {
       const promptIds = choice?.promptTokenIds ?? call.promptTokenIds;
       const responseIds = choice?.responseTokenIds ?? null;
-      const intermediate: number | null = null;
+      const toolCalls: TransitionToolCall[] = (choice?.toolCalls ?? []).map((tc, i) => {
+        const j = choice ? joined.get(requestKey(call.seq, choice.index, i)) : undefined;
+        const status = j ? j.span.outcome : instrumented ? 'missing' : null;
+        const reward =
+          status !== null && options.air ? options.air({ toolName: tc.name, outcome: status, attributes: j?.span.attributes ?? {} }) : null;
+        return { id: tc.id, name: tc.name, status, reward, span_id: j?.span.spanId ?? null, join: j?.method ?? null };
+      });
+      const rewarded = toolCalls.filter((tc) => tc.reward !== null);
+      const intermediate: number | null = rewarded.length > 0 ? rewarded.reduce((n, tc) => n + tc.reward!, 0) : null;
       const id = `${facts.rolloutId}/${facts.attemptId}/${call.seq}${multi && choice ? `.${choice.index}` : ''}`;
       transitions.push({
         schema: 'lightning.transition.v1',
@@ -57,7 +84,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         response_token_ids: responseIds,
         response_logprobs: choice?.responseLogprobs ?? null,
         continues_previous: previous !== null && promptIds !== null && startsWith(promptIds, previous),
-        tool_calls: (choice?.toolCalls ?? []).map((tc) => ({ id: tc.id, name: tc.name, status: null, reward: null, span_id: null })),
+        tool_calls: toolCalls,
         intermediate_reward: intermediate,
         final_reward: facts.finalReward,
         reward: (callCredit ?? 0) + options.airWeight * (intermediate ?? 0),
