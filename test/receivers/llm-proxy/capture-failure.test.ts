@@ -1,0 +1,42 @@
+import { loadConfig } from '../../../src/config/load';
+import { SequenceCounter } from '../../../src/pipeline/sequence';
+import { createLlmProxy } from '../../../src/receivers/llm-proxy/proxy';
+import { createLogger } from '../../../src/telemetry/logger';
+import { createMetrics } from '../../../src/telemetry/metrics';
+import { startFakeModelServer } from '../../support/fake-model-server';
+
+describe('capture failures', () => {
+  it('never fail or change the agent’s call; they are counted and logged once', async () => {
+    const upstream = await startFakeModelServer();
+    const config = loadConfig({ env: {}, overrides: { receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstream.url } } } });
+    const metrics = createMetrics();
+    const logs: string[] = [];
+    const proxy = createLlmProxy(config.receivers.llm_proxy, {
+      logger: createLogger({ level: 'info', write: (l) => logs.push(l) }),
+      metrics,
+      sequences: new SequenceCounter(),
+      capture: {
+        callStarted: () => {
+          throw new Error('pipeline exploded at start');
+        },
+        callEnded: () => {
+          throw new Error('pipeline exploded at end');
+        },
+      },
+    });
+    await proxy.start();
+    try {
+      for (let i = 0; i < 3; i++) {
+        const res = await fetch(`http://127.0.0.1:${proxy.port()}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model":"m","messages":[]}' });
+        expect(res.status).toBe(200);
+        expect(((await res.json()) as { object: string }).object).toBe('chat.completion');
+      }
+      await new Promise((r) => setImmediate(r));
+      expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).toContain('reason="capture_error"} 6');
+      expect(logs.filter((l) => l.includes('capture')).length).toBe(2);
+    } finally {
+      await proxy.shutdown(1000);
+      await upstream.close();
+    }
+  });
+});
