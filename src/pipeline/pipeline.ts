@@ -37,7 +37,15 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     const closed = assembler.apply(event);
     m.openEpisodes.set(assembler.openCount);
     if (closed.length === 0) return;
-    for (const c of closed) m.episodesClosed.inc({ status: c.episode.episode_status });
+    for (const c of closed) {
+      m.episodesClosed.inc({ status: c.episode.episode_status });
+      for (const t of c.transitions) {
+        for (const tc of t.tool_calls) {
+          m.toolSpans.inc({ outcome: tc.status ?? 'unobserved' });
+          if (tc.reward !== null) m.airRewards.observe(tc.reward);
+        }
+      }
+    }
     queue.push(...closed);
     pumping ??= pump().finally(() => {
       pumping = null;

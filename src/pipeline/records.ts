@@ -37,6 +37,8 @@ export interface CallStartRecord {
   type: 'call_start';
   correlation: Correlation;
   seq: number;
+  /** W3C trace id the call carried, so spans of the same trace find its rollout. */
+  traceId: string | null;
   at: number;
 }
 

@@ -62,6 +62,35 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
+    otlpSpans: new Counter({
+      name: 'lightning_sidecar_otlp_spans_total',
+      help: 'OTLP spans received, by transport (grpc, http), outcome (accepted, refused, rejected) and reason.',
+      labelNames: ['transport', 'outcome', 'reason'] as const,
+      registers: [registry],
+    }),
+    spansClassified: new Counter({
+      name: 'lightning_sidecar_spans_classified_total',
+      help: 'Accepted spans by kind (tool, reward, other) and what became of them (recorded, pending, dropped).',
+      labelNames: ['kind', 'result'] as const,
+      registers: [registry],
+    }),
+    toolSpans: new Counter({
+      name: 'lightning_sidecar_tool_spans_total',
+      help: 'Tool calls on closed episodes by outcome (ok, error, missing, unobserved).',
+      labelNames: ['outcome'] as const,
+      registers: [registry],
+    }),
+    airRewards: new Histogram({
+      name: 'lightning_sidecar_air_reward',
+      help: 'Intermediate (AIR) rewards given to tool calls.',
+      buckets: [-1, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1],
+      registers: [registry],
+    }),
+    pendingSpans: new Gauge({
+      name: 'lightning_sidecar_pending_spans',
+      help: 'Tool and reward spans waiting for a call of their trace to name their rollout.',
+      registers: [registry],
+    }),
     rolloutApi: new Counter({
       name: 'lightning_sidecar_rollout_api_requests_total',
       help: 'Rollout API requests by route and outcome.',

@@ -279,7 +279,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
 
   function startCapture(capture: CallCapture): void {
     try {
-      deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, at: capture.startedAt });
+      deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, traceId: capture.traceId, at: capture.startedAt });
     } catch (err) {
       m.captureDrops.inc({ reason: 'capture_error' });
       log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err });

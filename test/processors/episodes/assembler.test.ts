@@ -37,9 +37,9 @@ function call(rolloutId: string, seq: number, at: number, extra: Partial<CallRec
 describe('episode assembler', () => {
   it('closes on a final reward only after in-flight calls finish and the tool-span wait passed', () => {
     const a = make();
-    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, at: 0 });
+    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, traceId: null, at: 0 });
     a.apply(call('r', 0, 10));
-    a.apply({ type: 'call_start', correlation: corr('r'), seq: 1, at: 20 });
+    a.apply({ type: 'call_start', correlation: corr('r'), seq: 1, traceId: null, at: 20 });
     expect(a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'primary', final: true, at: 30, source: 'rollout_api' })).toEqual([]);
     expect(a.apply({ type: 'tick', at: 500 })).toEqual([]); // call 1 still in flight
     expect(a.apply(call('r', 1, 600))).toEqual([]); // wait for tool spans from its end
@@ -51,7 +51,7 @@ describe('episode assembler', () => {
 
   it('times out an idle episode with a null final reward', () => {
     const a = make();
-    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, at: 0 });
+    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, traceId: null, at: 0 });
     a.apply(call('r', 0, 10));
     expect(a.apply({ type: 'tick', at: 1009 })).toEqual([]);
     const [closed] = a.apply({ type: 'tick', at: 1010 });
@@ -61,7 +61,7 @@ describe('episode assembler', () => {
 
   it('does not time out while a call is in flight', () => {
     const a = make();
-    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, at: 0 });
+    a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, traceId: null, at: 0 });
     expect(a.apply({ type: 'tick', at: 5000 })).toEqual([]);
   });
 
