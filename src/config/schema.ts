@@ -207,6 +207,19 @@ export const configSchema = z
           .strict()
           .prefault({}),
         shutdown_timeout_ms: positiveInt.default(25_000),
+        /** On SIGTERM, close open episodes and export them (a pod going away takes its emptyDir with it). */
+        drain_on_shutdown: z.boolean().default(true),
+        journal: z
+          .object({
+            /** `always` (fsync before acknowledging), `never` (the OS decides), or an interval in ms. */
+            fsync: z.union([z.enum(['always', 'never']), positiveInt]).default(1000),
+            max_bytes: positiveInt.default(1024 * MiB),
+            segment_bytes: positiveInt.default(64 * MiB),
+            /** Share of max_bytes above which intake is refused (503) and /readyz fails. */
+            high_watermark: z.number().gt(0).lte(1).default(0.9),
+          })
+          .strict()
+          .prefault({}),
       })
       .strict()
       .prefault({}),

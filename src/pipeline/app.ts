@@ -32,16 +32,16 @@ export function createApp(config: Config, deps: AppDeps) {
     (config.service.exporter === 'file'
       ? createFileExporter({ dir: path.resolve(config.exporters.file.dir ?? dataDir), maxFileBytes: config.exporters.file.max_file_bytes })
       : unsupportedExporter(config.service.exporter));
-  const pipeline = createPipeline(config, { logger: log, metrics, exporter, now: deps.now });
   const sequences = new SequenceCounter();
+  const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
   const rolloutApi = config.receivers.rollout_api.enabled
-    ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes }, { sink: pipeline.sink, logger: log, metrics, now: deps.now })
+    ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes }, { sink: pipeline, logger: log, metrics, now: deps.now })
     : undefined;
   const proxy = createLlmProxy(config.receivers.llm_proxy, {
     logger: log,
     metrics,
     sequences,
-    capture: pipeline.sink,
+    capture: pipeline.capture,
     localRoutes: rolloutApi,
     now: deps.now,
   });
@@ -49,7 +49,10 @@ export function createApp(config: Config, deps: AppDeps) {
   const telemetry = createTelemetryServer(config.service.telemetry.endpoint, {
     metrics,
     logger: log,
-    checks: [{ name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') }],
+    checks: [
+      { name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') },
+      { name: 'journal', check: () => pipeline.journal.writable() },
+    ],
   });
 
   return {

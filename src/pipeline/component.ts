@@ -1,4 +1,4 @@
-import type { CallRecord, CallStartRecord, PipelineRecord } from './records';
+import type { CallRecord, CallStartRecord, EndRecord, RewardRecord } from './records';
 
 /**
  * The lifecycle every component follows (after the OpenTelemetry Collector's): `start` returns
@@ -24,8 +24,8 @@ export class RefusedError extends Error {
 
 /** The data-plane interface from receivers into the pipeline. */
 export interface RecordSink {
-  /** Resolves once the record is accepted (later: durably journaled); rejects with RefusedError. */
-  submit(record: PipelineRecord): Promise<void>;
+  /** Resolves once the record is durably journaled; rejects with RefusedError. */
+  submit(record: RewardRecord | EndRecord): Promise<unknown>;
 }
 
 /** What the proxy reports about recorded calls. Never throws into the hot path. */

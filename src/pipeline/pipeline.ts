@@ -1,42 +1,115 @@
+import { appendFileSync, mkdirSync } from 'node:fs';
+import path from 'node:path';
 import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
+import { Journal, type RecoveryReport } from '../journal/journal';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
-import { once, type CaptureSink, type RecordSink } from './component';
-import type { CallRecord, CallStartRecord, ClosedEpisode, PipelineRecord } from './records';
+import { once, RefusedError, type CaptureSink } from './component';
+import type { CallRecord, CallStartRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from './records';
+import type { SequenceCounter } from './sequence';
+import { spanRecords, TraceRouter, type SpanObservation } from './span-router';
+
+/** Journal markers: where an episode closed, and how far delivery got. */
+export interface EpisodeClosedMarker {
+  type: 'episode_closed';
+  rolloutId: string;
+  attemptId: string;
+  status: EpisodeStatus;
+  at: number;
+}
+export interface DeliveredMarker {
+  type: 'delivered';
+  /** Every episode whose close marker is at or below this offset is delivered. */
+  upTo: number;
+}
+export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' }> | SpanObservation | EpisodeClosedMarker | DeliveredMarker;
+
+interface Queued {
+  closed: ClosedEpisode;
+  /** Offset of its close marker; set once the marker is appended. */
+  marker: number;
+  durable: Promise<unknown>;
+}
 
 export interface PipelineDeps {
   logger: Logger;
   metrics: Metrics;
   exporter: Exporter;
+  /** Seeded from replayed calls so new calls of a resumed rollout continue its `seq`. */
+  sequences?: SequenceCounter;
   now?: () => number;
 }
 
 /**
- * Records in, closed episodes out: feeds the assembler, ticks it, and hands what closes to the
- * exporter in order, retrying with backoff while the exporter fails.
+ * Records in, closed episodes out. Every record is appended to the journal first: its offset
+ * is assigned synchronously and the record is applied to the assembler in that order, so a
+ * replay of the journal rebuilds the same state. Intake is acknowledged once the record is
+ * durable. Episode closes and deliveries are journaled as markers; closed episodes go to the
+ * exporter in close order, retried with backoff; segments below the lowest offset still needed
+ * are deleted.
  */
 export function createPipeline(config: Config, deps: PipelineDeps) {
   const log = deps.logger.child('pipeline');
   const m = deps.metrics;
   const now = deps.now ?? Date.now;
+  const dataDir = path.resolve(config.service.data_dir);
+  const j = config.service.journal;
+  const journal = new Journal(
+    { dir: path.join(dataDir, 'journal'), fsync: j.fsync, maxBytes: j.max_bytes, segmentBytes: j.segment_bytes, highWatermark: j.high_watermark },
+    log.child('journal'),
+  );
   const assembler = new EpisodeAssembler({
     episodes: config.processors.episodes,
     credit: config.processors.credit,
     air: config.processors.air,
     capture: config.processors.capture,
   });
-  const queue: ClosedEpisode[] = [];
+  const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
+  const queue: Queued[] = [];
   let pumping: Promise<void> | null = null;
   let timer: NodeJS.Timeout | null = null;
-  let stopping = false;
   let backoffMs = 0;
+  let stopping = false;
+  let recovery: RecoveryReport | null = null;
 
-  const apply = (event: Parameters<EpisodeAssembler['apply']>[0]): void => {
-    const closed = assembler.apply(event);
-    m.openEpisodes.set(assembler.openCount);
-    if (closed.length === 0) return;
+  /** Applies one journaled record; returns what closed. */
+  function applyRecord(record: JournalRecord, offset: number): ClosedEpisode[] {
+    switch (record.type) {
+      case 'span': {
+        const r = router.route(record, offset);
+        if (r === 'parked') return [];
+        if (r === 'dropped') {
+          m.spansClassified.inc({ kind: record.what.kind, result: 'dropped' });
+          log.once('parked_full', 'warn', 'too many spans wait for their rollout; dropping new ones', { max_pending_spans: config.processors.spans.max_pending_spans });
+          return [];
+        }
+        return spanRecords(record, r).flatMap((rec) => assembler.apply(rec, offset));
+      }
+      case 'call_start': {
+        const closed = assembler.apply(record, offset);
+        if (record.traceId) {
+          const released = router.noteTrace(record.traceId, { rolloutId: record.correlation.rolloutId, attemptId: record.correlation.attemptId });
+          for (const p of released) for (const rec of spanRecords(p.observation, record.correlation)) closed.push(...assembler.apply(rec, p.offset));
+        }
+        return closed;
+      }
+      case 'episode_closed': {
+        const c = assembler.forceClose(record.rolloutId, record.attemptId, record.status, record.at);
+        return c ? [c] : [];
+      }
+      case 'delivered': {
+        while (queue.length > 0 && queue[0].marker <= record.upTo) queue.shift();
+        return [];
+      }
+      default:
+        return assembler.apply(record, offset);
+    }
+  }
+
+  /** Journals close markers for what the rules closed (live), queues them for export. */
+  function enqueue(closed: ClosedEpisode[], replayMarker?: number): void {
     for (const c of closed) {
       m.episodesClosed.inc({ status: c.episode.episode_status });
       for (const t of c.transitions) {
@@ -45,38 +118,109 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
           if (tc.reward !== null) m.airRewards.observe(tc.reward);
         }
       }
+      if (replayMarker !== undefined) {
+        queue.push({ closed: c, marker: replayMarker, durable: Promise.resolve() });
+        continue;
+      }
+      const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId: c.episode.rollout_id, attemptId: c.episode.attempt_id, status: c.episode.episode_status, at: Date.parse(c.episode.ended_at) };
+      try {
+        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)));
+        queue.push({ closed: c, marker: offset, durable });
+      } catch (err) {
+        // The journal refuses (full/closed): export anyway; a replay may close this episode again.
+        log.once('marker', 'warn', 'journal refused a close marker; exporting without it', { err });
+        queue.push({ closed: c, marker: -1, durable: Promise.resolve() });
+      }
     }
-    queue.push(...closed);
-    pumping ??= pump().finally(() => {
-      pumping = null;
-    });
-  };
+    m.openEpisodes.set(assembler.openCount);
+    if (!stopping || closed.length > 0) pump();
+  }
 
-  async function pump(): Promise<void> {
+  function pump(): void {
+    if (pumping || queue.length === 0 || recovery === null) return;
+    pumping = drainQueue().finally(() => {
+      pumping = null;
+      if (queue.length > 0 && !stopping) pump();
+    });
+  }
+
+  async function drainQueue(): Promise<void> {
     while (queue.length > 0) {
       const batch = queue.slice(0, 64);
+      await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        await deps.exporter.export(batch);
-        queue.splice(0, batch.length);
-        backoffMs = 0;
-        m.transitionsExported.inc({ exporter: deps.exporter.name }, batch.reduce((n, c) => n + c.transitions.length, 0));
+        await deps.exporter.export(batch.map((q) => q.closed));
       } catch (err) {
         m.exportErrors.inc({ exporter: deps.exporter.name, kind: 'retryable' });
         backoffMs = Math.min(Math.max(backoffMs * 2, 100), 10_000);
         log.once('export_failed', 'error', 'export failed; retrying with backoff', { err, exporter: deps.exporter.name });
-        if (stopping && backoffMs >= 10_000) throw err;
+        if (stopping) throw err;
         await new Promise((r) => setTimeout(r, backoffMs).unref());
+        continue;
       }
+      backoffMs = 0;
+      queue.splice(0, batch.length);
+      m.transitionsExported.inc({ exporter: deps.exporter.name }, batch.reduce((n, q) => n + q.closed.transitions.length, 0));
+      const upTo = Math.max(...batch.map((q) => q.marker));
+      if (upTo >= 0) {
+        try {
+          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)));
+        } catch {
+          // Without the marker a replay exports these again: at-least-once, same transition ids.
+        }
+      }
+      await release();
     }
   }
 
-  const sink: RecordSink & CaptureSink = {
-    submit(record: PipelineRecord): Promise<void> {
-      apply(record);
-      return Promise.resolve();
-    },
+  async function release(): Promise<void> {
+    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), ...queue.map((q) => q.closed.firstOffset), journal.next);
+    const removed = await journal.release(low).catch((err) => {
+      log.once('release', 'error', 'journal: could not delete delivered segments', { err });
+      return 0;
+    });
+    if (removed > 0) updateJournalMetrics();
+  }
+
+  function updateJournalMetrics(): void {
+    m.journalBytes.set(journal.bytes);
+    m.journalSegments.set(journal.segmentCount);
+  }
+
+  /** Appends, applies in offset order, and resolves when durable. Throws RefusedError when full. */
+  function submit(record: JournalRecord): Promise<unknown> {
+    const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)));
+    try {
+      enqueue(applyRecord(record, offset));
+    } catch (err) {
+      quarantine(offset, record, err);
+    }
+    updateJournalMetrics();
+    return durable;
+  }
+
+  function quarantine(offset: number, record: unknown, err: unknown): void {
+    m.journalQuarantined.inc();
+    log.once('quarantine', 'error', 'a record could not be processed; it is quarantined and skipped', { err, offset });
+    try {
+      const dir = path.join(dataDir, 'quarantine');
+      mkdirSync(dir, { recursive: true });
+      appendFileSync(path.join(dir, 'records.ndjson'), JSON.stringify({ offset, error: String(err), record }) + '\n');
+    } catch {
+      // Counted and logged already; the quarantine itself is best effort.
+    }
+  }
+
+  function tick(): void {
+    const at = now();
+    for (const o of router.expire(at)) m.spansClassified.inc({ kind: o.what.kind, result: 'unattributed' });
+    m.pendingSpans.set(router.pending);
+    enqueue(assembler.apply({ type: 'tick', at }));
+  }
+
+  const capture: CaptureSink = {
     callStarted(record: CallStartRecord): void {
-      apply(record);
+      submitCapture(record);
     },
     callEnded(record: CallRecord): void {
       if (record.choices.length > 0 && record.choices.every((c) => c.responseTokenIds === null)) m.missingTokenIds.inc({ api: record.api });
@@ -85,27 +229,76 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const completion = usage?.completion_tokens ?? usage?.output_tokens;
       if (typeof prompt === 'number') m.tokens.inc({ kind: 'prompt' }, prompt);
       if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
-      apply(record);
+      submitCapture(record);
     },
   };
 
+  /** Proxied calls are never refused: a capture the journal cannot take is counted and dropped. */
+  function submitCapture(record: CallStartRecord | CallRecord): void {
+    try {
+      submit(record).catch(() => m.captureDrops.inc({ reason: 'journal_unwritable' }));
+    } catch (err) {
+      const reason = err instanceof RefusedError && err.code === 'JOURNAL_FULL' ? 'journal_full' : 'journal_unwritable';
+      m.captureDrops.inc({ reason });
+      log.once(`capture_${reason}`, 'warn', 'journal cannot take captures; proxied calls are still served', { err });
+    }
+  }
+
   return {
-    sink,
+    capture,
     assembler,
-    async start(): Promise<void> {
-      timer = setInterval(() => apply({ type: 'tick', at: now() }), config.processors.episodes.tick_interval_ms);
-      timer.unref();
+    journal,
+    /** Intake for the rollout API and OTLP: resolves when durable; rejects with RefusedError. */
+    submit(record: JournalRecord): Promise<unknown> {
+      try {
+        return submit(record);
+      } catch (err) {
+        return Promise.reject(err);
+      }
     },
-    /** Closes what is still open (nothing would resume it) and flushes to the exporter. */
+    recovery: () => recovery,
+    async start(): Promise<void> {
+      assembler.replaying = true;
+      recovery = await journal.open((offset, payload) => {
+        let record: JournalRecord;
+        try {
+          record = JSON.parse(payload.toString('utf8')) as JournalRecord;
+        } catch (err) {
+          quarantine(offset, payload.toString('base64'), err);
+          return;
+        }
+        try {
+          if (record.type === 'call_start' || record.type === 'call') {
+            deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
+          }
+          // While replaying only close markers close episodes, so each closed episode here has its marker.
+          enqueue(applyRecord(record, offset), offset);
+        } catch (err) {
+          quarantine(offset, record, err);
+        }
+      });
+      assembler.replaying = false;
+      assembler.forgetInFlight();
+      m.journalRecovered.inc({ kind: 'torn_tail' }, recovery.tornTails);
+      m.journalRecovered.inc({ kind: 'corrupt_tail' }, recovery.corruptTails);
+      m.journalRecovered.inc({ kind: 'corrupt_segment' }, recovery.corruptSegments);
+      updateJournalMetrics();
+      if (recovery.records > 0) log.info('journal replayed', { ...recovery, open_episodes: assembler.openCount, to_export: queue.length });
+      timer = setInterval(tick, config.processors.episodes.tick_interval_ms);
+      timer.unref();
+      pump();
+    },
+    /** Closes what is still open (when configured), flushes to the exporter, closes the journal. */
     shutdown: once(async () => {
-      stopping = true;
       if (timer) clearInterval(timer);
-      const rest = assembler.drain(now());
-      for (const c of rest) m.episodesClosed.inc({ status: c.episode.episode_status });
-      queue.push(...rest);
-      m.openEpisodes.set(0);
+      if (config.service.drain_on_shutdown) enqueue(assembler.drain(now()));
+      stopping = true;
       if (pumping) await pumping.catch(() => {});
-      await pump().catch((err) => log.error('episodes could not be exported before shutdown', { err, episodes: queue.length }));
+      if (queue.length > 0) {
+        pumping = drainQueue().catch((err) => log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: queue.length }));
+        await pumping;
+      }
+      await journal.close();
     }),
   };
 }

@@ -185,4 +185,6 @@ export interface EpisodeSummary {
 export interface ClosedEpisode {
   episode: EpisodeSummary;
   transitions: Transition[];
+  /** Lowest journal offset among the records of this episode (what must be kept until delivery). */
+  firstOffset: number;
 }

@@ -91,6 +91,27 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Tool and reward spans waiting for a call of their trace to name their rollout.',
       registers: [registry],
     }),
+    journalBytes: new Gauge({
+      name: 'lightning_sidecar_journal_bytes',
+      help: 'Bytes in journal segments on disk (and queued for writing).',
+      registers: [registry],
+    }),
+    journalSegments: new Gauge({
+      name: 'lightning_sidecar_journal_segments',
+      help: 'Journal segment files on disk.',
+      registers: [registry],
+    }),
+    journalRecovered: new Counter({
+      name: 'lightning_sidecar_journal_recovered_total',
+      help: 'Unreadable journal regions found at start-up and set aside, by kind (torn_tail, corrupt_tail, corrupt_segment).',
+      labelNames: ['kind'] as const,
+      registers: [registry],
+    }),
+    journalQuarantined: new Counter({
+      name: 'lightning_sidecar_journal_quarantined_total',
+      help: 'Journal records that could not be processed, written to {data_dir}/quarantine/ and skipped.',
+      registers: [registry],
+    }),
     rolloutApi: new Counter({
       name: 'lightning_sidecar_rollout_api_requests_total',
       help: 'Rollout API requests by route and outcome.',

@@ -56,7 +56,7 @@ describe('the proxy with the real openai SDK in front of a vLLM-like server', ()
       expect(t.response_logprobs).toEqual(t.response_token_ids!.map((id, p) => logprobOf(id, p)));
       expect(t.reward).toBe(0.75);
     }
-    expect(ts[0].tool_calls).toEqual([{ id: expect.any(String), name: 'calculator', status: null, reward: null, span_id: null }]);
+    expect(ts[0].tool_calls).toEqual([{ id: expect.any(String), name: 'calculator', status: null, reward: null, span_id: null, join: null }]);
     expect(ts[0].finish_reason).toBe('tool_calls');
     expect(ts[1].continues_previous).toBe(true);
     expect(ts[1].is_last).toBe(true);

@@ -27,6 +27,7 @@ interface OpenEpisode {
   lastCallEndedAt: number;
   lastActivity: number;
   startedAt: number;
+  firstOffset: number;
 }
 
 /** Counts of records that arrived for episodes already closed (for metrics). */
@@ -65,7 +66,16 @@ export class EpisodeAssembler {
     return this.open.size;
   }
 
-  apply(event: AssemblerEvent): ClosedEpisode[] {
+  /**
+   * While replaying a journal, episodes close only where the journal says they closed
+   * (`forceClose`), never by the rules, so replay reproduces the run that wrote it.
+   */
+  replaying = false;
+  /** The journal offset of the record being applied (episodes remember their lowest). */
+  private offset = 0;
+
+  apply(event: AssemblerEvent, offset = this.offset): ClosedEpisode[] {
+    this.offset = offset;
     const closed: ClosedEpisode[] = [];
     switch (event.type) {
       case 'tick':
@@ -126,7 +136,26 @@ export class EpisodeAssembler {
     }
   }
 
-  /** Closes every open episode now (shutdown without a journal to resume from). */
+  /** Closes one episode as the journal recorded it closing (replay). */
+  forceClose(rolloutId: string, attemptId: string, status: EpisodeStatus, at: number): ClosedEpisode | null {
+    const key = keyOf(rolloutId, attemptId);
+    const ep = this.open.get(key);
+    return ep ? this.close(key, ep, status, at) : null;
+  }
+
+  /** After replay: calls that were in flight when the process died will never end. */
+  forgetInFlight(): void {
+    for (const ep of this.open.values()) ep.inFlight.clear();
+  }
+
+  /** The lowest journal offset any open episode still needs. */
+  minOffset(): number {
+    let min = Infinity;
+    for (const ep of this.open.values()) min = Math.min(min, ep.firstOffset);
+    return min;
+  }
+
+  /** Closes every open episode now (shutdown that nothing will resume). */
   drain(at: number): ClosedEpisode[] {
     const closed: ClosedEpisode[] = [];
     for (const [key, ep] of this.open) closed.push(this.close(key, ep, ep.closeRequestedAt !== null ? 'completed' : 'timed_out', at));
@@ -139,8 +168,9 @@ export class EpisodeAssembler {
     if (ep) {
       this.open.delete(key);
       ep.lastActivity = Math.max(ep.lastActivity, at);
+      ep.firstOffset = Math.min(ep.firstOffset, this.offset);
     } else {
-      if (this.open.size >= this.options.episodes.max_open_episodes) {
+      if (!this.replaying && this.open.size >= this.options.episodes.max_open_episodes) {
         const [oldKey, oldest] = this.open.entries().next().value as [string, OpenEpisode];
         closed.push(this.close(oldKey, oldest, 'evicted', at));
       }
@@ -158,6 +188,7 @@ export class EpisodeAssembler {
         lastCallEndedAt: at,
         lastActivity: at,
         startedAt: at,
+        firstOffset: this.offset,
       };
     }
     this.open.set(key, ep);
@@ -176,6 +207,7 @@ export class EpisodeAssembler {
   }
 
   private closeIfDue(key: string, ep: OpenEpisode, at: number, closed: ClosedEpisode[]): void {
+    if (this.replaying) return;
     const status = this.dueStatus(ep, at);
     if (status) closed.push(this.close(key, ep, status, at));
   }
@@ -197,6 +229,7 @@ export class EpisodeAssembler {
         finalReward: ep.finalReward,
         startedAt: ep.startedAt,
         endedAt: at,
+        firstOffset: ep.firstOffset,
       },
       status,
       this.build,

@@ -15,6 +15,7 @@ export interface EpisodeFacts {
   finalReward: number | null;
   startedAt: number;
   endedAt: number;
+  firstOffset?: number;
 }
 
 export interface TransitionOptions {
@@ -121,6 +122,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       ended_at: new Date(facts.endedAt).toISOString(),
     },
     transitions,
+    firstOffset: facts.firstOffset ?? 0,
   };
 }
 

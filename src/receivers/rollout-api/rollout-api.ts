@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { RefusedError, type RecordSink } from '../../pipeline/component';
-import type { PipelineRecord } from '../../pipeline/records';
+import type { EndRecord, RewardRecord } from '../../pipeline/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { ID_PATTERN } from '../llm-proxy/correlation';
@@ -48,7 +48,7 @@ export function createRolloutApi(options: { maxBodyBytes: number }, deps: Rollou
         const rolloutId = decode(ours ? ours[1] : agl![1]);
         if (!ID_PATTERN.test(rolloutId)) throw new BodyError('rollout_id', 'must be 1-128 characters of [A-Za-z0-9._:-]');
         const at = now();
-        let record: PipelineRecord | null;
+        let record: RewardRecord | EndRecord;
         if (ours?.[2] === 'reward') record = { type: 'reward', rolloutId, ...parseRewardBody(body), at, source: 'rollout_api' };
         else if (ours) record = { type: 'end', rolloutId, ...parseEndBody(body), at };
         else {

@@ -1,0 +1,75 @@
+import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import { startChildSidecar } from '../support/child-sidecar';
+import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
+
+function read<T>(dir: string, kind: string): T[] {
+  const d = path.join(dir, kind);
+  if (!existsSync(d)) return [];
+  return readdirSync(d)
+    .sort()
+    .flatMap((f) => readFileSync(path.join(d, f), 'utf8').split('\n').filter(Boolean))
+    .map((l) => JSON.parse(l) as T);
+}
+
+async function until<T>(fn: () => T | null, ms = 10_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = fn();
+    if (v !== null) return v;
+    if (Date.now() > end) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe('crash recovery (child process, SIGKILL)', () => {
+  let upstream: FakeModelServer;
+  beforeAll(async () => {
+    upstream = await startFakeModelServer({ flavor: 'vllm' });
+  });
+  afterAll(() => upstream.close());
+
+  it('loses no acknowledged record and no open episode across a SIGKILL, and continues the seq', async () => {
+    const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-'));
+    const env = { LIGHTNING_UPSTREAM_URL: upstream.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: dataDir, LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'warn' };
+    const first = await startChildSidecar(env);
+    const ask = (origin: string, rollout: string) =>
+      new OpenAI({ baseURL: `${origin}/rollout/${rollout}/v1`, apiKey: 'k', maxRetries: 0 }).chat.completions.create({ model: 'm', messages: [{ role: 'user', content: rollout }] });
+    await ask(first.origin, 'open-1');
+    await ask(first.origin, 'open-1');
+    await ask(first.origin, 'closed-1');
+    const rewardAck = await fetch(`${first.origin}/lightning/v1/rollouts/closed-1/reward`, { method: 'POST', body: '{"value":0.5}' });
+    expect(rewardAck.status).toBe(202);
+    const stepAck = await fetch(`${first.origin}/lightning/v1/rollouts/open-1/reward`, { method: 'POST', body: '{"value":0.2,"final":false,"name":"step"}' });
+    expect(stepAck.status).toBe(202);
+    // Captures are journaled right after the response; give the last one its tick.
+    await new Promise((r) => setTimeout(r, 100));
+    expect(await first.kill('SIGKILL')).toEqual({ code: null, signal: 'SIGKILL' });
+
+    const second = await startChildSidecar(env);
+    try {
+      await ask(second.origin, 'open-1');
+      expect((await fetch(`${second.origin}/lightning/v1/rollouts/open-1/reward`, { method: 'POST', body: '{"value":1}' })).status).toBe(202);
+      const episodes = await until(() => {
+        const eps = read<EpisodeSummary>(dataDir, 'episodes');
+        return eps.some((e) => e.rollout_id === 'open-1') && eps.some((e) => e.rollout_id === 'closed-1') ? eps : null;
+      });
+      const byRollout = new Map(episodes.map((e) => [e.rollout_id, e]));
+      expect(byRollout.get('open-1')).toMatchObject({
+        transition_ids: ['open-1/0/0', 'open-1/0/1', 'open-1/0/2'],
+        final_reward: 1,
+        rewards: [{ name: 'step', value: 0.2, final: false }, { name: 'primary', value: 1, final: true }],
+      });
+      expect(byRollout.get('closed-1')).toMatchObject({ transition_ids: ['closed-1/0/0'], final_reward: 0.5 });
+      const ids = read<Transition>(dataDir, 'transitions').map((t) => t.transition_id);
+      expect(new Set(ids)).toEqual(new Set(['open-1/0/0', 'open-1/0/1', 'open-1/0/2', 'closed-1/0/0']));
+      // closed-1 was delivered before the kill; its delivered marker keeps the replay from sending it again.
+      expect(ids).toHaveLength(4);
+    } finally {
+      expect((await second.kill('SIGTERM')).code).toBe(0);
+    }
+  });
+});

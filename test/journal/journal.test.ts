@@ -1,0 +1,131 @@
+import { appendFileSync, mkdtempSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Journal, type JournalOptions } from '../../src/journal/journal';
+import { RefusedError } from '../../src/pipeline/component';
+import { silentLogger } from '../../src/telemetry/logger';
+
+const tmp = () => mkdtempSync(path.join(os.tmpdir(), 'lightning-journal-'));
+const opts = (dir: string, extra: Partial<JournalOptions> = {}): JournalOptions => ({ dir, fsync: 'never', maxBytes: 1 << 20, segmentBytes: 1024, highWatermark: 1, ...extra });
+
+async function reopen(dir: string, extra: Partial<JournalOptions> = {}) {
+  const seen: [number, string][] = [];
+  const j = new Journal(opts(dir, extra), silentLogger);
+  const report = await j.open((offset, payload) => seen.push([offset, payload.toString()]));
+  return { j, seen, report };
+}
+
+describe('journal', () => {
+  it('replays every acknowledged record in offset order after a restart, across segments', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir);
+    const acks: number[] = [];
+    for (let i = 0; i < 100; i++) acks.push(await j.append(Buffer.from(`record-${i}-${'x'.repeat(40)}`)).durable);
+    expect(acks).toEqual(Array.from({ length: 100 }, (_, i) => i));
+    expect(j.segmentCount).toBeGreaterThan(3);
+    await j.close();
+    const { j: j2, seen, report } = await reopen(dir);
+    expect(seen.map(([o]) => o)).toEqual(acks);
+    expect(seen[42][1]).toBe(`record-42-${'x'.repeat(40)}`);
+    expect(report).toMatchObject({ records: 100, tornTails: 0, corruptTails: 0 });
+    expect(j2.append(Buffer.from('next')).offset).toBe(100);
+    await j2.close();
+  });
+
+  it('assigns offsets synchronously, in call order, and group-commits one tick of appends', async () => {
+    const { j } = await reopen(tmp(), { fsync: 'always' });
+    const a = j.append(Buffer.from('a'));
+    const b = j.append(Buffer.from('b'));
+    expect([a.offset, b.offset]).toEqual([0, 1]);
+    expect(await Promise.all([a.durable, b.durable])).toEqual([0, 1]);
+    await j.close();
+  });
+
+  it('truncates a torn tail, sets its bytes aside, and keeps every whole record', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
+    for (let i = 0; i < 5; i++) await j.append(Buffer.from(`r${i}`)).durable;
+    await j.close();
+    const seg = path.join(dir, readdirSync(dir).find((f) => f.endsWith('.seg'))!);
+    const whole = statSync(seg).size;
+    truncateSync(seg, whole - 3); // the last frame lost its end: a write torn by a crash
+    const { j: j2, seen, report } = await reopen(dir, { segmentBytes: 1 << 20 });
+    expect(seen.map(([, p]) => p)).toEqual(['r0', 'r1', 'r2', 'r3']);
+    expect(report.tornTails).toBe(1);
+    expect(report.quarantined).toHaveLength(1);
+    expect(statSync(seg).size).toBeLessThan(whole - 3);
+    // New appends continue after the last whole record and survive the next restart.
+    await j2.append(Buffer.from('r4-again')).durable;
+    await j2.close();
+    const { seen: seen3 } = await reopen(dir, { segmentBytes: 1 << 20 });
+    expect(seen3.map(([, p]) => p)).toEqual(['r0', 'r1', 'r2', 'r3', 'r4-again']);
+  });
+
+  it('detects a corrupt record by its checksum and never crash-loops on it', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
+    for (let i = 0; i < 3; i++) await j.append(Buffer.from(`payload-${i}`)).durable;
+    await j.close();
+    const seg = path.join(dir, readdirSync(dir).find((f) => f.endsWith('.seg'))!);
+    const bytes = readFileSync(seg);
+    bytes[bytes.length - 2] ^= 0xff; // flip a bit inside the last payload
+    writeFileSync(seg, bytes);
+    appendFileSync(seg, Buffer.from('garbage after'));
+    for (let round = 0; round < 2; round++) {
+      const { j: again, seen, report } = await reopen(dir, { segmentBytes: 1 << 20 });
+      expect(seen.map(([, p]) => p)).toEqual(['payload-0', 'payload-1']);
+      expect(report.corruptTails).toBe(round === 0 ? 1 : 0);
+      await again.close();
+    }
+  });
+
+  it('sets aside the rest of a corrupt segment in the middle and reads the segments after it', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 64 });
+    for (let i = 0; i < 12; i++) await j.append(Buffer.from(`p${i}-${'y'.repeat(30)}`)).durable;
+    await j.close();
+    const segs = readdirSync(dir).filter((f) => f.endsWith('.seg')).sort();
+    expect(segs.length).toBeGreaterThan(3);
+    const mid = path.join(dir, segs[1]);
+    const b = readFileSync(mid);
+    b[20] ^= 0x01;
+    writeFileSync(mid, b);
+    const { seen, report } = await reopen(dir, { segmentBytes: 64 });
+    expect(report.corruptSegments).toBe(1);
+    expect(seen.length).toBeLessThan(12);
+    expect(seen[seen.length - 1][1]).toMatch(/^p11-/);
+  });
+
+  it('refuses appends above the high watermark with a retryable error, and takes them again after release', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { maxBytes: 2000, highWatermark: 0.5, segmentBytes: 200 });
+    const offsets: number[] = [];
+    let refused: unknown = null;
+    try {
+      for (let i = 0; i < 100; i++) offsets.push(await j.append(Buffer.from('z'.repeat(50))).durable);
+    } catch (err) {
+      refused = err;
+    }
+    expect(refused).toBeInstanceOf(RefusedError);
+    expect(refused).toMatchObject({ code: 'JOURNAL_FULL', retryAfterMs: 1000 });
+    expect(j.full).toBe(true);
+    expect(j.writable()).toContain('high watermark');
+    const removed = await j.release(offsets[offsets.length - 1]);
+    expect(removed).toBeGreaterThan(0);
+    expect(j.full).toBe(false);
+    await j.append(Buffer.from('fits again')).durable;
+    await j.close();
+  });
+
+  it('never deletes the active segment, so offsets stay monotonic across restarts', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 64 });
+    for (let i = 0; i < 10; i++) await j.append(Buffer.from(`q${i}-${'w'.repeat(40)}`)).durable;
+    await j.release(Number.MAX_SAFE_INTEGER);
+    expect(j.segmentCount).toBe(1);
+    await j.close();
+    const { j: j2 } = await reopen(dir, { segmentBytes: 64 });
+    expect(j2.append(Buffer.from('after')).offset).toBe(10);
+    await j2.close();
+  });
+});

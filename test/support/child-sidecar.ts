@@ -1,0 +1,75 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+
+const MAIN = path.join(__dirname, '../../dist/main.js');
+
+export interface ChildSidecar {
+  proc: ChildProcess;
+  origin: string;
+  telemetryOrigin: string;
+  otlpHttpPort: number;
+  otlpGrpcPort: number;
+  stderr: string[];
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  kill(signal?: NodeJS.Signals): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** Runs the built sidecar (`dist/main.js run`) as a child process and waits until /readyz answers 200. */
+export async function startChildSidecar(env: Record<string, string>, args: string[] = []): Promise<ChildSidecar> {
+  const [proxy, telemetry, grpc, http] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const proc = spawn(process.execPath, [MAIN, 'run', ...args], {
+    env: {
+      PATH: process.env.PATH ?? '',
+      LIGHTNING_PROXY_ADDR: `127.0.0.1:${proxy}`,
+      LIGHTNING_TELEMETRY_ADDR: `127.0.0.1:${telemetry}`,
+      LIGHTNING_OTLP_GRPC_ADDR: `127.0.0.1:${grpc}`,
+      LIGHTNING_OTLP_HTTP_ADDR: `127.0.0.1:${http}`,
+      ...env,
+    },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  const stderr: string[] = [];
+  proc.stderr!.on('data', (c: Buffer) => stderr.push(c.toString()));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => proc.once('exit', (code, signal) => resolve({ code, signal })));
+  const child: ChildSidecar = {
+    proc,
+    origin: `http://127.0.0.1:${proxy}`,
+    telemetryOrigin: `http://127.0.0.1:${telemetry}`,
+    otlpHttpPort: http,
+    otlpGrpcPort: grpc,
+    stderr,
+    exited,
+    async kill(signal = 'SIGTERM') {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+      return exited;
+    },
+  };
+  const until = Date.now() + 15_000;
+  let done = false;
+  void exited.then(() => (done = true));
+  for (;;) {
+    if (done) throw new Error(`sidecar exited during start-up: ${stderr.join('')}`);
+    try {
+      if ((await fetch(`${child.telemetryOrigin}/readyz`)).ok) return child;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > until) {
+      proc.kill('SIGKILL');
+      throw new Error(`sidecar not ready after 15 s: ${stderr.join('')}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
