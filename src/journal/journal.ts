@@ -136,13 +136,16 @@ export class Journal {
    * Appends one record. The offset is assigned now, synchronously, so callers can order their
    * own work by it; `durable` resolves once the bytes are written (and synced under `always`).
    * Segments rotate between batches, so one may exceed `segmentBytes` by up to one batch.
+   * `priority` records (rewards, ends, markers: small, and what lets episodes close and space be
+   * released) may use the room between the high watermark and `maxBytes`.
    * Throws RefusedError(JOURNAL_FULL) above the high watermark, JOURNAL_CLOSED after close.
    */
-  append(payload: Buffer): { offset: number; durable: Promise<number> } {
+  append(payload: Buffer, priority = false): { offset: number; durable: Promise<number> } {
     if (this.closed) throw new RefusedError('JOURNAL_CLOSED', 'journal: closed for shutdown', 1000);
     const frameBytes = payload.length + 16;
-    if (this.bytes + frameBytes > this.options.maxBytes * this.options.highWatermark) {
-      this.refusedForSpace = true;
+    const limit = priority ? this.options.maxBytes : this.options.maxBytes * this.options.highWatermark;
+    if (this.bytes + frameBytes > limit) {
+      if (!priority) this.refusedForSpace = true;
       throw new RefusedError('JOURNAL_FULL', `journal: full (${this.bytes} of ${this.options.maxBytes} bytes, service.journal.max_bytes)`, 1000);
     }
     const offset = this.nextOffset++;

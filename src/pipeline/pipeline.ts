@@ -124,7 +124,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
       const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId: c.episode.rollout_id, attemptId: c.episode.attempt_id, status: c.episode.episode_status, at: Date.parse(c.episode.ended_at) };
       try {
-        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)));
+        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
         queue.push({ closed: c, marker: offset, durable });
       } catch (err) {
         // The journal refuses (full/closed): export anyway; a replay may close this episode again.
@@ -164,7 +164,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         try {
-          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)));
+          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true);
         } catch {
           // Without the marker a replay exports these again: at-least-once, same transition ids.
         }
@@ -189,7 +189,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
 
   /** Appends, applies in offset order, and resolves when durable. Throws RefusedError when full. */
   function submit(record: JournalRecord): Promise<unknown> {
-    const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)));
+    const priority = record.type === 'reward' || record.type === 'end';
+    const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority);
     try {
       enqueue(applyRecord(record, offset));
     } catch (err) {
@@ -241,6 +242,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const reason = err instanceof RefusedError && err.code === 'JOURNAL_FULL' ? 'journal_full' : 'journal_unwritable';
       m.captureDrops.inc({ reason });
       log.once(`capture_${reason}`, 'warn', 'journal cannot take captures; proxied calls are still served', { err });
+      // Its start may have been kept: the lost call must not hold its episode open.
+      if (record.type === 'call') assembler.abandonCall(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
     }
   }
 

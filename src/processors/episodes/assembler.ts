@@ -143,6 +143,11 @@ export class EpisodeAssembler {
     return ep ? this.close(key, ep, status, at) : null;
   }
 
+  /** A call whose record could not be kept: it no longer holds its episode open. */
+  abandonCall(rolloutId: string, attemptId: string, seq: number): void {
+    this.open.get(keyOf(rolloutId, attemptId))?.inFlight.delete(seq);
+  }
+
   /** After replay: calls that were in flight when the process died will never end. */
   forgetInFlight(): void {
     for (const ep of this.open.values()) ep.inFlight.clear();

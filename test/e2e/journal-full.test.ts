@@ -1,0 +1,59 @@
+import OpenAI from 'openai';
+import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
+import { startSidecar, type TestSidecar } from '../support/sidecar';
+
+describe('a full journal', () => {
+  let upstream: FakeModelServer;
+  let sidecar: TestSidecar;
+  beforeAll(async () => {
+    upstream = await startFakeModelServer({ flavor: 'vllm' });
+    sidecar = await startSidecar(upstream.url, { service: { journal: { max_bytes: 40_000, segment_bytes: 4096, high_watermark: 0.5 } } });
+  });
+  afterAll(async () => {
+    await sidecar.stop();
+    await upstream.close();
+  });
+
+  it('above its high watermark: keeps serving agents, counts lost captures, turns /readyz unready; rewards still close episodes and free space', async () => {
+    const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/fill/v1`, apiKey: 'k', maxRetries: 0 });
+    // Fill the journal with captures of an open episode (nothing can be released while it is open).
+    for (let i = 0; i < 60 && !sidecar.app.pipeline.journal.full; i++) {
+      await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x'.repeat(400) }] });
+    }
+    expect(sidecar.app.pipeline.journal.full).toBe(true);
+    const served = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'still served?' }] });
+    expect(served.choices[0].message.content).toBe('Hello from the fake model.');
+    await new Promise((r) => setImmediate(r));
+    const drops = await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total');
+    expect(drops).toMatch(/reason="journal_full"\} [1-9]/);
+
+    const ready = await fetch(`${sidecar.telemetryOrigin}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { failing: Record<string, string> }).failing.journal).toContain('high watermark');
+    expect((await fetch(`${sidecar.telemetryOrigin}/healthz`)).status).toBe(200);
+
+    // A reward may use the room above the high watermark: the episode closes, is exported, its segments go.
+    const reward = await fetch(`${sidecar.origin}/lightning/v1/rollouts/fill/reward`, { method: 'POST', body: '{"value":1}' });
+    expect(reward.status).toBe(202);
+    await sidecar.waitForEpisodes(1);
+    for (let i = 0; i < 100 && (await fetch(`${sidecar.telemetryOrigin}/readyz`)).status !== 200; i++) await new Promise((r) => setTimeout(r, 20));
+    expect((await fetch(`${sidecar.telemetryOrigin}/readyz`)).status).toBe(200);
+    expect(sidecar.app.pipeline.journal.full).toBe(false);
+  });
+
+  it('at its hard limit refuses the rollout API with 503 + Retry-After', async () => {
+    const tiny = await startSidecar(upstream.url, { service: { journal: { max_bytes: 300, segment_bytes: 4096, high_watermark: 1 } } });
+    try {
+      let last: Response | null = null;
+      for (let i = 0; i < 10; i++) {
+        last = await fetch(`${tiny.origin}/lightning/v1/rollouts/r${i}/reward`, { method: 'POST', body: '{"value":1}' });
+        if (last.status !== 202) break;
+      }
+      expect(last!.status).toBe(503);
+      expect(last!.headers.get('retry-after')).toBe('1');
+      expect(((await last!.json()) as { error: { code: string } }).error.code).toBe('JOURNAL_FULL');
+    } finally {
+      await tiny.stop();
+    }
+  });
+});
