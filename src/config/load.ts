@@ -19,6 +19,13 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
     parse: (v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0),
   },
   LIGHTNING_KAFKA_TOPIC: { path: ['exporters', 'kafka', 'topic'] },
+  LIGHTNING_KAFKA_EPISODES_TOPIC: { path: ['exporters', 'kafka', 'episodes_topic'] },
+  LIGHTNING_KAFKA_ENCODING: { path: ['exporters', 'kafka', 'encoding'] },
+  LIGHTNING_KAFKA_SASL_MECHANISM: { path: ['exporters', 'kafka', 'sasl', 'mechanism'] },
+  LIGHTNING_KAFKA_SASL_USERNAME: { path: ['exporters', 'kafka', 'sasl', 'username'] },
+  LIGHTNING_KAFKA_SASL_PASSWORD: { path: ['exporters', 'kafka', 'sasl', 'password'] },
+  LIGHTNING_KAFKA_TLS: { path: ['exporters', 'kafka', 'tls', 'enabled'], parse: (v) => (v === 'true' ? true : v === 'false' ? false : v) },
+  LIGHTNING_KAFKA_TLS_CA_FILE: { path: ['exporters', 'kafka', 'tls', 'ca_file'] },
   LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: { path: ['processors', 'episodes', 'idle_timeout_ms'], parse: toNumber },
   LIGHTNING_TOOL_SPAN_WAIT_MS: { path: ['processors', 'episodes', 'tool_span_wait_ms'], parse: toNumber },
 };

@@ -167,6 +167,33 @@ export const kafkaExporterSchema = z
     topic: z.string().min(1).default('lightning.transitions'),
     episodes_topic: z.string().min(1).default('lightning.episodes'),
     client_id: z.string().min(1).default('lightning-sidecar'),
+    encoding: z.enum(['json', 'protobuf']).default('json'),
+    /** gzip is built into kafkajs; other codecs need extra packages and are not offered. */
+    compression: z.enum(['gzip', 'none']).default('gzip'),
+    /** A record above this first loses its raw request/response bodies, then goes to dead-letter/. */
+    max_message_bytes: positiveInt.default(1_000_000),
+    /** Records per produce request, by encoded bytes. */
+    max_batch_bytes: positiveInt.default(900_000),
+    connection_timeout_ms: positiveInt.default(3_000),
+    request_timeout_ms: positiveInt.default(30_000),
+    sasl: z
+      .object({
+        mechanism: z.enum(['plain', 'scram-sha-256', 'scram-sha-512']).default('plain'),
+        username: z.string().min(1),
+        password: z.string().min(1),
+      })
+      .strict()
+      .optional(),
+    tls: z
+      .object({
+        enabled: z.boolean().default(true),
+        ca_file: z.string().min(1).optional(),
+        cert_file: z.string().min(1).optional(),
+        key_file: z.string().min(1).optional(),
+        insecure_skip_verify: z.boolean().default(false),
+      })
+      .strict()
+      .optional(),
   })
   .strict();
 
@@ -242,3 +269,4 @@ export type CreditConfig = z.infer<typeof creditSchema>;
 export type AirConfig = z.infer<typeof airSchema>;
 export type AirRule = z.infer<typeof airRuleSchema>;
 export type CaptureConfig = z.infer<typeof captureSchema>;
+export type KafkaExporterConfig = z.infer<typeof kafkaExporterSchema>;

@@ -2,6 +2,9 @@ import path from 'node:path';
 import type { Config } from '../config/schema';
 import { createFileExporter } from '../exporters/file/file-exporter';
 import type { Exporter } from '../exporters/exporter';
+import { createKafkaExporter } from '../exporters/kafka/kafka-exporter';
+import { createKafkajsProducer, type KafkajsProducerOptions } from '../exporters/kafka/kafkajs-producer';
+import type { Producer } from '../exporters/kafka/producer';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
 import { createRolloutApi } from '../receivers/rollout-api/rollout-api';
 import type { Logger } from '../telemetry/logger';
@@ -17,6 +20,8 @@ export interface AppDeps {
   now?: () => number;
   /** Replaces the exporter chosen by config (tests). */
   exporter?: Exporter;
+  /** Replaces the kafkajs producer under the Kafka exporter (tests). */
+  producer?: Producer;
 }
 
 /**
@@ -27,11 +32,19 @@ export function createApp(config: Config, deps: AppDeps) {
   const log = deps.logger;
   const metrics = deps.metrics ?? createMetrics({ defaultMetrics: true });
   const dataDir = path.resolve(config.service.data_dir);
+  const kafka =
+    !deps.exporter && config.service.exporter === 'kafka'
+      ? createKafkaExporter(config.exporters.kafka, {
+          producer: deps.producer ?? createKafkajsProducer(kafkaProducerOptions(config.exporters.kafka), log),
+          logger: log,
+          metrics,
+          deadLetterDir: path.join(dataDir, 'dead-letter'),
+        })
+      : null;
   const exporter =
     deps.exporter ??
-    (config.service.exporter === 'file'
-      ? createFileExporter({ dir: path.resolve(config.exporters.file.dir ?? dataDir), maxFileBytes: config.exporters.file.max_file_bytes })
-      : unsupportedExporter(config.service.exporter));
+    kafka ??
+    createFileExporter({ dir: path.resolve(config.exporters.file.dir ?? dataDir), maxFileBytes: config.exporters.file.max_file_bytes });
   const sequences = new SequenceCounter();
   const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
   const rolloutApi = config.receivers.rollout_api.enabled
@@ -52,7 +65,13 @@ export function createApp(config: Config, deps: AppDeps) {
     checks: [
       { name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') },
       { name: 'journal', check: () => pipeline.journal.writable() },
+      ...(kafka
+        ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }]
+        : []),
     ],
+    onScrape: () => {
+      if (kafka) metrics.kafkaConnected.set(kafka.connected ? 1 : 0);
+    },
   });
 
   return {
@@ -84,6 +103,14 @@ export function createApp(config: Config, deps: AppDeps) {
 
 export type App = ReturnType<typeof createApp>;
 
-function unsupportedExporter(name: string): never {
-  throw new Error(`service.exporter: '${name}' is not available in this build`);
+function kafkaProducerOptions(k: Config['exporters']['kafka']): KafkajsProducerOptions {
+  return {
+    brokers: k.brokers,
+    clientId: k.client_id,
+    compression: k.compression,
+    connectionTimeoutMs: k.connection_timeout_ms,
+    requestTimeoutMs: k.request_timeout_ms,
+    sasl: k.sasl,
+    tls: k.tls ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify } : undefined,
+  };
 }

@@ -161,6 +161,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       backoffMs = 0;
       queue.splice(0, batch.length);
       m.transitionsExported.inc({ exporter: deps.exporter.name }, batch.reduce((n, q) => n + q.closed.transitions.length, 0));
+      const deliveredAt = Date.now();
+      for (const q of batch) for (const t of q.closed.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         try {

@@ -91,6 +91,23 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Tool and reward spans waiting for a call of their trace to name their rollout.',
       registers: [registry],
     }),
+    exportOversize: new Counter({
+      name: 'lightning_sidecar_export_oversize_total',
+      help: 'Records above the Kafka message size, by what was done (bodies_dropped, dead_letter).',
+      labelNames: ['action'] as const,
+      registers: [registry],
+    }),
+    exportLag: new Histogram({
+      name: 'lightning_sidecar_export_lag_seconds',
+      help: 'Seconds from the end of a captured call to the exporter acknowledging its transition.',
+      buckets: [0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600],
+      registers: [registry],
+    }),
+    kafkaConnected: new Gauge({
+      name: 'lightning_sidecar_kafka_connected',
+      help: '1 when the Kafka producer is connected, 0 otherwise (absent with the file exporter).',
+      registers: [registry],
+    }),
     journalBytes: new Gauge({
       name: 'lightning_sidecar_journal_bytes',
       help: 'Bytes in journal segments on disk (and queued for writing).',

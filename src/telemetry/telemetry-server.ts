@@ -7,10 +7,12 @@ export interface ReadinessCheck {
   name: string;
   /** null when ready; otherwise why not. Must not call the model server. */
   check(): string | null;
+  /** Reported in the body but does not make the sidecar unready (e.g. Kafka: the journal buffers). */
+  informational?: boolean;
 }
 
 /** `/metrics` (Prometheus text), `/healthz` (the process serves), `/readyz` (every check passes). */
-export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[] }) {
+export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[]; onScrape?: () => void }) {
   const log = deps.logger.child('telemetry');
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
@@ -19,6 +21,7 @@ export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics
       return;
     }
     if (path === '/metrics') {
+      deps.onScrape?.();
       deps.metrics.registry
         .metrics()
         .then((text) => res.writeHead(200, { 'content-type': deps.metrics.registry.contentType }).end(text))
@@ -30,12 +33,13 @@ export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}\n');
     } else if (path === '/readyz') {
       const failing: Record<string, string> = {};
+      const degraded: Record<string, string> = {};
       for (const c of deps.checks) {
         const why = c.check();
-        if (why !== null) failing[c.name] = why;
+        if (why !== null) (c.informational ? degraded : failing)[c.name] = why;
       }
       const ready = Object.keys(failing).length === 0;
-      res.writeHead(ready ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: ready ? 'ready' : 'not_ready', failing }) + '\n');
+      res.writeHead(ready ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: ready ? 'ready' : 'not_ready', failing, degraded }) + '\n');
     } else {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
     }

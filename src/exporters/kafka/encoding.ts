@@ -1,0 +1,99 @@
+import path from 'node:path';
+import protobuf from 'protobufjs';
+import type { EpisodeSummary, Transition } from '../../pipeline/records';
+
+export type Encoding = 'json' | 'protobuf';
+
+export const CONTENT_TYPE: Record<Encoding, string> = { json: 'application/json', protobuf: 'application/x-protobuf' };
+
+let root: protobuf.Root | null = null;
+function types(): { transition: protobuf.Type; episode: protobuf.Type } {
+  root ??= new protobuf.Root().loadSync(path.resolve(__dirname, '../../../proto/lightning/v1/records.proto'), { keepCase: true });
+  return { transition: root.lookupType('lightning.v1.Transition'), episode: root.lookupType('lightning.v1.Episode') };
+}
+
+/** A transition as the exporter sends it: the JSON record, plus whether its bodies were dropped to fit. */
+export type OutgoingTransition = Transition & { bodies_dropped?: boolean };
+
+export function encodeTransition(t: OutgoingTransition, encoding: Encoding): Buffer {
+  if (encoding === 'json') return Buffer.from(JSON.stringify(t));
+  const msg = {
+    ...dropNulls(t),
+    request_json: JSON.stringify(t.request ?? null),
+    response_json: JSON.stringify(t.response ?? null),
+    usage_json: JSON.stringify(t.usage ?? null),
+    prompt_token_ids: t.prompt_token_ids ?? [],
+    has_prompt_token_ids: t.prompt_token_ids !== null,
+    response_token_ids: t.response_token_ids ?? [],
+    has_response_token_ids: t.response_token_ids !== null,
+    response_logprobs: t.response_logprobs ?? [],
+    has_response_logprobs: t.response_logprobs !== null,
+    tool_calls: t.tool_calls.map((c) => dropNulls(c)),
+    bodies_dropped: t.bodies_dropped === true,
+  };
+  const type = types().transition;
+  return Buffer.from(type.encode(type.fromObject(msg)).finish());
+}
+
+export function decodeTransition(bytes: Buffer, encoding: Encoding): OutgoingTransition {
+  if (encoding === 'json') return JSON.parse(bytes.toString('utf8')) as OutgoingTransition;
+  const type = types().transition;
+  const o = type.toObject(type.decode(bytes), { longs: Number, defaults: true, arrays: true }) as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const f of TRANSITION_FIELDS) out[f] = o[f] === undefined ? null : o[f];
+  out.request = JSON.parse(o.request_json as string);
+  out.response = JSON.parse(o.response_json as string);
+  out.usage = JSON.parse(o.usage_json as string);
+  out.prompt_token_ids = o.has_prompt_token_ids ? o.prompt_token_ids : null;
+  out.response_token_ids = o.has_response_token_ids ? o.response_token_ids : null;
+  out.response_logprobs = o.has_response_logprobs ? o.response_logprobs : null;
+  out.tool_calls = (o.tool_calls as Record<string, unknown>[]).map((c) => ({
+    id: c.id ?? null,
+    name: c.name ?? null,
+    status: c.status ?? null,
+    reward: c.reward ?? null,
+    span_id: c.span_id ?? null,
+    join: c.join ?? null,
+  }));
+  if (o.bodies_dropped) out.bodies_dropped = true;
+  return out as unknown as OutgoingTransition;
+}
+
+export function encodeEpisode(e: EpisodeSummary, encoding: Encoding): Buffer {
+  if (encoding === 'json') return Buffer.from(JSON.stringify(e));
+  const type = types().episode;
+  return Buffer.from(type.encode(type.fromObject(dropNulls(e))).finish());
+}
+
+export function decodeEpisode(bytes: Buffer, encoding: Encoding): EpisodeSummary {
+  if (encoding === 'json') return JSON.parse(bytes.toString('utf8')) as EpisodeSummary;
+  const type = types().episode;
+  const o = type.toObject(type.decode(bytes), { longs: Number, defaults: true, arrays: true }) as Record<string, unknown>;
+  return {
+    schema: o.schema,
+    rollout_id: o.rollout_id,
+    attempt_id: o.attempt_id,
+    group_id: o.group_id ?? null,
+    episode_status: o.episode_status,
+    final_reward: o.final_reward ?? null,
+    rewards: o.rewards,
+    credit_mode: o.credit_mode,
+    transitions: o.transitions,
+    transition_ids: o.transition_ids,
+    started_at: o.started_at,
+    ended_at: o.ended_at,
+  } as EpisodeSummary;
+}
+
+/** Scalar fields copied as they are (optional ones come back as null when unset). */
+const TRANSITION_FIELDS = [
+  'schema', 'transition_id', 'rollout_id', 'attempt_id', 'group_id', 'seq', 'choice_index', 'agent_name', 'model', 'policy_version', 'api',
+  'streamed', 'status', 'http_status', 'error', 'finish_reason', 'continues_previous', 'intermediate_reward', 'final_reward', 'reward', 'credit',
+  'is_last', 'episode_status', 'truncated', 'trace_id', 'span_id', 'started_at', 'ended_at', 'latency_ms', 'ttft_ms', 'injected',
+] as const;
+
+function dropNulls<T extends object>(o: T): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(o)) if (v !== null && v !== undefined) out[k] = v;
+  return out;
+}

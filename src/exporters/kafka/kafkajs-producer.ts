@@ -1,0 +1,110 @@
+import { readFileSync } from 'node:fs';
+import { CompressionTypes, Kafka, logLevel, type KafkaConfig, type Producer as KafkajsProducer, type SASLOptions } from 'kafkajs';
+import type { Logger } from '../../telemetry/logger';
+import type { OutMessage, Producer, SendResult } from './producer';
+
+export interface KafkajsProducerOptions {
+  brokers: string[];
+  clientId: string;
+  compression: 'gzip' | 'none';
+  connectionTimeoutMs: number;
+  requestTimeoutMs: number;
+  sasl?: { mechanism: 'plain' | 'scram-sha-256' | 'scram-sha-512'; username: string; password: string };
+  tls?: { enabled: boolean; caFile?: string; certFile?: string; keyFile?: string; insecureSkipVerify: boolean };
+}
+
+/** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
+export function createKafkajsProducer(options: KafkajsProducerOptions, logger: Logger): Producer {
+  const log = logger.child('kafkajs');
+  const config: KafkaConfig = {
+    clientId: options.clientId,
+    brokers: options.brokers,
+    connectionTimeout: options.connectionTimeoutMs,
+    requestTimeout: options.requestTimeoutMs,
+    retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
+    logLevel: logLevel.WARN,
+    logCreator: () => (entry) => {
+      const key = `${entry.level}:${entry.log.message}`;
+      if (entry.level <= logLevel.ERROR) log.once(key, 'error', `kafkajs: ${entry.log.message}`, { namespace: entry.namespace });
+      else if (entry.level <= logLevel.WARN) log.once(key, 'warn', `kafkajs: ${entry.log.message}`, { namespace: entry.namespace });
+    },
+  };
+  if (options.sasl) config.sasl = { mechanism: options.sasl.mechanism, username: options.sasl.username, password: options.sasl.password } as SASLOptions;
+  if (options.tls?.enabled) {
+    config.ssl = {
+      rejectUnauthorized: !options.tls.insecureSkipVerify,
+      ca: options.tls.caFile ? [readFileSync(options.tls.caFile, 'utf8')] : undefined,
+      cert: options.tls.certFile ? readFileSync(options.tls.certFile, 'utf8') : undefined,
+      key: options.tls.keyFile ? readFileSync(options.tls.keyFile, 'utf8') : undefined,
+    };
+  }
+  const kafka = new Kafka(config);
+  let producer: KafkajsProducer | null = null;
+  let connected = false;
+  let connecting: Promise<void> | null = null;
+
+  const make = (): KafkajsProducer => {
+    const p = kafka.producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: true, retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 } });
+    p.on(p.events.CONNECT, () => (connected = true));
+    p.on(p.events.DISCONNECT, () => (connected = false));
+    return p;
+  };
+
+  return {
+    get connected() {
+      return connected;
+    },
+    connect(): Promise<void> {
+      connecting ??= (async () => {
+        producer ??= make();
+        try {
+          await producer.connect();
+          connected = true;
+        } catch (err) {
+          // A failed kafkajs producer is not reused: the next attempt starts clean.
+          await producer.disconnect().catch(() => {});
+          producer = null;
+          throw err;
+        }
+      })().finally(() => (connecting = null));
+      return connecting;
+    },
+    async send(topic: string, messages: OutMessage[]): Promise<SendResult> {
+      if (!producer || !connected) return { status: 'retryable', error: new Error('kafka: not connected') };
+      try {
+        await producer.send({
+          topic,
+          acks: -1,
+          compression: options.compression === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None,
+          timeout: options.requestTimeoutMs,
+          messages: messages.map((msg) => ({ key: msg.key, value: msg.value, headers: msg.headers })),
+        });
+        return { status: 'success' };
+      } catch (err) {
+        return classify(err as KafkaError);
+      }
+    },
+    async disconnect(): Promise<void> {
+      const p = producer;
+      producer = null;
+      connected = false;
+      await p?.disconnect().catch(() => {});
+    },
+  };
+}
+
+interface KafkaError extends Error {
+  retriable?: boolean;
+  type?: string;
+  cause?: KafkaError;
+}
+
+/** kafkajs errors carry `retriable`; a retry-exhausted error wraps its cause. Size refusals are permanent. */
+export function classify(err: KafkaError): SendResult {
+  const root = err.name === 'KafkaJSNumberOfRetriesExceeded' && err.cause ? err.cause : err;
+  if (root.type === 'MESSAGE_TOO_LARGE' || root.type === 'RECORD_LIST_TOO_LARGE') return { status: 'failure', error: root, tooLarge: true };
+  const permanent = ['TOPIC_AUTHORIZATION_FAILED', 'CLUSTER_AUTHORIZATION_FAILED', 'SASL_AUTHENTICATION_FAILED', 'INVALID_TOPIC_EXCEPTION', 'UNSUPPORTED_VERSION'];
+  if (root.type && permanent.includes(root.type)) return { status: 'failure', error: root, tooLarge: false };
+  if (err.retriable === false && root.retriable === false && root.type) return { status: 'failure', error: root, tooLarge: false };
+  return { status: 'retryable', error: root };
+}

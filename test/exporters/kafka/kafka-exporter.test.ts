@@ -1,0 +1,129 @@
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { decodeEpisode, decodeTransition, encodeEpisode, encodeTransition } from '../../../src/exporters/kafka/encoding';
+import { createKafkaExporter, ExportError } from '../../../src/exporters/kafka/kafka-exporter';
+import { classify } from '../../../src/exporters/kafka/kafkajs-producer';
+import type { OutMessage, Producer, SendResult } from '../../../src/exporters/kafka/producer';
+import { configSchema } from '../../../src/config/schema';
+import { buildEpisode } from '../../../src/processors/rewards/transitions';
+import { silentLogger } from '../../../src/telemetry/logger';
+import { createMetrics } from '../../../src/telemetry/metrics';
+import { callRecord } from '../../support/records';
+
+function episode(rolloutId: string, calls: number, bodyBytes = 10) {
+  return buildEpisode(
+    {
+      rolloutId,
+      attemptId: '0',
+      groupId: 'grp',
+      calls: Array.from({ length: calls }, (_, i) =>
+        callRecord(rolloutId, i, 10 + i, { request: { messages: [{ role: 'user', content: 'b'.repeat(bodyBytes) }] }, toolCalls: [{ id: `c${i}`, name: 'calc', arguments: '{}' }] }),
+      ),
+      toolSpans: [],
+      rewards: [{ name: 'primary', value: 1, final: true }],
+      finalReward: 1,
+      startedAt: 0,
+      endedAt: 100,
+    },
+    'completed',
+    { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
+  );
+}
+
+class FakeProducer implements Producer {
+  sent: { topic: string; messages: OutMessage[] }[] = [];
+  connected = true;
+  next: SendResult[] = [];
+  maxBytes = Infinity;
+  async connect() {
+    if (!this.connected) throw new Error('ECONNREFUSED');
+  }
+  async send(topic: string, messages: OutMessage[]): Promise<SendResult> {
+    const scripted = this.next.shift();
+    if (scripted) return scripted;
+    if (messages.reduce((n, m) => n + m.value.length, 0) > this.maxBytes) return { status: 'failure', error: new Error('too large'), tooLarge: true };
+    this.sent.push({ topic, messages });
+    return { status: 'success' };
+  }
+  async disconnect() {}
+}
+
+const kafkaConfig = (extra: Record<string, unknown> = {}) => configSchema.parse({ exporters: { kafka: { brokers: ['127.0.0.1:9'], ...extra } } }).exporters.kafka;
+
+function setup(extra: Record<string, unknown> = {}) {
+  const producer = new FakeProducer();
+  const deadLetterDir = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-kafka-')), 'dead-letter');
+  const metrics = createMetrics();
+  const exporter = createKafkaExporter(kafkaConfig(extra), { producer, logger: silentLogger, metrics, deadLetterDir });
+  return { producer, exporter, deadLetterDir, metrics };
+}
+
+describe('kafka exporter', () => {
+  it('sends transitions keyed by rollout id with schema headers, then episodes to their topic', async () => {
+    const { producer, exporter } = setup();
+    await exporter.export([episode('r1', 2)]);
+    expect(producer.sent.map((s) => s.topic)).toEqual(['lightning.transitions', 'lightning.episodes']);
+    const [t0] = producer.sent[0].messages;
+    expect(t0.key).toBe('r1');
+    expect(t0.headers).toEqual({ 'content-type': 'application/json', 'lightning-schema': 'lightning.transition.v1', 'rollout-id': 'r1', 'group-id': 'grp' });
+    expect(JSON.parse(t0.value.toString()).transition_id).toBe('r1/0/0');
+    expect(producer.sent[1].messages[0].headers['lightning-schema']).toBe('lightning.episode.v1');
+  });
+
+  it('drops raw bodies of a record above max_message_bytes (token ids stay), and dead-letters one still too large', async () => {
+    const { producer, exporter, deadLetterDir } = setup({ max_message_bytes: 3000 });
+    await exporter.export([episode('big', 1, 5000)]);
+    const t = JSON.parse(producer.sent[0].messages[0].value.toString());
+    expect(t).toMatchObject({ bodies_dropped: true, request: null, response: null, prompt_token_ids: [1, 2], response_token_ids: [3] });
+    const tiny = setup({ max_message_bytes: 600 });
+    await tiny.exporter.export([episode('huge', 1, 50)]);
+    expect(tiny.producer.sent.map((s) => s.topic)).toEqual(['lightning.episodes']);
+    const dl = readFileSync(path.join(tiny.deadLetterDir, 'transitions.ndjson'), 'utf8').trim().split('\n');
+    expect(dl).toHaveLength(1);
+    expect(JSON.parse(dl[0])).toMatchObject({ reason: expect.stringContaining('max_message_bytes'), record: { transition_id: 'huge/0/0' } });
+    expect(existsSync(deadLetterDir)).toBe(false);
+  });
+
+  it('splits a batch the broker refuses for size, and dead-letters a single record it still refuses', async () => {
+    const { producer, exporter, deadLetterDir } = setup({ max_batch_bytes: 1 << 20 });
+    producer.maxBytes = 2500;
+    await exporter.export([episode('s', 6, 400)]);
+    const delivered = producer.sent.filter((s) => s.topic === 'lightning.transitions').flatMap((s) => s.messages.map((m) => JSON.parse(m.value.toString()).transition_id));
+    expect(delivered.sort()).toEqual(['s/0/0', 's/0/1', 's/0/2', 's/0/3', 's/0/4', 's/0/5']);
+    producer.maxBytes = 10;
+    producer.sent = [];
+    await exporter.export([episode('t', 1)]);
+    expect(readFileSync(path.join(deadLetterDir, 'transitions.ndjson'), 'utf8')).toContain('broker refused the size');
+  });
+
+  it('rejects with a retryable error when the broker is unreachable or answers a retriable error', async () => {
+    const { producer, exporter, metrics } = setup();
+    producer.connected = false;
+    await expect(exporter.export([episode('x', 1)])).rejects.toMatchObject({ retryable: true });
+    producer.connected = true;
+    producer.next = [{ status: 'retryable', error: new Error('NOT_LEADER_OR_FOLLOWER') }];
+    const err = await exporter.export([episode('x', 1)]).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ExportError);
+    expect((err as ExportError).retryable).toBe(true);
+    producer.next = [{ status: 'failure', error: new Error('TOPIC_AUTHORIZATION_FAILED'), tooLarge: false }];
+    await expect(exporter.export([episode('x', 1)])).rejects.toMatchObject({ retryable: false });
+    expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_export_errors_total')).toMatch(/kind="permanent"\} 1/);
+  });
+
+  it('classifies kafkajs errors: retriable, retries exhausted, size and authorization', () => {
+    expect(classify(Object.assign(new Error('x'), { retriable: true, type: 'NOT_LEADER_OR_FOLLOWER' })).status).toBe('retryable');
+    const exhausted = Object.assign(new Error('retries'), { name: 'KafkaJSNumberOfRetriesExceeded', retriable: false, cause: Object.assign(new Error('t/o'), { retriable: true, type: 'REQUEST_TIMED_OUT' }) });
+    expect(classify(exhausted).status).toBe('retryable');
+    expect(classify(Object.assign(new Error('big'), { retriable: false, type: 'MESSAGE_TOO_LARGE' }))).toMatchObject({ status: 'failure', tooLarge: true });
+    expect(classify(Object.assign(new Error('no'), { retriable: false, type: 'TOPIC_AUTHORIZATION_FAILED' }))).toMatchObject({ status: 'failure', tooLarge: false });
+    expect(classify(Object.assign(new Error('Connection error: ECONNREFUSED'), { name: 'KafkaJSConnectionError', retriable: true })).status).toBe('retryable');
+  });
+
+  it.each(['json', 'protobuf'] as const)('encodes transitions and episodes so they decode to the same record (%s)', (encoding) => {
+    const c = episode('enc', 2);
+    c.transitions[1] = { ...c.transitions[1], response_logprobs: null, group_id: null, tool_calls: [{ id: 'c1', name: 'calc', status: 'error', reward: -0.5, span_id: 'abcdef0123456789', join: 'trace_and_name' }], intermediate_reward: -0.5 };
+    for (const t of c.transitions) expect(decodeTransition(encodeTransition(t, encoding), encoding)).toEqual(t);
+    expect(decodeEpisode(encodeEpisode(c.episode, encoding), encoding)).toEqual(c.episode);
+  });
+});
