@@ -96,12 +96,11 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
 interface KafkaError extends Error {
   retriable?: boolean;
   type?: string;
-  cause?: KafkaError;
 }
 
 /** kafkajs errors carry `retriable`; a retry-exhausted error wraps its cause. Size refusals are permanent. */
 export function classify(err: KafkaError): SendResult {
-  const root = err.name === 'KafkaJSNumberOfRetriesExceeded' && err.cause ? err.cause : err;
+  const root = err.name === 'KafkaJSNumberOfRetriesExceeded' && err.cause instanceof Error ? (err.cause as KafkaError) : err;
   if (root.type === 'MESSAGE_TOO_LARGE' || root.type === 'RECORD_LIST_TOO_LARGE') return { status: 'failure', error: root, tooLarge: true };
   const permanent = ['TOPIC_AUTHORIZATION_FAILED', 'CLUSTER_AUTHORIZATION_FAILED', 'SASL_AUTHENTICATION_FAILED', 'INVALID_TOPIC_EXCEPTION', 'UNSUPPORTED_VERSION'];
   if (root.type && permanent.includes(root.type)) return { status: 'failure', error: root, tooLarge: false };
