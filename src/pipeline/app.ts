@@ -6,11 +6,14 @@ import { createKafkaExporter } from '../exporters/kafka/kafka-exporter';
 import { createKafkajsProducer, type KafkajsProducerOptions } from '../exporters/kafka/kafkajs-producer';
 import type { Producer } from '../exporters/kafka/producer';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
+import { createOtlpReceiver, type SpanSinkResult } from '../receivers/otlp/receiver';
+import type { Span } from './span';
+import { observeSpans } from './span-observer';
 import { createRolloutApi } from '../receivers/rollout-api/rollout-api';
 import type { Logger } from '../telemetry/logger';
 import { createMetrics, type Metrics } from '../telemetry/metrics';
 import { createTelemetryServer } from '../telemetry/telemetry-server';
-import { once } from './component';
+import { once, RefusedError } from './component';
 import { createPipeline } from './pipeline';
 import { SequenceCounter } from './sequence';
 
@@ -58,6 +61,37 @@ export function createApp(config: Config, deps: AppDeps) {
     localRoutes: rolloutApi,
     now: deps.now,
   });
+  const otlpConfig = config.receivers.otlp;
+  const otlp =
+    otlpConfig.protocols.grpc.enabled || otlpConfig.protocols.http.enabled
+      ? createOtlpReceiver(
+          {
+            grpcAddr: otlpConfig.protocols.grpc.enabled ? otlpConfig.protocols.grpc.endpoint : undefined,
+            httpAddr: otlpConfig.protocols.http.enabled ? otlpConfig.protocols.http.endpoint : undefined,
+            maxRequestBytes: otlpConfig.max_request_bytes,
+          },
+          {
+            logger: log,
+            sink: (spans) => acceptSpans(spans),
+            onSpans: (transport, outcome, reason, count) => metrics.otlpSpans.inc({ transport, outcome, reason }, count),
+          },
+        )
+      : null;
+
+  /** Tool and reward spans are journaled (acknowledged once durable); the rest is dropped here. */
+  async function acceptSpans(spans: Span[]): Promise<SpanSinkResult> {
+    const { observations, other } = observeSpans(spans, (deps.now ?? Date.now)(), config.processors.spans.max_payload_chars);
+    if (other > 0) metrics.spansClassified.inc({ kind: 'other', result: 'dropped' }, other);
+    try {
+      await Promise.all(observations.map((o) => pipeline.submit(o)));
+      for (const o of observations) metrics.spansClassified.inc({ kind: o.what.kind, result: 'recorded' });
+      return { status: 'accepted' };
+    } catch (err) {
+      if (err instanceof RefusedError) return { status: 'refused', retryAfterMs: err.retryAfterMs, reason: err.code };
+      throw err;
+    }
+  }
+
   let proxyUp = false;
   const telemetry = createTelemetryServer(config.service.telemetry.endpoint, {
     metrics,
@@ -78,12 +112,14 @@ export function createApp(config: Config, deps: AppDeps) {
     config,
     metrics,
     proxy,
+    otlp,
     pipeline,
     telemetry,
     exporter,
     async start(): Promise<void> {
       await exporter.start();
       await pipeline.start();
+      await otlp?.start();
       await proxy.start();
       proxyUp = true;
       await telemetry.start();
@@ -93,6 +129,7 @@ export function createApp(config: Config, deps: AppDeps) {
       log.info('shutting down', { in_flight: proxy.inFlight() });
       proxyUp = false;
       await proxy.shutdown(config.service.shutdown_timeout_ms);
+      await otlp?.shutdown();
       await pipeline.shutdown();
       await exporter.shutdown();
       await telemetry.shutdown();

@@ -79,6 +79,8 @@ export interface RewardRecord {
   value: number;
   name: string;
   final: boolean;
+  /** Not final, but the final reward unless a later one replaces it (agent-lightning reward spans). */
+  provisional?: boolean;
   at: number;
   source: 'rollout_api' | 'agentlightning_events' | 'span';
 }

@@ -14,6 +14,7 @@ export interface ToolSpanFacts {
 export interface RewardFacts {
   rewards: { name: string; value: number }[];
   final: boolean;
+  provisional: boolean;
 }
 
 /** What the sidecar keeps of an interesting span: enough to attribute, join and judge it. */
@@ -57,7 +58,7 @@ export function spanRecords(o: SpanObservation, rollout: { rolloutId: string; at
   const [primary, ...others] = o.what.reward.rewards;
   return [
     ...others.map((r) => ({ type: 'reward' as const, ...rollout, value: r.value, name: r.name, final: false, at: o.at, source: 'span' as const })),
-    { type: 'reward', ...rollout, value: primary.value, name: primary.name, final: o.what.reward.final, at: o.at, source: 'span' },
+    { type: 'reward', ...rollout, value: primary.value, name: primary.name, final: o.what.reward.final, provisional: o.what.reward.provisional, at: o.at, source: 'span' },
   ];
 }
 

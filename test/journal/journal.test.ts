@@ -90,10 +90,11 @@ describe('journal', () => {
     const b = readFileSync(mid);
     b[20] ^= 0x01;
     writeFileSync(mid, b);
-    const { seen, report } = await reopen(dir, { segmentBytes: 64 });
+    const { j: again, seen, report } = await reopen(dir, { segmentBytes: 64 });
     expect(report.corruptSegments).toBe(1);
     expect(seen.length).toBeLessThan(12);
     expect(seen[seen.length - 1][1]).toMatch(/^p11-/);
+    await again.close();
   });
 
   it('refuses appends above the high watermark with a retryable error, and takes them again after release', async () => {

@@ -26,7 +26,10 @@ export interface TestSidecar {
 export async function startSidecar(upstreamUrl: string, overrides: Record<string, unknown> = {}): Promise<TestSidecar> {
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-test-'));
   const base = {
-    receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstreamUrl } },
+    receivers: {
+      llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstreamUrl },
+      otlp: { protocols: { grpc: { endpoint: '127.0.0.1:0' }, http: { endpoint: '127.0.0.1:0' } } },
+    },
     processors: { episodes: { tool_span_wait_ms: 0, tick_interval_ms: 20 } },
     service: { data_dir: dataDir, telemetry: { endpoint: '127.0.0.1:0' }, log_level: 'debug' },
   };

@@ -22,6 +22,8 @@ interface OpenEpisode {
   inFlight: Set<number>;
   rewards: { name: string; value: number; final: boolean }[];
   finalReward: number | null;
+  /** The last provisional reward: the final one if none is given explicitly. */
+  provisionalFinal: number | null;
   /** When a final reward or `end` arrived; null while the episode runs. */
   closeRequestedAt: number | null;
   lastCallEndedAt: number;
@@ -109,7 +111,8 @@ export class EpisodeAssembler {
           return closed;
         }
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
-        ep.toolSpans.push(event);
+        // OTLP clients resend on retryable errors: a span id seen before is the same span.
+        if (!ep.toolSpans.some((s) => s.spanId === event.spanId)) ep.toolSpans.push(event);
         this.closeIfDue(key, ep, event.at, closed);
         return closed;
       }
@@ -126,6 +129,8 @@ export class EpisodeAssembler {
           if (event.final) {
             ep.finalReward = event.value;
             ep.closeRequestedAt ??= event.at;
+          } else if (event.provisional) {
+            ep.provisionalFinal = event.value;
           }
         } else {
           ep.closeRequestedAt ??= event.at;
@@ -189,6 +194,7 @@ export class EpisodeAssembler {
         inFlight: new Set(),
         rewards: [],
         finalReward: null,
+        provisionalFinal: null,
         closeRequestedAt: null,
         lastCallEndedAt: at,
         lastActivity: at,
@@ -206,7 +212,7 @@ export class EpisodeAssembler {
       if (at >= waitFrom + this.options.episodes.tool_span_wait_ms) return 'completed';
     }
     if (ep.inFlight.size === 0 && at - ep.lastActivity >= this.options.episodes.idle_timeout_ms) {
-      return ep.closeRequestedAt !== null ? 'completed' : 'timed_out';
+      return ep.closeRequestedAt !== null || ep.provisionalFinal !== null ? 'completed' : 'timed_out';
     }
     return null;
   }
@@ -231,7 +237,7 @@ export class EpisodeAssembler {
         calls: ep.calls,
         toolSpans: ep.toolSpans,
         rewards: ep.rewards,
-        finalReward: ep.finalReward,
+        finalReward: ep.finalReward ?? ep.provisionalFinal,
         startedAt: ep.startedAt,
         endedAt: at,
         firstOffset: ep.firstOffset,
