@@ -52,6 +52,8 @@ export interface Span {
   spanId: string;
   parentSpanId: string;
   traceState: string;
+  /** W3C trace flags in bits 0-7, HAS_IS_REMOTE 0x100, IS_REMOTE 0x200. */
+  flags: number;
   name: string;
   kind: number;
   startTimeUnixNano: string;

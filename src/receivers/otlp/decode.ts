@@ -99,6 +99,7 @@ function normalize(req: Obj, json: boolean): Decoded {
           spanId: spanId!,
           parentSpanId: id(field(s, 'parent_span_id', json), json) ?? '',
           traceState: strOf(field(s, 'trace_state', json)),
+          flags: intOf(s.flags) >>> 0,
           name: strOf(s.name),
           kind: intOf(s.kind),
           startTimeUnixNano: nanos(field(s, 'start_time_unix_nano', json)),
