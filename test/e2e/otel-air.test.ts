@@ -106,4 +106,23 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
     expect(metrics).toMatch(/lightning_sidecar_tool_spans_total\{outcome="error"\} 1/);
     expect(metrics).toMatch(/lightning_sidecar_otlp_spans_total\{transport="http",outcome="accepted",reason="[^"]*"\} [1-9]/);
   });
+
+  it('takes rewards from agent-lightning annotation spans (provisional, last wins) and lightning.reward spans (final)', async () => {
+    const tracer = provider.getTracer('rewarder');
+    const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/agl-span/v1`, apiKey: 'k', maxRetries: 0 });
+    await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'hi' }] });
+    for (const value of [0.2, 0.9]) {
+      tracer.startSpan('agentlightning.annotation', { attributes: { 'agentlightning.rollout_id': 'agl-span', 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': value } }).end();
+    }
+    await provider.forceFlush();
+    expect((await fetch(`${sidecar.origin}/lightning/v1/rollouts/agl-span/end`, { method: 'POST', body: '{}' })).status).toBe(202);
+    const eps = await sidecar.waitForEpisodes(2);
+    expect(eps.find((e) => e.rollout_id === 'agl-span')).toMatchObject({ final_reward: 0.9, episode_status: 'completed' });
+
+    await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'again' }] }, { headers: { 'x-rollout-id': 'lr-span' } });
+    tracer.startSpan('score', { attributes: { 'lightning.rollout_id': 'lr-span', 'lightning.reward': 0.4, 'lightning.reward.final': true } }).end();
+    await provider.forceFlush();
+    const all = await sidecar.waitForEpisodes(3);
+    expect(all.find((e) => e.rollout_id === 'lr-span')).toMatchObject({ final_reward: 0.4, episode_status: 'completed' });
+  });
 });
