@@ -9,6 +9,8 @@ const USAGE = `usage:
   lightning-sidecar validate FILE             check a config file; problems are printed as 'path: message', exit 2
   lightning-sidecar tail [--data-dir DIR] [--follow] [--json]
                                               print transitions written by the file exporter
+  lightning-sidecar tail --kafka [--brokers H:P,...] [--topic T] [--from-beginning] [--json] [--max N]
+                                              print transitions from Kafka (a fresh consumer group)
 `;
 
 async function main(argv: string[]): Promise<number> {

@@ -1,6 +1,10 @@
 import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import { Kafka, logLevel } from 'kafkajs';
+import { randomUUID } from 'node:crypto';
+import { loadConfig } from '../config/load';
+import { decodeTransition, type Encoding } from '../exporters/kafka/encoding';
 import type { Transition } from '../pipeline/records';
 
 interface TailIo {
@@ -22,10 +26,7 @@ export async function runTail(args: string[], io: TailIo): Promise<number> {
   const dataDir = i >= 0 ? args[i + 1] : io.env.LIGHTNING_DATA_DIR || './data';
   const json = args.includes('--json');
   const follow = args.includes('--follow');
-  if (args.includes('--kafka')) {
-    io.err.write('tail --kafka: the Kafka exporter is not in this build yet\n');
-    return 2;
-  }
+  if (args.includes('--kafka')) return tailKafka(args, io, json);
   const dir = path.join(dataDir, 'transitions');
   if (!existsSync(dir)) {
     io.err.write(`tail: no transitions under ${dir} yet (is LIGHTNING_DATA_DIR right?)\n`);
@@ -70,4 +71,49 @@ function waitAndFollow(dir: string, io: TailIo, json: boolean, seen = new Map<st
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);
   });
+}
+
+function option(args: string[], name: string): string | undefined {
+  const i = args.indexOf(name);
+  return i >= 0 ? args[i + 1] : undefined;
+}
+
+/**
+ * `tail --kafka`: a kafkajs consumer in a fresh group (so it sees every partition, and never
+ * moves a trainer's offsets) printing transitions as they arrive, JSON or protobuf by header.
+ */
+async function tailKafka(args: string[], io: TailIo, json: boolean): Promise<number> {
+  const config = loadConfig({ file: option(args, '--config') ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
+  const brokers = option(args, '--brokers')?.split(',') ?? config.exporters.kafka.brokers;
+  if (brokers.length === 0) {
+    io.err.write('tail --kafka: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)\n');
+    return 2;
+  }
+  const topic = option(args, '--topic') ?? config.exporters.kafka.topic;
+  const max = Number(option(args, '--max') ?? Infinity);
+  const kafka = new Kafka({ clientId: 'lightning-sidecar-tail', brokers, logLevel: logLevel.ERROR });
+  const consumer = kafka.consumer({ groupId: `lightning-tail-${randomUUID()}`, maxWaitTimeInMs: 250 });
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: args.includes('--from-beginning') });
+  let seen = 0;
+  await new Promise<void>((resolve) => {
+    const stop = (): void => resolve();
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+    void consumer.run({
+      eachMessage: async ({ message }) => {
+        if (seen >= max) return;
+        const encoding: Encoding = message.headers?.['content-type']?.toString() === 'application/x-protobuf' ? 'protobuf' : 'json';
+        try {
+          const t = decodeTransition(message.value ?? Buffer.alloc(0), encoding);
+          io.out.write(json ? `${JSON.stringify(t)}\n` : `${formatTransition(t)}\n`);
+        } catch {
+          io.err.write(`tail: skipping an undecodable message at offset ${message.offset}\n`);
+        }
+        if (++seen >= max) resolve();
+      },
+    });
+  });
+  await consumer.disconnect();
+  return 0;
 }
