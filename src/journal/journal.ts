@@ -188,12 +188,15 @@ export class Journal {
     return this.segments[this.segments.length - 1];
   }
 
+  /** Opens the next segment first: if that fails the active one stays usable and the next flush retries. */
   private async rotate(first: number): Promise<void> {
-    await this.fh!.sync();
-    await this.fh!.close();
     const file = path.join(this.options.dir, segmentName(first));
+    const next = await open(file, 'a');
+    const previous = this.fh!;
+    this.fh = next;
     this.segments.push({ first, file, bytes: 0 });
-    this.fh = await open(file, 'a');
+    await previous.sync().catch((err) => this.logger.once('fsync', 'error', 'journal: fsync failed', { err }));
+    await previous.close().catch(() => {});
   }
 
   private async syncNow(): Promise<void> {

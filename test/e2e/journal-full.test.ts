@@ -1,3 +1,5 @@
+import { mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
 import OpenAI from 'openai';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { startSidecar, type TestSidecar } from '../support/sidecar';
@@ -60,6 +62,43 @@ describe('a full journal', () => {
       expect(((await last!.json()) as { error: { code: string } }).error.code).toBe('JOURNAL_FULL');
     } finally {
       await tiny.stop();
+    }
+  });
+  it('unwritable (its directory replaced by a file): agents are still served, /readyz is unready with the cause; ready again once writes succeed', async () => {
+    const s = await startSidecar(upstream.url, { service: { journal: { segment_bytes: 2048 } } });
+    const dir = path.join(s.dataDir, 'journal');
+    try {
+      const client = new OpenAI({ baseURL: `${s.origin}/rollout/unwritable/v1`, apiKey: 'k', maxRetries: 0 });
+      const call = () => client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'y'.repeat(1500) }] });
+      await call();
+      expect((await fetch(`${s.telemetryOrigin}/readyz`)).status).toBe(200);
+      // The next segment cannot be created: the journal path is now a regular file.
+      renameSync(dir, `${dir}.moved`);
+      writeFileSync(dir, 'not a directory');
+      const served = await call();
+      expect(served.choices[0].message.content).toBe('Hello from the fake model.');
+      let ready = await fetch(`${s.telemetryOrigin}/readyz`);
+      for (let i = 0; i < 100 && ready.status === 200; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        ready = await fetch(`${s.telemetryOrigin}/readyz`);
+      }
+      expect(ready.status).toBe(503);
+      expect(((await ready.json()) as { failing: Record<string, string> }).failing.journal).toMatch(/last write failed: (ENOTDIR|EEXIST|ENOENT)/);
+      const drops = await s.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total');
+      expect(drops).toMatch(/reason="journal_unwritable"\} [1-9]/);
+
+      // Put the directory back: the next write succeeds and readiness returns without a restart.
+      rmSync(dir);
+      renameSync(`${dir}.moved`, dir);
+      mkdirSync(dir, { recursive: true });
+      await call();
+      for (let i = 0; i < 100 && ready.status !== 200; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        ready = await fetch(`${s.telemetryOrigin}/readyz`);
+      }
+      expect(ready.status).toBe(200);
+    } finally {
+      await s.stop();
     }
   });
 });
