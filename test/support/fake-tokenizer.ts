@@ -64,6 +64,10 @@ function contentText(content: unknown): string {
 }
 
 function toolCallsOf(m: ChatMessage): TemplateToolCall[] {
+  // Anthropic: tool_use blocks in the assistant's content.
+  if (Array.isArray(m.content)) {
+    return (m.content as { type?: string; name?: string; input?: unknown }[]).filter((b) => b?.type === 'tool_use').map((b) => ({ name: b.name ?? '', arguments: JSON.stringify(b.input ?? {}) }));
+  }
   if (!Array.isArray(m.tool_calls)) return [];
   return m.tool_calls.map((tc) => {
     const fn = (tc as { function?: { name?: string; arguments?: string } }).function ?? {};
@@ -77,7 +81,7 @@ export function renderPrompt(messages: ChatMessage[]): number[] {
   for (const m of messages) {
     const role = typeof m.role === 'string' ? m.role : 'user';
     ids.push(IM_START, ROLE_IDS[role] ?? 8);
-    if (role === 'assistant') ids.push(...assistantTokens(m.content as string | null, toolCallsOf(m)));
+    if (role === 'assistant') ids.push(...assistantTokens(m.content === null || m.content === undefined ? null : contentText(m.content), toolCallsOf(m)));
     else ids.push(...tokenize(contentText(m.content)), IM_END);
   }
   ids.push(IM_START, ROLE_IDS.assistant);
