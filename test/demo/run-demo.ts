@@ -7,6 +7,10 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
 import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
 import { startFakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
@@ -16,18 +20,23 @@ const DATA_DIR = path.join(ROOT, 'data');
 const POPULATION: Record<string, number> = { Lisbon: 545_000, Porto: 232_000 };
 const AREA_KM2: Record<string, number> = { Lisbon: 100, Porto: 41 };
 
-/** The demo model's script: look the city up, compute the density, answer. Sample 2 slips. */
+/**
+ * The demo model's script: look the city up, compute the density, answer. Sample 2 first asks for
+ * a misspelt city (the tool fails: an AIR penalty on that call), recovers, then slips (multiplies).
+ */
 function demoScript(r: ReceivedRequest): Turn {
   const body = r.json as { messages: { role: string; content?: string }[] };
   const toolResults = body.messages.filter((m) => m.role === 'tool');
   const sample = Number(r.headers['x-rollout-id']?.toString().split('-').pop() ?? 0);
-  if (toolResults.length === 0) return { toolCalls: [{ name: 'lookup_city', arguments: { city: 'Lisbon' } }] };
-  if (toolResults.length === 1) {
-    const facts = JSON.parse(toolResults[0].content ?? '{}') as { population: number; area_km2: number };
-    const expression = sample === 2 ? `${facts.population} * ${facts.area_km2}` : `${facts.population} / ${facts.area_km2}`;
+  const facts = toolResults.filter((m) => !m.content?.startsWith('error'));
+  if (sample === 2 && toolResults.length === 0) return { toolCalls: [{ name: 'lookup_city', arguments: { city: 'Lisboa' } }] };
+  if (facts.length === 0) return { toolCalls: [{ name: 'lookup_city', arguments: { city: 'Lisbon' } }] };
+  if (facts.length === 1) {
+    const f = JSON.parse(facts[0].content ?? '{}') as { population: number; area_km2: number };
+    const expression = sample === 2 ? `${f.population} * ${f.area_km2}` : `${f.population} / ${f.area_km2}`;
     return { toolCalls: [{ name: 'calculator', arguments: { expression } }] };
   }
-  return { content: `Lisbon has about ${toolResults[1].content} people per km².` };
+  return { content: `Lisbon has about ${facts[1].content} people per km².` };
 }
 
 const tools: OpenAI.Chat.ChatCompletionTool[] = [
@@ -37,21 +46,44 @@ const tools: OpenAI.Chat.ChatCompletionTool[] = [
 
 function runTool(name: string, args: string): string {
   const a = JSON.parse(args) as { city?: string; expression?: string };
-  if (name === 'lookup_city') return JSON.stringify({ population: POPULATION[a.city ?? ''] ?? 0, area_km2: AREA_KM2[a.city ?? ''] ?? 1 });
+  if (name === 'lookup_city') {
+    const city = a.city ?? '';
+    if (!Object.hasOwn(POPULATION, city)) throw new Error(`unknown city ${JSON.stringify(city)}`);
+    return JSON.stringify({ population: POPULATION[city], area_km2: AREA_KM2[city] });
+  }
   const m = /^\s*([\d.]+)\s*([*/])\s*([\d.]+)\s*$/.exec(a.expression ?? '');
-  if (!m) return 'error: cannot parse';
+  if (!m) throw new Error('cannot parse the expression');
   const v = m[2] === '*' ? Number(m[1]) * Number(m[3]) : Number(m[1]) / Number(m[3]);
   return String(Math.round(v));
 }
 
+/**
+ * Tools run inside OTel GenAI `execute_tool` spans, exported over OTLP to the sidecar: the usual
+ * instrumentation of an agent. The sidecar joins each span to the call that asked for the tool
+ * (by `gen_ai.tool.call.id`) and turns its status into an intermediate (AIR) reward.
+ */
+function tracedTool(tracer: Tracer, call: { id: string; name: string; args: string }): string {
+  return tracer.startActiveSpan(`execute_tool ${call.name}`, { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': call.name, 'gen_ai.tool.call.id': call.id } }, (span) => {
+    try {
+      return runTool(call.name, call.args);
+    } catch (err) {
+      span.recordException(err as Error);
+      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+      return `error: ${(err as Error).message}`;
+    } finally {
+      span.end();
+    }
+  });
+}
+
 /** The agent: plain openai SDK code; the only sidecar-specific thing is the base URL and headers. */
-async function agent(baseURL: string, rolloutId: string, groupId: string, stream: boolean): Promise<string> {
+async function agent(tracer: Tracer, baseURL: string, rolloutId: string, groupId: string, stream: boolean): Promise<string> {
   const client = new OpenAI({ baseURL, apiKey: 'sk-demo-not-a-real-key', maxRetries: 0, defaultHeaders: { 'x-rollout-id': rolloutId, 'x-group-id': groupId, 'x-agent-name': 'density-agent' } });
   const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [
     { role: 'system', content: 'You answer questions about cities using tools.' },
     { role: 'user', content: 'What is the population density of Lisbon?' },
   ];
-  for (let step = 0; step < 6; step++) {
+  for (let step = 0; step < 8; step++) {
     const message = stream
       ? (await client.chat.completions.stream({ model: 'demo-policy', messages, tools }).finalChatCompletion()).choices[0].message
       : (await client.chat.completions.create({ model: 'demo-policy', messages, tools })).choices[0].message;
@@ -59,7 +91,7 @@ async function agent(baseURL: string, rolloutId: string, groupId: string, stream
     if (!message.tool_calls?.length) return message.content ?? '';
     for (const tc of message.tool_calls) {
       if (tc.type !== 'function') continue;
-      messages.push({ role: 'tool', tool_call_id: tc.id, content: runTool(tc.function.name, tc.function.arguments) });
+      messages.push({ role: 'tool', tool_call_id: tc.id, content: tracedTool(tracer, { id: tc.id, name: tc.function.name, args: tc.function.arguments }) });
     }
   }
   return '';
@@ -147,7 +179,15 @@ async function main(): Promise<void> {
     const group = `demo-${runId}`;
     for (let i = 0; i < 3; i++) {
       const rolloutId = `${group}-${i}`;
-      const answer = await agent(`${origin}/v1`, rolloutId, group, i % 2 === 1);
+      // One tracer per rollout: the rollout id rides on the OTel resource, as an agent-lightning
+      // runner or a per-rollout worker sets it (instrumented HTTP clients can instead propagate
+      // traceparent, which the sidecar also uses).
+      const provider = new BasicTracerProvider({
+        resource: resourceFromAttributes({ 'service.name': 'density-agent', 'lightning.rollout_id': rolloutId, 'lightning.group_id': group }),
+        spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${httpPort}/v1/traces` }))],
+      });
+      const answer = await agent(provider.getTracer('density-agent'), `${origin}/v1`, rolloutId, group, i % 2 === 1);
+      await provider.shutdown();
       const correct = /about 5450 people/.test(answer);
       const reward = correct ? 1 : 0;
       console.log(`  rollout ${rolloutId}: "${answer}" → reward ${reward}`);
@@ -169,11 +209,14 @@ async function main(): Promise<void> {
       logprobs: t.response_logprobs ? t.response_logprobs.length : '-',
       'continues prev': t.continues_previous ? 'yes' : 'no',
       finish: t.finish_reason ?? '-',
-      tools: t.tool_calls.map((c) => c.name).join(',') || '-',
-      reward: t.reward,
+      'tool (span status)': t.tool_calls.map((c) => `${c.name} (${c.status ?? 'no span'})`).join(', ') || '-',
+      AIR: t.intermediate_reward ?? '-',
+      final: t.final_reward,
+      reward: Number(t.reward.toFixed(3)),
     }));
     console.table(rows);
     const sample = transitions[0];
+    console.log('\nreward = credited final reward (identical assignment) + AIR: a failed tool span costs the call that asked for it 0.5, a successful one earns 0.1.');
     console.log('\nfirst transition, abridged:');
     console.log(
       JSON.stringify(
