@@ -14,6 +14,7 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_DATA_DIR: { path: ['service', 'data_dir'] },
   LIGHTNING_EXPORTER: { path: ['service', 'exporter'] },
   LIGHTNING_LOG_LEVEL: { path: ['service', 'log_level'] },
+  LIGHTNING_API_TOKEN: { path: ['service', 'api_token'] },
   LIGHTNING_KAFKA_BROKERS: {
     path: ['exporters', 'kafka', 'brokers'],
     parse: (v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0),

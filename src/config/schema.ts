@@ -140,6 +140,12 @@ export const captureSchema = z
     include_agents: z.array(z.string().min(1)).default([]),
     /** Agent-name globs whose calls are not emitted (they still count as episode activity). */
     exclude_agents: z.array(z.string().min(1)).default([]),
+    /**
+     * Request-body fields replaced by "[REDACTED]" before a call is journaled: dotted paths from the
+     * body root, `*` for any one key or array index, a leading `**.` for any depth (e.g. `user`,
+     * `metadata.email`, `messages.*.name`, `**.ssn`).
+     */
+    redact_request_fields: z.array(z.string().regex(/^(\*\*\.)?[^.\s]+(\.[^.\s]+)*$/, 'must be a dotted path such as metadata.email')).default([]),
   })
   .strict();
 
@@ -233,6 +239,11 @@ export const configSchema = z
           .object({ endpoint: address.default('0.0.0.0:9464') })
           .strict()
           .prefault({}),
+        /**
+         * Optional token for the rollout API, the OTLP receivers and the control route
+         * (`Authorization: Bearer <token>`), for sidecars whose listeners are reachable beyond the pod.
+         */
+        api_token: z.string().min(16, 'must be at least 16 characters').optional(),
         shutdown_timeout_ms: positiveInt.default(25_000),
         /** On SIGTERM, close open episodes and export them (a pod going away takes its emptyDir with it). */
         drain_on_shutdown: z.boolean().default(true),

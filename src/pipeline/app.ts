@@ -51,7 +51,7 @@ export function createApp(config: Config, deps: AppDeps) {
   const sequences = new SequenceCounter();
   const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
   const rolloutApi = config.receivers.rollout_api.enabled
-    ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes }, { sink: pipeline, logger: log, metrics, now: deps.now })
+    ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token }, { sink: pipeline, logger: log, metrics, now: deps.now })
     : undefined;
   const proxy = createLlmProxy(config.receivers.llm_proxy, {
     logger: log,
@@ -69,6 +69,7 @@ export function createApp(config: Config, deps: AppDeps) {
             grpcAddr: otlpConfig.protocols.grpc.enabled ? otlpConfig.protocols.grpc.endpoint : undefined,
             httpAddr: otlpConfig.protocols.http.enabled ? otlpConfig.protocols.http.endpoint : undefined,
             maxRequestBytes: otlpConfig.max_request_bytes,
+            authToken: config.service.api_token,
           },
           {
             logger: log,

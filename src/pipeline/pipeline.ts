@@ -3,6 +3,7 @@ import path from 'node:path';
 import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
 import { Journal, type RecoveryReport } from '../journal/journal';
+import { compileRedaction } from '../processors/capture/redact';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -66,6 +67,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     air: config.processors.air,
     capture: config.processors.capture,
   });
+  const redact = compileRedaction(config.processors.capture.redact_request_fields);
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
   const queue: Queued[] = [];
   let pumping: Promise<void> | null = null;
@@ -226,6 +228,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       submitCapture(record);
     },
     callEnded(record: CallRecord): void {
+      if (redact) record = { ...record, request: redact(record.request) };
       if (record.choices.length > 0 && record.choices.every((c) => c.responseTokenIds === null)) m.missingTokenIds.inc({ api: record.api });
       const usage = record.usage as { prompt_tokens?: unknown; completion_tokens?: unknown; input_tokens?: unknown; output_tokens?: unknown } | null;
       const prompt = usage?.prompt_tokens ?? usage?.input_tokens;

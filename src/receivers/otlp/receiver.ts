@@ -1,8 +1,8 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
-import { timingSafeEqual } from 'node:crypto';
 import { createGunzip, createInflate } from 'node:zlib';
 import * as grpc from '@grpc/grpc-js';
 import type { Span } from '../../pipeline/span';
+import { bearerAuth } from '../auth';
 import type { Logger } from '../../telemetry/logger';
 import { splitAddress } from '../llm-proxy/proxy';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
@@ -47,12 +47,7 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
   const count = (t: 'grpc' | 'http', outcome: 'accepted' | 'refused' | 'rejected', reason: string, n: number) => {
     if (n > 0) deps.onSpans?.(t, outcome, reason, n);
   };
-  const token = options.authToken ? Buffer.from(`Bearer ${options.authToken}`) : null;
-  const authorized = (header: string | undefined): boolean => {
-    if (!token) return true;
-    const got = Buffer.from(header ?? '');
-    return got.length === token.length && timingSafeEqual(got, token);
-  };
+  const authorized = bearerAuth(options.authToken);
 
   /** Decoded spans into the pipeline; the answer for both transports. */
   async function ingest(transport: 'grpc' | 'http', decoded: Decoded): Promise<{ ok: true; rejected: number; message: string } | { ok: false; retryAfterMs: number; reason: string }> {

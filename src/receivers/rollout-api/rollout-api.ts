@@ -3,6 +3,7 @@ import { RefusedError, type RecordSink } from '../../pipeline/component';
 import type { EndRecord, RewardRecord } from '../../pipeline/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
+import { bearerAuth } from '../auth';
 import { ID_PATTERN } from '../llm-proxy/correlation';
 import { parseEndBody, parseEventsBody, parseRewardBody, BodyError } from './bodies';
 
@@ -21,8 +22,9 @@ const AGL_EVENTS = /^\/api\/rollouts\/([^/?]+)\/attempt\/([^/?]+)\/events(?:\?.*
  * 202 once the pipeline accepted the record; 400 naming the field for a bad body; 503 +
  * Retry-After when the pipeline refuses.
  */
-export function createRolloutApi(options: { maxBodyBytes: number }, deps: RolloutApiDeps) {
+export function createRolloutApi(options: { maxBodyBytes: number; apiToken?: string }, deps: RolloutApiDeps) {
   const now = deps.now ?? Date.now;
+  const authorized = bearerAuth(options.apiToken);
   const log = deps.logger.child('rollout_api');
 
   return function handle(req: IncomingMessage, res: ServerResponse): boolean {
@@ -34,6 +36,13 @@ export function createRolloutApi(options: { maxBodyBytes: number }, deps: Rollou
     if (!ours && !agl) {
       reply(res, 404, { error: { message: `no route ${req.method} ${url.split('?')[0]}`, type: 'not_found' } });
       deps.metrics.rolloutApi.inc({ route, outcome: '404' });
+      req.resume();
+      return true;
+    }
+    const apiKey = req.headers['x-api-key'];
+    if (!authorized(req.headers.authorization, typeof apiKey === 'string' ? apiKey : undefined)) {
+      reply(res, 401, { error: { message: 'missing or wrong API token (Authorization: Bearer <service.api_token>)', type: 'authentication_error' } }, { 'www-authenticate': 'Bearer' });
+      deps.metrics.rolloutApi.inc({ route, outcome: '401' });
       req.resume();
       return true;
     }
