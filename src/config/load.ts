@@ -15,6 +15,9 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_EXPORTER: { path: ['service', 'exporter'] },
   LIGHTNING_LOG_LEVEL: { path: ['service', 'log_level'] },
   LIGHTNING_API_TOKEN: { path: ['service', 'api_token'] },
+  LIGHTNING_CONTROL_TOPIC: { path: ['service', 'control', 'topic'] },
+  LIGHTNING_POLICY_VERSION: { path: ['processors', 'policy', 'version'] },
+  LIGHTNING_POLICY_VERSION_HEADER: { path: ['processors', 'policy', 'response_header'] },
   LIGHTNING_KAFKA_BROKERS: {
     path: ['exporters', 'kafka', 'brokers'],
     parse: (v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0),

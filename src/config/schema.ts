@@ -149,6 +149,15 @@ export const captureSchema = z
   })
   .strict();
 
+export const policySchema = z
+  .object({
+    /** A static policy version for every call, until the control channel names one. */
+    version: z.string().regex(/^[A-Za-z0-9._:+-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:+-]').optional(),
+    /** An upstream response header naming the policy that answered (wins over the other sources). */
+    response_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be a header name').toLowerCase().optional(),
+  })
+  .strict();
+
 export const spansSchema = z
   .object({
     /** A tool or reward span whose rollout is not known yet waits this long for a call of its trace. */
@@ -220,6 +229,7 @@ export const configSchema = z
         air: airSchema.prefault({}),
         capture: captureSchema.prefault({}),
         spans: spansSchema.prefault({}),
+        policy: policySchema.prefault({}),
       })
       .strict()
       .prefault({}),
@@ -245,6 +255,18 @@ export const configSchema = z
          */
         api_token: z.string().min(16, 'must be at least 16 characters').optional(),
         shutdown_timeout_ms: positiveInt.default(25_000),
+        /** The trainer's control channel (policy versions, pause/resume). */
+        control: z
+          .object({
+            /** Consumed from its end by every sidecar when the exporter is Kafka (same brokers). */
+            topic: z.string().min(1).default('lightning.control'),
+            kafka: z.boolean().default(true),
+            /** While paused: calls held at once, and for how long, before they get 429. */
+            max_held_calls: positiveInt.default(256),
+            max_hold_ms: positiveInt.default(30_000),
+          })
+          .strict()
+          .prefault({}),
         /** On SIGTERM, close open episodes and export them (a pod going away takes its emptyDir with it). */
         drain_on_shutdown: z.boolean().default(true),
         journal: z

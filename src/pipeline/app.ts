@@ -1,10 +1,14 @@
 import path from 'node:path';
 import type { Config } from '../config/schema';
+import { createControlRoute } from '../control/control-route';
+import { Controller } from '../control/controller';
+import { createKafkaControl } from '../control/kafka-control';
 import { createFileExporter } from '../exporters/file/file-exporter';
 import type { Exporter } from '../exporters/exporter';
 import { createKafkaExporter } from '../exporters/kafka/kafka-exporter';
-import { createKafkajsProducer, type KafkajsProducerOptions } from '../exporters/kafka/kafkajs-producer';
+import { createKafkaClient, createKafkajsProducer, type KafkajsProducerOptions } from '../exporters/kafka/kafkajs-producer';
 import type { Producer } from '../exporters/kafka/producer';
+import type { Kafka } from 'kafkajs';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
 import { createOtlpReceiver, type SpanSinkResult } from '../receivers/otlp/receiver';
 import type { Span } from './span';
@@ -25,6 +29,8 @@ export interface AppDeps {
   exporter?: Exporter;
   /** Replaces the kafkajs producer under the Kafka exporter (tests). */
   producer?: Producer;
+  /** Replaces the kafkajs client of the control consumer (tests). */
+  kafka?: Kafka;
 }
 
 /**
@@ -53,9 +59,20 @@ export function createApp(config: Config, deps: AppDeps) {
   const rolloutApi = config.receivers.rollout_api.enabled
     ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token }, { sink: pipeline, logger: log, metrics, now: deps.now })
     : undefined;
+  const control = config.service.control;
+  const controller = new Controller({ maxHeldCalls: control.max_held_calls, maxHoldMs: control.max_hold_ms, staticVersion: config.processors.policy.version ?? null }, { logger: log.child('control'), metrics, now: deps.now });
+  // A new version is journaled: episodes' policy_version_lag replays exactly.
+  controller.onPolicy = (version) => void pipeline.submit({ type: 'policy', version, at: (deps.now ?? Date.now)() }).catch(() => {});
+  const kafkaControl =
+    config.service.exporter === 'kafka' && control.kafka && !deps.exporter
+      ? createKafkaControl(deps.kafka ?? createKafkaClient(kafkaProducerOptions(config.exporters.kafka), log), control.topic, controller, { logger: log, metrics })
+      : null;
   const proxy = createLlmProxy(config.receivers.llm_proxy, {
     logger: log,
     metrics,
+    gate: () => controller.gate(),
+    policyVersion: () => controller.policyVersion(),
+    policyHeader: config.processors.policy.response_header,
     sequences,
     capture: pipeline.capture,
     localRoutes: rolloutApi,
@@ -104,6 +121,7 @@ export function createApp(config: Config, deps: AppDeps) {
         ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }]
         : []),
     ],
+    routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),
     onScrape: () => {
       if (kafka) metrics.kafkaConnected.set(kafka.connected ? 1 : 0);
     },
@@ -117,6 +135,8 @@ export function createApp(config: Config, deps: AppDeps) {
     pipeline,
     telemetry,
     exporter,
+    controller,
+    kafkaControl,
     async start(): Promise<void> {
       await exporter.start();
       await pipeline.start();
@@ -124,11 +144,14 @@ export function createApp(config: Config, deps: AppDeps) {
       await proxy.start();
       proxyUp = true;
       await telemetry.start();
+      kafkaControl?.start();
       log.info('lightning-sidecar started', { data_dir: dataDir, exporter: exporter.name });
     },
     shutdown: once(async () => {
       log.info('shutting down', { in_flight: proxy.inFlight() });
       proxyUp = false;
+      controller.close();
+      await kafkaControl?.shutdown();
       await proxy.shutdown(config.service.shutdown_timeout_ms);
       await otlp?.shutdown();
       await pipeline.shutdown();

@@ -70,6 +70,15 @@ export interface CallRecord {
   /** Monotonic duration from request arrival to response end (or failure), ms. */
   latencyMs: number;
   ttftMs: number | null;
+  /** The policy that answered: upstream response header, else the control channel's, else config. Absent in journals written before it existed. */
+  policyVersion?: string | null;
+}
+
+/** The control channel named a new policy version (journaled, so lags replay exactly). */
+export interface PolicyRecord {
+  type: 'policy';
+  version: string;
+  at: number;
 }
 
 export interface RewardRecord {
@@ -112,7 +121,7 @@ export interface ToolSpanRecord {
   at: number;
 }
 
-export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord;
+export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord | PolicyRecord;
 
 /** DESIGN §4.4 transition, JSON shape. */
 export interface Transition {
@@ -180,6 +189,13 @@ export interface EpisodeSummary {
   credit_mode: string;
   transitions: number;
   transition_ids: string[];
+  /** Policy versions used by this episode's calls (distinct, in first-use order). */
+  policy_versions: string[];
+  /**
+   * Newest version the sidecar had seen when the episode closed minus the oldest its calls used
+   * (numeric versions only; null otherwise): how stale the rollout is for on-policy training.
+   */
+  policy_version_lag: number | null;
   started_at: string;
   ended_at: string;
 }

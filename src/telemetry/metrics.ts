@@ -158,6 +158,33 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['exporter', 'kind'] as const,
       registers: [registry],
     }),
+    paused: new Gauge({
+      name: 'lightning_sidecar_paused',
+      help: '1 while the trainer has paused new model calls (weight sync), 0 otherwise.',
+      registers: [registry],
+    }),
+    pausedSeconds: new Counter({
+      name: 'lightning_sidecar_paused_seconds_total',
+      help: 'Seconds spent paused, counted at each resume.',
+      registers: [registry],
+    }),
+    heldNow: new Gauge({
+      name: 'lightning_sidecar_held_calls',
+      help: 'Model calls held right now because of a pause.',
+      registers: [registry],
+    }),
+    heldCalls: new Counter({
+      name: 'lightning_sidecar_held_calls_total',
+      help: 'Model calls held by a pause, by how the hold ended (released, timed_out, rejected, shutdown).',
+      labelNames: ['outcome'] as const,
+      registers: [registry],
+    }),
+    controlMessages: new Counter({
+      name: 'lightning_sidecar_control_messages_total',
+      help: 'Control messages by source (kafka, http) and outcome (applied, invalid).',
+      labelNames: ['source', 'outcome'] as const,
+      registers: [registry],
+    }),
   };
 }
 

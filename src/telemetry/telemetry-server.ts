@@ -12,10 +12,11 @@ export interface ReadinessCheck {
 }
 
 /** `/metrics` (Prometheus text), `/healthz` (the process serves), `/readyz` (every check passes). */
-export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[]; onScrape?: () => void }) {
+export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[]; onScrape?: () => void; routes?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean }) {
   const log = deps.logger.child('telemetry');
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
+    if (deps.routes?.(req, res)) return;
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' }).end('method not allowed\n');
       return;

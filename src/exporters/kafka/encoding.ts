@@ -80,6 +80,8 @@ export function decodeEpisode(bytes: Buffer, encoding: Encoding): EpisodeSummary
     credit_mode: o.credit_mode,
     transitions: o.transitions,
     transition_ids: o.transition_ids,
+    policy_versions: o.policy_versions ?? [],
+    policy_version_lag: o.policy_version_lag ?? null,
     started_at: o.started_at,
     ended_at: o.ended_at,
   } as EpisodeSummary;

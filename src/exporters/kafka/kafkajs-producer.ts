@@ -14,7 +14,8 @@ export interface KafkajsProducerOptions {
 }
 
 /** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
-export function createKafkajsProducer(options: KafkajsProducerOptions, logger: Logger): Producer {
+/** A kafkajs client with our connection, auth, TLS and logging settings (shared by producer and control consumer). */
+export function createKafkaClient(options: KafkajsProducerOptions, logger: Logger): Kafka {
   const log = logger.child('kafkajs');
   const config: KafkaConfig = {
     clientId: options.clientId,
@@ -38,7 +39,11 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
       key: options.tls.keyFile ? readFileSync(options.tls.keyFile, 'utf8') : undefined,
     };
   }
-  const kafka = new Kafka(config);
+  return new Kafka(config);
+}
+
+export function createKafkajsProducer(options: KafkajsProducerOptions, logger: Logger): Producer {
+  const kafka = createKafkaClient(options, logger);
   let producer: KafkajsProducer | null = null;
   let connected = false;
   let connecting: Promise<void> | null = null;

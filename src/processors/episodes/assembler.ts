@@ -75,11 +75,18 @@ export class EpisodeAssembler {
   replaying = false;
   /** The journal offset of the record being applied (episodes remember their lowest). */
   private offset = 0;
+  /** Newest numeric policy version the control channel has named (from journaled policy records). */
+  private maxPolicySeen: number | null = null;
 
   apply(event: AssemblerEvent, offset = this.offset): ClosedEpisode[] {
     this.offset = offset;
     const closed: ClosedEpisode[] = [];
     switch (event.type) {
+      case 'policy': {
+        const n = Number(event.version);
+        if (Number.isFinite(n)) this.maxPolicySeen = Math.max(this.maxPolicySeen ?? -Infinity, n);
+        return closed;
+      }
       case 'tick':
         for (const [key, ep] of this.open) {
           const status = this.dueStatus(ep, event.at);
@@ -241,6 +248,7 @@ export class EpisodeAssembler {
         startedAt: ep.startedAt,
         endedAt: at,
         firstOffset: ep.firstOffset,
+        maxPolicySeen: this.maxPolicySeen,
       },
       status,
       this.build,

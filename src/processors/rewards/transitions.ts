@@ -16,6 +16,8 @@ export interface EpisodeFacts {
   startedAt: number;
   endedAt: number;
   firstOffset?: number;
+  /** Newest numeric policy version seen by the sidecar when the episode closed. */
+  maxPolicySeen?: number | null;
 }
 
 export interface TransitionOptions {
@@ -71,7 +73,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         choice_index: choice?.index ?? 0,
         agent_name: call.correlation.agentName,
         model: call.model,
-        policy_version: null,
+        policy_version: call.policyVersion ?? null,
         api: call.api,
         request: call.request,
         response: call.response,
@@ -118,6 +120,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       credit_mode: options.credit.mode,
       transitions: transitions.length,
       transition_ids: transitions.map((t) => t.transition_id),
+      ...policyFacts(facts),
       started_at: new Date(facts.startedAt).toISOString(),
       ended_at: new Date(facts.endedAt).toISOString(),
     },
@@ -130,4 +133,13 @@ function startsWith(ids: number[], prefix: number[]): boolean {
   if (prefix.length === 0 || prefix.length > ids.length) return false;
   for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
   return true;
+}
+
+/** Versions used by the episode's calls and the staleness lag (DESIGN: policy_version_lag). */
+function policyFacts(facts: EpisodeFacts): { policy_versions: string[]; policy_version_lag: number | null } {
+  const used = [...new Set(facts.calls.map((c) => c.policyVersion).filter((v): v is string => typeof v === 'string'))];
+  const numeric = used.map(Number);
+  if (used.length === 0 || numeric.some((n) => !Number.isFinite(n))) return { policy_versions: used, policy_version_lag: null };
+  const newest = Math.max(...numeric, facts.maxPolicySeen ?? -Infinity);
+  return { policy_versions: used, policy_version_lag: newest - Math.min(...numeric) };
 }

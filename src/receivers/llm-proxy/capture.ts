@@ -18,6 +18,7 @@ export class CallCapture {
   firstByteAt: number | null = null;
   chunks = 0;
   injected: string[] = [];
+  policyVersion: string | null = null;
 
   constructor(
     readonly api: Api,
@@ -104,6 +105,7 @@ export class CallCapture {
       endedAt: outcome.endedAt,
       latencyMs: round3(outcome.endedMono - startedMono),
       ttftMs: this.firstByteAt === null ? null : round3(this.firstByteAt - startedMono),
+      policyVersion: this.policyVersion,
     };
   }
 }

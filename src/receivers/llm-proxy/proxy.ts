@@ -2,6 +2,7 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import { performance } from 'node:perf_hooks';
 import type { Socket } from 'node:net';
+import type { GateResult } from '../../control/controller';
 import type { LlmProxyConfig } from '../../config/schema';
 import type { CaptureSink } from '../../pipeline/component';
 import type { Api } from '../../pipeline/records';
@@ -23,6 +24,12 @@ export interface ProxyDeps {
   /** Routes served by the sidecar itself on this port (rollout API); true when handled. */
   localRoutes?: (req: IncomingMessage, res: ServerResponse) => boolean;
   now?: () => number;
+  /** The trainer's pause: null = go now; else wait for the answer (issue #9). */
+  gate?: () => Promise<GateResult> | null;
+  /** The policy version new calls are made with (control channel or config). */
+  policyVersion?: () => string | null;
+  /** Upstream response header naming the policy that answered (lower case). */
+  policyHeader?: string;
 }
 
 interface Upstream {
@@ -58,6 +65,8 @@ function upstreamPath(basePath: string, path: string): string {
  * The agent-facing proxy. Bytes pass through unchanged and unbuffered; recorded calls keep
  * references to the chunks that passed and are parsed after the response ends, on a later tick.
  */
+const POLICY_VERSION = /^[A-Za-z0-9._:+-]{1,64}$/;
+
 export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const log = deps.logger.child('llm_proxy');
   const m = deps.metrics;
@@ -78,11 +87,28 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const inFlight = new Set<Promise<void>>();
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
-    const t0 = performance.now();
     const url = req.url ?? '/';
     if (deps.localRoutes?.(req, res)) return;
     const routed = routePath(url);
     const api = recordedApi(req.method, routed.path);
+    const held = api ? (deps.gate?.() ?? null) : null;
+    if (held === null) {
+      admit(req, res, routed, api);
+      return;
+    }
+    // Paused for a weight sync: the body waits in the socket; the call goes (or gets 429) later.
+    const waiting = held.then((r) => {
+      if (r.go) return admit(req, res, routed, api);
+      m.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
+      req.resume();
+      sendProxyError(res, 429, 'policy_update', `${r.reason}; retry after ${r.retryAfterS} s`, api, { 'retry-after': String(r.retryAfterS), 'x-lightning-paused': 'true' });
+    });
+    inFlight.add(waiting);
+    void waiting.finally(() => inFlight.delete(waiting));
+  }
+
+  function admit(req: IncomingMessage, res: ServerResponse, routed: ReturnType<typeof routePath>, api: Api | null): void {
+    const t0 = performance.now();
     const trace = api ? parseTraceparent(req.headers.traceparent as string | undefined) : null;
     let capture: CallCapture | null = null;
     try {
@@ -90,6 +116,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const correlation = resolveCorrelation(routed, req.headers, trace);
         const seq = deps.sequences.take(correlation.rolloutId, correlation.attemptId);
         capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes);
+        capture.policyVersion = deps.policyVersion?.() ?? null;
         startCapture(capture);
       } else if (routed.rolloutId !== null && (!ID_PATTERN.test(routed.rolloutId) || !ID_PATTERN.test(routed.attemptId ?? '0'))) {
         throw new CorrelationError('rollout id', routed.rolloutId);
@@ -172,6 +199,10 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
           capture.responseStatus = status;
           capture.streamed = streamed;
           capture.responseEncoding = ures.headers['content-encoding'];
+          if (deps.policyHeader) {
+            const v = ures.headers[deps.policyHeader];
+            if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
+          }
         }
         res.writeHead(status, ures.statusMessage, out);
         if (streamed) res.flushHeaders();
