@@ -2,6 +2,7 @@
 import { ConfigError, loadConfig } from './config/load';
 import { createApp } from './pipeline/app';
 import { createLogger } from './telemetry/logger';
+import { GROUPS_USAGE, runGroups } from './cli/groups';
 import { runTail } from './cli/tail';
 
 const USAGE = `usage:
@@ -11,7 +12,7 @@ const USAGE = `usage:
                                               print transitions written by the file exporter
   lightning-sidecar tail --kafka [--brokers H:P,...] [--topic T] [--from-beginning] [--json] [--max N]
                                               print transitions from Kafka (a fresh consumer group)
-`;
+${GROUPS_USAGE}`;
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv[0] && !argv[0].startsWith('-') ? argv : ['run', ...argv];
@@ -22,6 +23,8 @@ async function main(argv: string[]): Promise<number> {
       return validate(rest);
     case 'tail':
       return runTail(rest, { env: process.env, out: process.stdout, err: process.stderr });
+    case 'groups':
+      return runGroups(rest, { env: process.env, out: process.stdout, err: process.stderr });
     case 'help':
     case '--help':
       process.stdout.write(USAGE);

@@ -7,7 +7,7 @@ import { loadConfig } from '../config/load';
 import { decodeTransition, type Encoding } from '../exporters/kafka/encoding';
 import type { Transition } from '../pipeline/records';
 
-interface TailIo {
+export interface TailIo {
   env: NodeJS.ProcessEnv;
   out: NodeJS.WritableStream;
   err: NodeJS.WritableStream;
@@ -73,7 +73,7 @@ function waitAndFollow(dir: string, io: TailIo, json: boolean, seen = new Map<st
   });
 }
 
-function option(args: string[], name: string): string | undefined {
+export function option(args: string[], name: string): string | undefined {
   const i = args.indexOf(name);
   return i >= 0 ? args[i + 1] : undefined;
 }
