@@ -1,0 +1,118 @@
+'use strict';
+// Kafka export against the project's Kafka test broker (test/support/kafka-broker, compiled to
+// build/): journal → Kafka drain rate with acks=-1, end-to-end rate under each fsync policy, and
+// reward → delivery lag.
+const http = require('node:http');
+const path = require('node:path');
+
+const BROKER = path.join(__dirname, '../build/test/support/kafka-broker/index.js');
+
+function post(port, pathName, body, headers = {}) {
+  return new Promise((resolve) => {
+    const req = http.request({ host: '127.0.0.1', port, path: pathName, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers } }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode));
+    });
+    req.on('error', () => resolve(0));
+    req.end(body);
+  });
+}
+
+async function until(fn, timeoutMs) {
+  const end = Date.now() + timeoutMs;
+  while (!fn()) {
+    if (Date.now() > end) return false;
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  return true;
+}
+
+/** Drives `rollouts` rollouts of `calls` calls each over 16 connections, then rewards them all. */
+async function drive(port, body, rollouts, calls, prefix) {
+  let next = 0;
+  const total = rollouts * calls;
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (next < total) {
+        const i = next++;
+        await post(port, '/v1/chat/completions', body, { 'x-rollout-id': `${prefix}-${i % rollouts}` });
+      }
+    }),
+  );
+  next = 0;
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (next < rollouts) {
+        const i = next++;
+        await post(port, `/lightning/v1/rollouts/${prefix}-${i}/reward`, '{"value":1}');
+      }
+    }),
+  );
+  return total;
+}
+
+async function benchKafka({ modelPort, startSidecar, stop, quick, body }) {
+  const { startKafkaTestBroker } = require(BROKER);
+  const out = {};
+  const rollouts = quick ? 50 : 250;
+  const calls = 20;
+
+  // Drain: transitions pile up in the journal while the broker refuses connections, then flow.
+  {
+    const broker = await startKafkaTestBroker();
+    const sc = await startSidecar(modelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000' });
+    broker.refuseConnections(true);
+    const total = await drive(sc.port, body, rollouts, calls, 'drain');
+    await new Promise((r) => setTimeout(r, 500));
+    broker.refuseConnections(false);
+    const count = () => broker.records('lightning.transitions').length;
+    await until(() => count() > 0, 60_000);
+    const t0 = performance.now();
+    const complete = await until(() => count() >= total, 120_000);
+    const s = (performance.now() - t0) / 1000;
+    const bytes = broker.records('lightning.transitions').reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
+    out.drain = { transitions: total, delivered: count(), complete, transitions_per_s: count() / s, avg_record_bytes: bytes / Math.max(1, count()), acks: -1 };
+    await stop(sc.proc);
+    await broker.close();
+  }
+
+  // End to end (proxied calls → journal → Kafka) under each fsync policy.
+  for (const fsync of ['always', '1000', 'never']) {
+    const broker = await startKafkaTestBroker();
+    const sc = await startSidecar(modelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000', LIGHTNING_CONFIG: writeFsyncConfig(fsync) });
+    const t0 = performance.now();
+    const total = await drive(sc.port, body, Math.round(rollouts / 2), calls, `e2e-${fsync}`);
+    const complete = await until(() => broker.records('lightning.transitions').length >= total, 120_000);
+    const s = (performance.now() - t0) / 1000;
+    out[`end_to_end_fsync_${fsync}`] = { transitions: total, complete, transitions_per_s: broker.records('lightning.transitions').length / s };
+
+    // Lag: one call, a final reward, then poll the broker for the transition.
+    if (fsync === '1000') {
+      const lags = [];
+      for (let i = 0; i < (quick ? 10 : 40); i++) {
+        const id = `lag-${i}`;
+        await post(sc.port, '/v1/chat/completions', body, { 'x-rollout-id': id });
+        const before = broker.records('lightning.transitions').length;
+        const t = performance.now();
+        await post(sc.port, `/lightning/v1/rollouts/${id}/reward`, '{"value":1}');
+        await until(() => broker.records('lightning.transitions').length > before, 10_000);
+        lags.push(performance.now() - t);
+      }
+      lags.sort((a, b) => a - b);
+      out.reward_to_delivery_ms = { p50: lags[Math.floor(lags.length / 2)], p99: lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))], samples: lags.length };
+    }
+    await stop(sc.proc);
+    await broker.close();
+  }
+  return out;
+}
+
+function writeFsyncConfig(fsync) {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-cfg-')), 'config.yaml');
+  fs.writeFileSync(file, `service:\n  journal:\n    fsync: ${fsync === 'always' || fsync === 'never' ? fsync : Number(fsync)}\n`);
+  return file;
+}
+
+module.exports = { benchKafka };

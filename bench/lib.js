@@ -1,0 +1,132 @@
+'use strict';
+// Bench helpers: bounded load generators, process sampling, child processes, statistics.
+const http = require('node:http');
+const { spawn, execFileSync } = require('node:child_process');
+const fs = require('node:fs');
+const net = require('node:net');
+
+const CLK_TCK = (() => {
+  try {
+    return Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
+
+/** CPU seconds (user + system) and RSS bytes of a process, from /proc. */
+function proc(pid) {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const cpu = (Number(f[11]) + Number(f[12])) / CLK_TCK;
+  const rss = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) * 1024;
+  return { cpu, rss };
+}
+
+function quantile(sorted, q) {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
+}
+
+function median(xs) {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+
+/** Starts a node child that prints {"port": N}; resolves with { proc, port }. */
+function startNodeChild(script, args, env = {}) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, [script, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
+    let buf = '';
+    const t = setTimeout(() => reject(new Error(`${script} did not start`)), 10_000);
+    p.stdout.on('data', (c) => {
+      buf += c;
+      const m = /\{"port":(\d+)\}/.exec(buf);
+      if (m) {
+        clearTimeout(t);
+        resolve({ proc: p, port: Number(m[1]) });
+      }
+    });
+    p.once('exit', (code) => reject(new Error(`${script} exited (${code})`)));
+  });
+}
+
+async function waitHttp(url, timeoutMs = 15_000) {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {
+      // not up yet
+    }
+    if (Date.now() > until) throw new Error(`${url} not ready`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/**
+ * Closed-loop load: `conns` keep-alive connections, each sending one request after another, until
+ * `durationMs` or `maxRequests` (both bounds hold). Latency is request start → response end; ttfb is
+ * request start → first body byte.
+ */
+function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequests = 1e9 }) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: conns });
+  const payload = Buffer.isBuffer(body) ? body : Buffer.from(body);
+  const lat = [];
+  const ttfb = [];
+  let errors = 0;
+  let sent = 0;
+  const t0 = performance.now();
+  const deadline = t0 + durationMs;
+  const one = () =>
+    new Promise((resolve) => {
+      const start = performance.now();
+      let first = 0;
+      const req = http.request({ host: '127.0.0.1', port, path, method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': payload.length, ...headers } }, (res) => {
+        res.on('data', () => {
+          if (first === 0) first = performance.now();
+        });
+        res.on('end', () => {
+          const end = performance.now();
+          if (res.statusCode !== 200) errors++;
+          lat.push(end - start);
+          ttfb.push((first || end) - start);
+          resolve();
+        });
+        res.on('error', () => {
+          errors++;
+          resolve();
+        });
+      });
+      req.on('error', () => {
+        errors++;
+        resolve();
+      });
+      req.end(payload);
+    });
+  const worker = async () => {
+    while (performance.now() < deadline && sent < maxRequests) {
+      sent++;
+      await one();
+    }
+  };
+  return Promise.all(Array.from({ length: conns }, worker)).then(() => {
+    const elapsedMs = performance.now() - t0;
+    agent.destroy();
+    lat.sort((a, b) => a - b);
+    ttfb.sort((a, b) => a - b);
+    return { requests: lat.length, errors, elapsedMs, rps: (lat.length / elapsedMs) * 1000, p50: quantile(lat, 0.5), p99: quantile(lat, 0.99), ttfbP50: quantile(ttfb, 0.5), ttfbP99: quantile(ttfb, 0.99) };
+  });
+}
+
+module.exports = { proc, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, CLK_TCK };

@@ -1,0 +1,249 @@
+'use strict';
+// npm run bench [-- --quick]: the sidecar (dist/) against direct, a bare Node pipe and nginx (when
+// installed), in alternating rounds on 127.0.0.1. Writes results/latest.json and results/latest.md.
+const { spawn, execFileSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { proc, median, freePort, startNodeChild, waitHttp, closedLoop } = require('./lib');
+
+const QUICK = process.argv.includes('--quick');
+const ROUNDS = QUICK ? 1 : 3;
+const DUR = QUICK ? 1200 : 4000;
+const ROOT = path.join(__dirname, '..');
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-'));
+const children = [];
+const results = { machine: machine(), quick: QUICK, rounds: ROUNDS, duration_ms: DUR, started_at: new Date().toISOString(), scenarios: {} };
+
+function machine() {
+  const cpus = os.cpus();
+  return { cpu: cpus[0]?.model ?? 'unknown', cores: cpus.length, memory_gib: Math.round(os.totalmem() / 2 ** 30), node: process.version, os: `${os.type()} ${os.release()}` };
+}
+
+function log(...a) {
+  process.stderr.write(a.join(' ') + '\n');
+}
+
+async function startSidecar(upstreamPort, env = {}) {
+  const [proxy, telemetry, grpc, httpPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const dataDir = fs.mkdtempSync(path.join(tmp, 'sidecar-'));
+  const p = spawn(process.execPath, [path.join(ROOT, 'dist/main.js'), 'run'], {
+    env: {
+      PATH: process.env.PATH,
+      LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${upstreamPort}/v1`,
+      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+      LIGHTNING_PROXY_ADDR: `127.0.0.1:${proxy}`,
+      LIGHTNING_TELEMETRY_ADDR: `127.0.0.1:${telemetry}`,
+      LIGHTNING_OTLP_GRPC_ADDR: `127.0.0.1:${grpc}`,
+      LIGHTNING_OTLP_HTTP_ADDR: `127.0.0.1:${httpPort}`,
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_LOG_LEVEL: 'error',
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '1000',
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      ...env,
+    },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  children.push(p);
+  await waitHttp(`http://127.0.0.1:${telemetry}/readyz`);
+  return { proc: p, port: proxy, telemetry, grpc, http: httpPort, dataDir };
+}
+
+function stop(p) {
+  return new Promise((resolve) => {
+    if (p.exitCode !== null || p.signalCode !== null) return resolve();
+    const t = setTimeout(() => p.kill('SIGKILL'), 30_000);
+    p.once('exit', () => {
+      clearTimeout(t);
+      resolve();
+    });
+    p.kill('SIGTERM');
+  });
+}
+
+function findNginx() {
+  for (const p of ['/usr/sbin/nginx', '/usr/local/sbin/nginx', '/usr/bin/nginx']) if (fs.existsSync(p)) return p;
+  try {
+    return execFileSync('sh', ['-c', 'command -v nginx'], { encoding: 'utf8' }).trim() || null;
+  } catch {
+    return null;
+  }
+}
+
+async function startNginx(upstreamPort) {
+  const bin = findNginx();
+  if (!bin) return null;
+  const port = await freePort();
+  const dir = fs.mkdtempSync(path.join(tmp, 'nginx-'));
+  fs.writeFileSync(
+    path.join(dir, 'nginx.conf'),
+    `worker_processes 1; daemon off; pid ${dir}/nginx.pid; error_log ${dir}/error.log error;
+events { worker_connections 1024; }
+http { access_log off; client_body_temp_path ${dir}/body; proxy_temp_path ${dir}/proxy; fastcgi_temp_path ${dir}/f; uwsgi_temp_path ${dir}/u; scgi_temp_path ${dir}/s;
+  upstream model { server 127.0.0.1:${upstreamPort}; keepalive 64; }
+  server { listen 127.0.0.1:${port}; client_max_body_size 64m;
+    location / { proxy_pass http://model; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; } } }
+`,
+  );
+  const p = spawn(bin, ['-p', dir, '-c', path.join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'inherit'] });
+  children.push(p);
+  for (let i = 0; i < 100; i++) {
+    try {
+      await fetch(`http://127.0.0.1:${port}/`, { method: 'POST', body: '{}' });
+      const pid = Number(fs.readFileSync(`${dir}/nginx.pid`, 'utf8'));
+      // CPU is read from the worker (the master only supervises).
+      const worker = Number(execFileSync('pgrep', ['-P', String(pid)], { encoding: 'utf8' }).trim().split('\n')[0]);
+      return { proc: p, port, pid: worker || pid };
+    } catch {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  return null;
+}
+
+/** Runs `measure` once per round per target, alternating the order, and keeps every sample. */
+async function rounds(targets, measure) {
+  const samples = Object.fromEntries(targets.map((t) => [t.name, []]));
+  for (let r = 0; r < ROUNDS; r++) {
+    const order = r % 2 === 0 ? targets : [...targets].reverse();
+    for (const t of order) samples[t.name].push(await measure(t));
+  }
+  return samples;
+}
+
+/** Median and min–max of one field over rounds. */
+function summarize(samples, field) {
+  const xs = samples.map((s) => s[field]).filter((x) => Number.isFinite(x));
+  return { median: median(xs), min: Math.min(...xs), max: Math.max(...xs) };
+}
+
+async function withCpu(pid, fn) {
+  const before = pid ? proc(pid) : null;
+  const out = await fn();
+  const after = pid ? proc(pid) : null;
+  return { ...out, cpuS: before ? after.cpu - before.cpu : NaN, rss: after ? after.rss : NaN };
+}
+
+const CHAT = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'system', content: 'You are a helpful agent.' }, { role: 'user', content: 'x'.repeat(900) }], max_tokens: 64 }));
+const CHAT_STREAM = Buffer.from(JSON.stringify({ model: 'bench-policy', stream: true, messages: [{ role: 'user', content: 'x'.repeat(900) }] }));
+
+async function main() {
+  if (!fs.existsSync(path.join(ROOT, 'dist/main.js'))) throw new Error('dist/main.js is missing: run `npm run build` (npm run bench does)');
+  const model = await startNodeChild(path.join(__dirname, 'model-server.js'), ['1']);
+  children.push(model.proc);
+  const bare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(model.port)]);
+  children.push(bare.proc);
+  const nginx = await startNginx(model.port);
+  const sidecar = await startSidecar(model.port);
+  log(`model :${model.port}  bare :${bare.port}  nginx ${nginx ? ':' + nginx.port : 'not installed'}  sidecar :${sidecar.port}`);
+
+  const targets = [
+    { name: 'direct', port: model.port, pid: null, path: '/v1/chat/completions' },
+    { name: 'bare-pipe', port: bare.port, pid: bare.proc.pid, path: '/v1/chat/completions' },
+    ...(nginx ? [{ name: 'nginx', port: nginx.port, pid: nginx.pid, path: '/v1/chat/completions' }] : []),
+    { name: 'sidecar', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/chat/completions' },
+    // Same sidecar, a route it forwards without capture: the forwarding cost alone.
+    { name: 'sidecar-nocapture', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/embeddings' },
+  ];
+
+  // 1. JSON, 1 and 16 connections.
+  for (const conns of [1, 16]) {
+    log(`json c=${conns}`);
+    const s = await rounds(targets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })));
+    results.scenarios[`json_c${conns}`] = Object.fromEntries(
+      Object.entries(s).map(([name, xs]) => [name, { rps: summarize(xs, 'rps'), p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), cpu_us_per_req: summarize(xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0), requests: xs.reduce((n, x) => n + x.requests, 0) }]),
+    );
+  }
+
+  // 2. SSE, 50 chunks 1 ms apart.
+  log('sse');
+  const sseTargets = targets.filter((t) => t.name !== 'sidecar-nocapture');
+  const sse = await rounds(sseTargets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })));
+  results.scenarios.sse_c4 = Object.fromEntries(
+    Object.entries(sse).map(([name, xs]) => [name, { ttfb_p50_ms: summarize(xs, 'ttfbP50'), ttfb_p99_ms: summarize(xs, 'ttfbP99'), total_p50_ms: summarize(xs, 'p50'), cpu_us_per_chunk: summarize(xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0), requests: xs.reduce((n, x) => n + x.requests, 0) }]),
+  );
+
+  // 3. 1 MiB prompts.
+  log('large bodies');
+  const big = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'user', content: 'y'.repeat(1024 * 1024) }] }));
+  const large = await rounds(sseTargets, async (t) => {
+    let peak = t.pid ? proc(t.pid).rss : NaN;
+    const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 50) : null;
+    const r = await withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: big, conns: 2, durationMs: DUR, maxRequests: 2000 }));
+    if (timer) clearInterval(timer);
+    return { ...r, peak };
+  });
+  results.scenarios.large_1mib_c2 = Object.fromEntries(Object.entries(large).map(([name, xs]) => [name, { p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), rps: summarize(xs, 'rps'), peak_rss_mib: summarize(xs.map((x) => ({ v: x.peak / 2 ** 20 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0) }]));
+
+  // 4. OTLP ingest.
+  log('otlp');
+  // A fresh sidecar, so its RSS is the OTLP path's and not what the proxy scenarios left behind.
+  await stop(sidecar.proc);
+  const otlpSidecar = await startSidecar(model.port);
+  results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, durationMs: DUR, quick: QUICK, proc });
+  await stop(otlpSidecar.proc);
+
+  // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open).
+  log('memory');
+  const memSidecar = await startSidecar(model.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+  const episodes = QUICK ? 200 : 1000;
+  const calls = 20;
+  const rssBefore = proc(memSidecar.proc.pid).rss;
+  let next = 0;
+  const agent = new (require('node:http').Agent)({ keepAlive: true, maxSockets: 16 });
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (next < episodes * calls) {
+        const i = next++;
+        await new Promise((resolve) => {
+          const req = require('node:http').request({ host: '127.0.0.1', port: memSidecar.port, path: '/v1/chat/completions', method: 'POST', agent, headers: { 'content-type': 'application/json', 'x-rollout-id': `mem-${i % episodes}` } }, (res) => {
+            res.resume();
+            res.on('end', resolve);
+          });
+          req.on('error', resolve);
+          req.end(CHAT);
+        });
+      }
+    }),
+  );
+  agent.destroy();
+  await new Promise((r) => setTimeout(r, 500));
+  const metrics = await (await fetch(`http://127.0.0.1:${memSidecar.telemetry}/metrics`)).text();
+  const open = Number(/^lightning_sidecar_open_episodes (\d+)/m.exec(metrics)?.[1] ?? NaN);
+  if (global.gc) global.gc();
+  results.scenarios.memory = { episodes, calls_per_episode: calls, open_episodes: open, rss_before_mib: rssBefore / 2 ** 20, rss_mib: proc(memSidecar.proc.pid).rss / 2 ** 20 };
+  await stop(memSidecar.proc);
+
+  // 5. Kafka export against the test broker.
+  log('kafka');
+  results.scenarios.kafka = await require('./kafka').benchKafka({ modelPort: model.port, startSidecar, stop, quick: QUICK, proc, closedLoop, body: CHAT });
+
+  results.finished_at = new Date().toISOString();
+  fs.mkdirSync(path.join(__dirname, 'results'), { recursive: true });
+  fs.writeFileSync(path.join(__dirname, 'results/latest.json'), JSON.stringify(results, null, 2) + '\n');
+  const md = require('./report').markdown(results);
+  fs.writeFileSync(path.join(__dirname, 'results/latest.md'), md);
+  process.stdout.write(md);
+}
+
+const hardStop = setTimeout(() => {
+  log('bench: over its time budget; stopping');
+  cleanup().then(() => process.exit(1));
+}, QUICK ? 120_000 : 900_000);
+hardStop.unref();
+
+async function cleanup() {
+  await Promise.all(children.map(stop));
+  fs.rmSync(tmp, { recursive: true, force: true });
+}
+
+main()
+  .then(cleanup)
+  .then(
+    () => process.exit(0),
+    async (err) => {
+      log(err.stack ?? String(err));
+      await cleanup();
+      process.exit(1);
+    },
+  );
