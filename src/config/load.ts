@@ -103,16 +103,27 @@ function readYaml(file: string, problems: string[]): Record<string, unknown> {
 
 export function formatIssues(issues: readonly z.core.$ZodIssue[], fromEnv = new Map<string, string>()): string[] {
   return issues.map((issue) => {
-    let path = issue.path.map(String).join('.');
+    let path = joinPath(issue.path);
     let message = issue.message;
     if (issue.code === 'unrecognized_keys') {
       const keys = issue.keys;
-      path = [path, keys[0]].filter((p) => p).join('.');
+      path = joinPath([...issue.path, keys[0]]);
       message = keys.length > 1 ? `unknown keys ${keys.map((k) => `'${k}'`).join(', ')}` : 'unknown key';
     }
     const envName = fromEnv.get(issue.path.map(String).join('.'));
     return `${path || '(root)'}${envName ? ` (from ${envName})` : ''}: ${lowerFirst(message)}`;
   });
+}
+
+/** `a.b[0].c`; a key that is not a plain word is quoted (`receivers[" "]`), so the path stays readable. */
+function joinPath(path: readonly PropertyKey[]): string {
+  let out = '';
+  for (const k of path) {
+    if (typeof k === 'number') out += `[${k}]`;
+    else if (/^[A-Za-z0-9_-]+$/.test(String(k))) out += out ? `.${String(k)}` : String(k);
+    else out += `[${JSON.stringify(String(k))}]`;
+  }
+  return out;
 }
 
 function lowerFirst(s: string): string {

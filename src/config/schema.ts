@@ -33,6 +33,10 @@ export const llmProxySchema = z
     upstream_flavor: z.enum(['openai', 'vllm', 'sglang']).default('openai'),
     /** Socket idle time towards the upstream (waiting for headers or between body bytes). */
     upstream_timeout_ms: positiveInt.default(600_000),
+    /** A client must send its request headers within this time (slowloris). */
+    client_header_timeout_ms: positiveInt.default(30_000),
+    /** A request body that stops arriving for this long is abandoned (408). */
+    client_body_idle_timeout_ms: positiveInt.default(30_000),
     max_request_bytes: positiveInt.default(64 * MiB),
     max_capture_bytes: positiveInt.default(32 * MiB),
     secret_headers: z.array(z.string().min(1).toLowerCase()).default(DEFAULT_SECRET_HEADERS),

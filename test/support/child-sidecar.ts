@@ -1,5 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 
 const MAIN = path.join(__dirname, '../../dist/main.js');
@@ -42,7 +44,13 @@ export async function startChildSidecar(env: Record<string, string>, args: strin
   });
   const stderr: string[] = [];
   proc.stderr!.on('data', (c: Buffer) => stderr.push(c.toString()));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => proc.once('exit', (code, signal) => resolve({ code, signal })));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    proc.once('exit', (code, signal) => {
+      // What the child logged, for the suite-wide secrets scan (test/support/secrets-scan.js).
+      writeFileSync(path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-test-child-')), 'stderr.log'), stderr.join(''));
+      resolve({ code, signal });
+    }),
+  );
   const child: ChildSidecar = {
     proc,
     origin: `http://127.0.0.1:${proxy}`,

@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
@@ -65,7 +65,11 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
         await new Promise((r) => setTimeout(r, 20));
       }
     },
-    stop: () => app.shutdown(),
+    async stop() {
+      await app.shutdown();
+      // Kept next to the data for the suite-wide secrets scan (test/support/secrets-scan.js).
+      writeFileSync(path.join(dataDir, 'sidecar.log'), logs.join('\n'));
+    },
   };
   return sidecar;
 }

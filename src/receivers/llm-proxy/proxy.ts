@@ -72,7 +72,12 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const m = deps.metrics;
   const upstream = parseUpstream(config.upstream_url);
   const now = deps.now ?? Date.now;
-  const server = http.createServer({ keepAlive: true, requestTimeout: 0 }, handle);
+  // requestTimeout 0: a whole request may take long (big bodies on slow links); slow or stalled
+  // clients are cut by the header timeout and by the body idle timeout (guardBody) instead.
+  const server = http.createServer(
+    { keepAlive: true, requestTimeout: 0, headersTimeout: config.client_header_timeout_ms, connectionsCheckingInterval: Math.max(100, Math.min(1000, config.client_header_timeout_ms / 2)) },
+    handle,
+  );
   server.keepAliveTimeout = 65_000;
   const sockets = new Set<Socket>();
   server.on('connection', (s: Socket) => {
@@ -80,7 +85,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     s.once('close', () => sockets.delete(s));
   });
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
-    if (socket.writable && !socket.destroyed) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+    const status = err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? '408 Request Timeout' : '400 Bad Request';
+    if (socket.writable && !socket.destroyed) socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
     else socket.destroy();
     log.once(`client_error:${err.code ?? 'unknown'}`, 'warn', 'malformed request from a client', { err });
   });
@@ -107,8 +113,26 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     void waiting.finally(() => inFlight.delete(waiting));
   }
 
+  /** Abandons a request whose body stops arriving for client_body_idle_timeout_ms: 408, connection closed. */
+  function guardBody(req: IncomingMessage, res: ServerResponse, api: Api | null): void {
+    if (req.complete) return;
+    const timer = setTimeout(() => {
+      log.once('body_idle', 'warn', 'a client stopped sending its request body; abandoned', { timeout_ms: config.client_body_idle_timeout_ms });
+      if (!res.headersSent) {
+        res.shouldKeepAlive = false;
+        sendProxyError(res, 408, 'request_timeout', `request body idle for ${config.client_body_idle_timeout_ms} ms (receivers.llm_proxy.client_body_idle_timeout_ms)`, api, { connection: 'close' });
+      }
+      req.destroy();
+    }, config.client_body_idle_timeout_ms);
+    const stop = () => clearTimeout(timer);
+    req.on('data', () => timer.refresh());
+    req.once('end', stop);
+    req.once('close', stop);
+  }
+
   function admit(req: IncomingMessage, res: ServerResponse, routed: ReturnType<typeof routePath>, api: Api | null): void {
     const t0 = performance.now();
+    guardBody(req, res, api);
     const trace = api ? parseTraceparent(req.headers.traceparent as string | undefined) : null;
     let capture: CallCapture | null = null;
     try {
@@ -252,6 +276,12 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         if (settled || res.writableFinished) return;
         ureq?.destroy();
         settle('aborted', 'client closed the connection before the response ended', 'client_abort');
+      });
+      // A request body that never completed (the client stalled and was answered 408, or vanished).
+      req.once('close', () => {
+        if (settled || req.complete) return;
+        ureq?.destroy();
+        settle('aborted', 'the client stopped sending its request body', 'client_abort');
       });
 
       const overLimit = (): void => {
