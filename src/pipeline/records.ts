@@ -111,6 +111,8 @@ export interface ToolSpanRecord {
   convention: string;
   toolName: string | null;
   toolCallId: string | null;
+  /** The tool's arguments as the span recorded them (capped); absent in journals written before it existed. */
+  arguments?: string | null;
   result: string | null;
   outcome: 'ok' | 'error';
   errorType: string | null;
@@ -172,8 +174,8 @@ export interface TransitionToolCall {
   status: 'ok' | 'error' | 'missing' | null;
   reward: number | null;
   span_id: string | null;
-  /** How the span was joined to this call: `tool_call_id`, `trace_and_name`, `tool_result`; null when not joined. */
-  join: 'tool_call_id' | 'trace_and_name' | 'tool_result' | null;
+  /** How the span was joined to this call: `tool_call_id`, `trace_and_name`, `trace_and_arguments`, `tool_result`; null when not joined. */
+  join: 'tool_call_id' | 'trace_and_name' | 'trace_and_arguments' | 'tool_result' | null;
 }
 
 export type EpisodeStatus = 'completed' | 'timed_out' | 'evicted';

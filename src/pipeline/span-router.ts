@@ -5,6 +5,7 @@ export interface ToolSpanFacts {
   convention: string;
   toolName: string | null;
   toolCallId: string | null;
+  arguments?: string | null;
   result: string | null;
   outcome: 'ok' | 'error';
   errorType: string | null;
@@ -45,6 +46,7 @@ export function spanRecords(o: SpanObservation, rollout: { rolloutId: string; at
         convention: t.convention,
         toolName: t.toolName,
         toolCallId: t.toolCallId,
+        arguments: t.arguments ?? null,
         result: t.result,
         outcome: t.outcome,
         errorType: t.errorType,

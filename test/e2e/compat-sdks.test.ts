@@ -7,6 +7,7 @@ import { NodeSDK } from '@opentelemetry/sdk-node';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
 import type { Transition } from '../../src/pipeline/records';
+import { resetOtelGlobals } from '../support/otel-globals';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { logprobOf, renderPrompt } from '../support/fake-tokenizer';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
@@ -76,6 +77,7 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
   let processor: SimpleSpanProcessor;
 
   beforeAll(async () => {
+    resetOtelGlobals();
     upstream = await startFakeModelServer({ flavor: 'vllm', script: twoTools });
     sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { episodes: { tool_span_wait_ms: 300 } } });
     processor = new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces` }));
@@ -89,6 +91,7 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
   });
   afterAll(async () => {
     await sdk.shutdown();
+    resetOtelGlobals();
     await sidecar.stop();
     await upstream.close();
   });

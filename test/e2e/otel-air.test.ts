@@ -5,6 +5,7 @@ import { UndiciInstrumentation } from '@opentelemetry/instrumentation-undici';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { NodeTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-node';
 import OpenAI from 'openai';
+import { resetOtelGlobals } from '../support/otel-globals';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
@@ -48,6 +49,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
   let unregister: () => void;
 
   beforeAll(async () => {
+    resetOtelGlobals();
     upstream = await startFakeModelServer({ flavor: 'vllm', script: twoToolScript });
     sidecar = await startSidecar(upstream.url, {
       receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
@@ -62,6 +64,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
   });
 
   afterAll(async () => {
+    resetOtelGlobals();
     unregister();
     await provider.shutdown();
     trace.disable();

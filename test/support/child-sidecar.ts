@@ -1,10 +1,12 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 
-const MAIN = path.join(__dirname, '../../dist/main.js');
+/** The repository root, from test/support (ts-jest) or build/test/support (compiled scripts). */
+const ROOT = [path.join(__dirname, '../..'), path.join(__dirname, '../../..')].find((d) => existsSync(path.join(d, 'package.json')))!;
+const MAIN = path.join(ROOT, 'dist/main.js');
 
 export interface ChildSidecar {
   proc: ChildProcess;

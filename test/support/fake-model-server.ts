@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import { gzipSync } from 'node:zlib';
 import type { AddressInfo, Socket } from 'node:net';
@@ -139,6 +140,8 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
 
   function generate(r: ReceivedRequest, path: string): Generation | null {
     const body = r.json!;
+    // Distinct for distinct requests (frameworks key messages by id), equal for equal ones (tests compare direct and proxied bytes).
+    const serial = createHash('sha1').update(r.body).digest().readUInt32BE(0);
     const turn = (options.script ?? calculatorScript)(r);
     const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1;
     const withIds = flavor !== 'openai' && (body.return_token_ids === true || flavor === 'sglang');
@@ -151,11 +154,11 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
     else return null;
     const choices = Array.from({ length: n }, (_, i) => {
       const content = n > 1 && turn.content ? `${turn.content} (sample ${i})` : turn.content ?? null;
-      const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({ id: tc.id ?? `call_${r.body.length}_${i}_${j}`, name: tc.name, arguments: JSON.stringify(tc.arguments) }));
+      const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({ id: tc.id ?? `call_${serial}_${i}_${j}`, name: tc.name, arguments: JSON.stringify(tc.arguments) }));
       const tokens = path === '/v1/completions' ? tokenize(content ?? '') : assistantTokens(content, toolCalls);
       return { index: i, content, toolCalls, tokens };
     });
-    return { model: typeof body.model === 'string' ? body.model : options.model ?? 'fake-model', flavor, withIds, withLogprobs, promptIds, choices, includeUsage: includeUsage(body) };
+    return { serial, model: typeof body.model === 'string' ? body.model : options.model ?? 'fake-model', flavor, withIds, withLogprobs, promptIds, choices, includeUsage: includeUsage(body) };
   }
 
   function sendJson(res: ServerResponse, index: number, value: unknown, status = 200): void {

@@ -14,6 +14,8 @@ export interface GeneratedChoice {
 }
 
 export interface Generation {
+  /** Distinct per response, as real servers make them (frameworks key messages by it). */
+  serial: number;
   model: string;
   flavor: 'vllm' | 'sglang' | 'openai';
   withIds: boolean;
@@ -54,7 +56,7 @@ function slices(tokens: number[], parts: number): number[][] {
 }
 
 export function buildChat(g: Generation, stream: boolean): Built {
-  const id = 'chatcmpl-fake';
+  const id = `chatcmpl-fake-${g.serial}`;
   const finish = (c: GeneratedChoice) => (c.toolCalls.length > 0 ? 'tool_calls' : 'stop');
   if (!stream) {
     const body: Record<string, unknown> = {
@@ -127,7 +129,7 @@ export function buildChat(g: Generation, stream: boolean): Built {
 }
 
 export function buildCompletions(g: Generation, stream: boolean): Built {
-  const base = { id: 'cmpl-fake', object: 'text_completion', created: CREATED, model: g.model };
+  const base = { id: `cmpl-fake-${g.serial}`, object: 'text_completion', created: CREATED, model: g.model };
   const lp = (tokens: number[], from: number) => ({
     tokens: tokens.map((t) => `token_id:${t}`),
     token_logprobs: tokens.map((t, i) => logprobOf(t, from + i)),
@@ -168,7 +170,7 @@ export function buildResponses(g: Generation, stream: boolean): Built {
   const msgItem = c.content
     ? {
         type: 'message',
-        id: 'msg_fake',
+        id: `msg_fake_${g.serial}`,
         status: 'completed',
         role: 'assistant',
         content: [{ type: 'output_text', text: c.content, annotations: [], ...(g.withLogprobs ? { logprobs: c.tokens.map(lpEntry) } : {}) }],
@@ -177,7 +179,7 @@ export function buildResponses(g: Generation, stream: boolean): Built {
   const fnItems = c.toolCalls.map((t, j) => ({ type: 'function_call', id: `fc_fake_${j}`, call_id: t.id, name: t.name, arguments: t.arguments, status: 'completed' }));
   const output = [...(msgItem ? [msgItem] : []), ...fnItems];
   const response = (status: string, out: unknown[]) => ({
-    id: 'resp_fake',
+    id: `resp_fake_${g.serial}`,
     object: 'response',
     created_at: CREATED,
     status,
@@ -227,7 +229,7 @@ export function buildAnthropic(g: Generation, stream: boolean): Built {
   for (const t of c.toolCalls) blocks.push({ type: 'tool_use', id: t.id.replace(/^call_/, 'toolu_'), name: t.name, input: JSON.parse(t.arguments) });
   const stop = c.toolCalls.length > 0 ? 'tool_use' : 'end_turn';
   const message = (content: unknown[], stopReason: string | null, outputTokens: number) => ({
-    id: 'msg_fake',
+    id: `msg_fake_${g.serial}`,
     type: 'message',
     role: 'assistant',
     model: g.model,

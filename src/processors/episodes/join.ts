@@ -1,6 +1,6 @@
 import type { CallRecord, ToolSpanRecord } from '../../pipeline/records';
 
-export type JoinMethod = 'tool_call_id' | 'trace_and_name' | 'tool_result';
+export type JoinMethod = 'tool_call_id' | 'trace_and_name' | 'trace_and_arguments' | 'tool_result';
 
 export interface RequestedToolCall {
   seq: number;
@@ -8,6 +8,7 @@ export interface RequestedToolCall {
   index: number;
   id: string | null;
   name: string | null;
+  arguments: string | null;
   traceId: string | null;
   endedAt: number;
 }
@@ -33,7 +34,7 @@ export function joinToolSpans(calls: readonly CallRecord[], spans: readonly Tool
   for (const call of calls) {
     for (const choice of call.choices) {
       choice.toolCalls.forEach((tc, index) => {
-        const r: RequestedToolCall = { seq: call.seq, choice: choice.index, index, id: tc.id, name: tc.name, traceId: call.traceId, endedAt: call.endedAt };
+        const r: RequestedToolCall = { seq: call.seq, choice: choice.index, index, id: tc.id, name: tc.name, arguments: tc.arguments, traceId: call.traceId, endedAt: call.endedAt };
         requested.push(r);
         if (tc.id && !byId.has(tc.id)) byId.set(tc.id, r);
       });
@@ -62,6 +63,23 @@ export function joinToolSpans(calls: readonly CallRecord[], spans: readonly Tool
     else left.push(span);
   }
   rest = left;
+
+  // A span that does not know its tool's name (instrumentations that name spans by class): same
+  // trace and the same arguments, the nearest call that ended before the span started.
+  const unnamed: ToolSpanRecord[] = [];
+  for (const span of rest) {
+    const want = span.toolName === null ? normalizedJson(span.arguments ?? null) : null;
+    let best: RequestedToolCall | null = null;
+    if (want !== null) {
+      for (const r of requested) {
+        if (taken(r) || r.traceId === null || r.traceId !== span.traceId || r.endedAt > span.startedAt || normalizedJson(r.arguments) !== want) continue;
+        if (!best || r.endedAt > best.endedAt || (r.endedAt === best.endedAt && r.seq > best.seq)) best = r;
+      }
+    }
+    if (best) assign(best, span, 'trace_and_arguments');
+    else unnamed.push(span);
+  }
+  rest = unnamed;
 
   if (rest.length > 0) {
     const results = toolResultsInRequests(calls);
@@ -103,4 +121,20 @@ function text(v: unknown): string {
   if (typeof v === 'string') return v.trim();
   if (Array.isArray(v)) return v.map((p) => (p && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : '')).join('').trim();
   return v === undefined || v === null ? '' : JSON.stringify(v);
+}
+
+/** JSON text in a canonical form (keys sorted), or null when it is not JSON. */
+function normalizedJson(s: string | null): string | null {
+  if (s === null) return null;
+  try {
+    return JSON.stringify(sortKeys(JSON.parse(s)));
+  } catch {
+    return null;
+  }
+}
+
+function sortKeys(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeys);
+  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v as object).sort().map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
+  return v;
 }

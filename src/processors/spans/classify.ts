@@ -65,15 +65,58 @@ function cap(s: string | null, max: number): { value: string | null; truncated: 
   return { value: s.slice(0, max), truncated: true };
 }
 
+/** LangChain.js tool classes: instrumentations that name spans by class give these instead of the tool's name. */
+const LANGCHAIN_TOOL_CLASSES = new Set(['DynamicStructuredTool', 'DynamicTool', 'StructuredTool', 'Tool']);
+
+/**
+ * A LangChain tool's output serialized as a `ToolMessage` (Traceloop's LangChain instrumentation
+ * records it so): `{"lc":1,"type":"constructor","id":[…,"ToolMessage"],"kwargs":{tool_call_id,name,content,status}}`.
+ */
+function langchainToolMessage(output: string | null): { toolCallId: string | null; name: string | null; content: string | null; failed: boolean } | null {
+  if (output === null || !output.startsWith('{"lc":')) return null;
+  try {
+    const o = JSON.parse(output) as { id?: unknown; kwargs?: Record<string, unknown> };
+    if (!Array.isArray(o.id) || o.id[o.id.length - 1] !== 'ToolMessage' || !o.kwargs) return null;
+    const k = o.kwargs;
+    const content = typeof k.content === 'string' ? k.content : k.content === undefined ? null : JSON.stringify(k.content);
+    return { toolCallId: typeof k.tool_call_id === 'string' ? k.tool_call_id : null, name: typeof k.name === 'string' ? k.name : null, content, failed: k.status === 'error' };
+  } catch {
+    return null;
+  }
+}
+
+/** Traceloop's LangChain input `{"args":["{\"q\":1}"]}` → the tool's arguments. */
+function langchainArgs(input: string | null): string | null {
+  if (input === null || !input.startsWith('{"args":')) return input;
+  try {
+    const first = (JSON.parse(input) as { args?: unknown[] }).args?.[0];
+    return typeof first === 'string' ? first : first === undefined ? input : JSON.stringify(first);
+  } catch {
+    return input;
+  }
+}
+
 function toolInfo(span: Span, convention: string, maxPayloadChars: number): ToolSpanInfo {
   const a = span.attributes;
-  const toolName = str(a['gen_ai.tool.name']) ?? str(a['tool.name']) ?? str(a['ai.toolCall.name']) ?? str(a['traceloop.entity.name']) ?? nameFromSpanName(span.name);
-  const toolCallId = str(a['gen_ai.tool.call.id']) ?? str(a['tool.id']) ?? str(a['ai.toolCall.id']);
-  const args = cap(first(span, ['gen_ai.tool.call.arguments', 'input.value', 'ai.toolCall.args', 'ai.toolCall.input', 'traceloop.entity.input']), maxPayloadChars);
-  const result = cap(first(span, ['gen_ai.tool.call.result', 'output.value', 'ai.toolCall.result', 'ai.toolCall.output', 'traceloop.entity.output']), maxPayloadChars);
+  let toolName = str(a['gen_ai.tool.name']) ?? str(a['tool.name']) ?? str(a['ai.toolCall.name']) ?? str(a['traceloop.entity.name']) ?? nameFromSpanName(span.name);
+  let toolCallId = str(a['gen_ai.tool.call.id']) ?? str(a['tool.id']) ?? str(a['ai.toolCall.id']);
+  let rawArgs = first(span, ['gen_ai.tool.call.arguments', 'input.value', 'ai.toolCall.args', 'ai.toolCall.input', 'traceloop.entity.input']);
+  let rawResult = first(span, ['gen_ai.tool.call.result', 'output.value', 'ai.toolCall.result', 'ai.toolCall.output', 'traceloop.entity.output']);
+  let messageFailed = false;
+  if (toolName !== null && LANGCHAIN_TOOL_CLASSES.has(toolName)) {
+    // Named by class: the real name and call id are in the serialized ToolMessage, when there is one.
+    const msg = langchainToolMessage(rawResult);
+    toolName = msg?.name ?? null;
+    toolCallId ??= msg?.toolCallId ?? null;
+    if (msg) rawResult = msg.content;
+    messageFailed = msg?.failed ?? false;
+    rawArgs = langchainArgs(rawArgs);
+  }
+  const args = cap(rawArgs, maxPayloadChars);
+  const result = cap(rawResult, maxPayloadChars);
   const exception = span.events.find((e) => e.name === 'exception');
   const errorType = str(a['error.type']) ?? (exception ? str(exception.attributes['exception.type']) ?? 'exception' : null);
-  const failed = span.status.code === 2 || a['error.type'] !== undefined || exception !== undefined;
+  const failed = span.status.code === 2 || a['error.type'] !== undefined || exception !== undefined || messageFailed;
   return {
     convention,
     toolName,

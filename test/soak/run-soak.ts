@@ -1,0 +1,32 @@
+/**
+ * `npm run soak [-- --minutes N]`: the long soak (default 3 minutes of load; two SIGKILLs, a
+ * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
+ * the contract does not hold.
+ */
+import { runSoak } from './soak';
+
+async function main(): Promise<number> {
+  const i = process.argv.indexOf('--minutes');
+  const minutes = i >= 0 ? Number(process.argv[i + 1]) : 3;
+  const t = (s: number) => s;
+  const report = await runSoak({
+    durationMs: Math.max(0.2, minutes) * 60_000,
+    agents: 8,
+    killsAt: [t(0.45), t(0.75)],
+    kafkaDown: [0.1, 0.25],
+    retryStorm: [0.55, 0.7],
+    journalMaxBytes: 256 * 1024 * 1024,
+    log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
+  });
+  const { samples, ...summary } = report;
+  process.stdout.write(JSON.stringify({ ...summary, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n');
+  return report.contract.holds ? 0 : 1;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err) => {
+    process.stderr.write(`${err instanceof Error ? err.stack : err}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,341 @@
+import { mkdtempSync, readdirSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startChildSidecar, type ChildSidecar } from '../support/child-sidecar';
+import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
+import { API, ERR, KafkaTestBroker } from '../support/kafka-broker';
+
+/**
+ * The soak and its contract checker (the OpenTelemetry Collector testbed's idea, for this
+ * product). Every rollout, call, span and reward carries a unique test id. Mixed traffic runs while
+ * faults are injected; at the end, what Kafka holds is compared with what the load generator was
+ * told: every accepted item is there (duplicates only as same-id redeliveries), nothing unknown
+ * appears, and what was refused was refused with a retryable status and retried.
+ */
+
+export interface SoakOptions {
+  durationMs: number;
+  /** Concurrent agents. */
+  agents: number;
+  /** SIGKILL + restart of the sidecar, at these fractions of the run. */
+  killsAt: number[];
+  /** Broker down between these fractions. */
+  kafkaDown: [number, number] | null;
+  /** Broker answers Produce with a retriable error 70 % of the time between these fractions. */
+  retryStorm: [number, number] | null;
+  journalMaxBytes: number;
+  log?: (line: string) => void;
+}
+
+export interface SoakReport {
+  duration_s: number;
+  rollouts: { started: number; rewarded: number };
+  calls: { attempted: number; accepted: number; retried: number; streamed: number };
+  spans: { accepted: number; refused_retryable: number; other_failures: number };
+  rewards: { accepted: number; refused_retryable: number };
+  kafka: { transitions: number; distinct: number; redelivered: number; episodes: number };
+  contract: { missing_calls: string[]; missing_calls_in_kill_window: string[]; missing_episodes: string[]; wrong_rewards: string[]; unknown: string[]; missing_span_joins: string[]; holds: boolean };
+  faults: { kills: number; kafka_outage_ms: number; retry_storm_ms: number };
+  samples: { t_s: number; rss_mib: number; fds: number; journal_bytes: number }[];
+  peak: { rss_mib: number; fds: number; journal_bytes: number };
+}
+
+const tools = [{ type: 'function', function: { name: 'calculator', parameters: { type: 'object', properties: {} } } }];
+
+/** First call asks for the calculator; after the tool result it answers. */
+function script(r: ReceivedRequest): Turn {
+  const messages = (r.json?.messages ?? []) as { role: string }[];
+  return messages.some((m) => m.role === 'tool') ? { content: 'done' } : { toolCalls: [{ name: 'calculator', arguments: { expression: '1+1' } }] };
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+function fdCount(pid: number): number {
+  try {
+    return readdirSync(`/proc/${pid}/fd`).length;
+  } catch {
+    return -1;
+  }
+}
+
+function rssMiB(pid: number): number {
+  try {
+    const status = require('node:fs').readFileSync(`/proc/${pid}/status`, 'utf8') as string;
+    return Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0) / 1024;
+  } catch {
+    return -1;
+  }
+}
+
+export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
+  const log = opts.log ?? (() => {});
+  const broker = new KafkaTestBroker();
+  await broker.start();
+  const upstream: FakeModelServer = await startFakeModelServer({ flavor: 'vllm', script, chunkDelayMs: 1 });
+  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-soak-'));
+  const env = {
+    LIGHTNING_UPSTREAM_URL: upstream.url,
+    LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+    LIGHTNING_DATA_DIR: dataDir,
+    LIGHTNING_EXPORTER: 'kafka',
+    LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+    LIGHTNING_TOOL_SPAN_WAIT_MS: '300',
+    LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '60000',
+    LIGHTNING_LOG_LEVEL: 'warn',
+    LIGHTNING_CONFIG: writeConfig(dataDir, opts.journalMaxBytes),
+  };
+  let sidecar: ChildSidecar = await startChildSidecar(env);
+  let restarting: Promise<void> | null = null;
+  const kills: number[] = [];
+
+  const report: SoakReport = {
+    duration_s: 0,
+    rollouts: { started: 0, rewarded: 0 },
+    calls: { attempted: 0, accepted: 0, retried: 0, streamed: 0 },
+    spans: { accepted: 0, refused_retryable: 0, other_failures: 0 },
+    rewards: { accepted: 0, refused_retryable: 0 },
+    kafka: { transitions: 0, distinct: 0, redelivered: 0, episodes: 0 },
+    contract: { missing_calls: [], missing_calls_in_kill_window: [], missing_episodes: [], wrong_rewards: [], unknown: [], missing_span_joins: [], holds: false },
+    faults: { kills: 0, kafka_outage_ms: 0, retry_storm_ms: 0 },
+    samples: [],
+    peak: { rss_mib: 0, fds: 0, journal_bytes: 0 },
+  };
+  /** test id → when the accepted attempt was sent and when the client had the whole response. */
+  const acceptedCalls = new Map<string, { sent: number; done: number }>();
+  const acceptedRewards = new Map<string, number>();
+  /** rollout → the span id of its accepted tool span and the tool call id it named. */
+  const acceptedSpans = new Map<string, { spanId: string; callId: string }>();
+
+  /** Retries an operation while the sidecar restarts or refuses retryably; bounded. */
+  async function withRetry<T>(what: () => Promise<T | 'retry'>): Promise<T | null> {
+    for (let attempt = 0; attempt < 60; attempt++) {
+      if (restarting) await restarting;
+      try {
+        const r = await what();
+        if (r !== 'retry') return r;
+      } catch {
+        // connection refused or reset: the sidecar is restarting
+      }
+      await sleep(100);
+    }
+    return null;
+  }
+
+  async function call(rollout: string, seq: number, messages: unknown[], stream: boolean): Promise<{ toolCallId: string | null } | null> {
+    const tid = `tid:${rollout}:${seq}`;
+    let tries = 0;
+    let sent = 0;
+    const result = await withRetry(async () => {
+      if (tries++ > 0) report.calls.retried++;
+      sent = Date.now();
+      report.calls.attempted++;
+      const res = await fetch(`${sidecar.origin}/rollout/${rollout}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: 'Bearer sk-soak-secret-999' },
+        body: JSON.stringify({ model: 'policy', stream, tools, messages: [{ role: 'user', content: tid }, ...messages] }),
+      });
+      const text = await res.text();
+      if (res.status !== 200) return 'retry';
+      if (stream && !text.includes('data: [DONE]')) return 'retry';
+      let toolCallId: string | null = null;
+      if (stream) toolCallId = /"id":"(call_[^"]+)"/.exec(text)?.[1] ?? null;
+      else toolCallId = (JSON.parse(text) as { choices: { message: { tool_calls?: { id: string }[] } }[] }).choices[0].message.tool_calls?.[0]?.id ?? null;
+      return { toolCallId };
+    });
+    if (result) {
+      acceptedCalls.set(tid, { sent, done: Date.now() });
+      report.calls.accepted++;
+      if (stream) report.calls.streamed++;
+    }
+    return result;
+  }
+
+  async function span(rollout: string, callId: string, n: number): Promise<void> {
+    const spanId = (0x1000000 + n).toString(16).padStart(16, '0');
+    const body = JSON.stringify({
+      resourceSpans: [
+        {
+          resource: { attributes: [{ key: 'service.name', value: { stringValue: 'soak-agent' } }] },
+          scopeSpans: [{ spans: [{ traceId: (0x5000000 + n).toString(16).padStart(32, '0'), spanId, name: 'execute_tool calculator', kind: 1, startTimeUnixNano: String(Date.now() * 1e6), endTimeUnixNano: String(Date.now() * 1e6 + 1000), attributes: [{ key: 'gen_ai.operation.name', value: { stringValue: 'execute_tool' } }, { key: 'gen_ai.tool.name', value: { stringValue: 'calculator' } }, { key: 'gen_ai.tool.call.id', value: { stringValue: callId } }, { key: 'lightning.rollout_id', value: { stringValue: rollout } }], status: { code: 1 } }] }],
+        },
+      ],
+    });
+    const ok = await withRetry(async () => {
+      const res = await fetch(`http://127.0.0.1:${sidecar.otlpHttpPort}/v1/traces`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+      await res.arrayBuffer();
+      if (res.status === 200) return true;
+      if (res.status === 503 || res.status === 429) report.spans.refused_retryable++;
+      else report.spans.other_failures++;
+      return 'retry';
+    });
+    if (ok) {
+      report.spans.accepted++;
+      acceptedSpans.set(rollout, { spanId, callId });
+    }
+  }
+
+  async function reward(rollout: string, value: number): Promise<void> {
+    const ok = await withRetry(async () => {
+      const res = await fetch(`${sidecar.origin}/lightning/v1/rollouts/${rollout}/reward`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ value }) });
+      await res.arrayBuffer();
+      if (res.status === 202) return true;
+      if (res.status === 503) report.rewards.refused_retryable++;
+      return 'retry';
+    });
+    if (ok) {
+      report.rewards.accepted++;
+      acceptedRewards.set(rollout, value);
+    }
+  }
+
+  const t0 = Date.now();
+  const at = (f: number) => t0 + f * opts.durationMs;
+  let n = 0;
+  const agent = async (a: number): Promise<void> => {
+    while (Date.now() < at(1)) {
+      const i = n++;
+      const rollout = `soak-${a}-${i}`;
+      report.rollouts.started++;
+      const stream = i % 2 === 1;
+      const first = await call(rollout, 0, [], stream);
+      if (first?.toolCallId) {
+        await span(rollout, first.toolCallId, i);
+        await call(rollout, 1, [{ role: 'assistant', content: null, tool_calls: [{ id: first.toolCallId, type: 'function', function: { name: 'calculator', arguments: '{}' } }] }, { role: 'tool', tool_call_id: first.toolCallId, content: '2' }], !stream);
+      }
+      await reward(rollout, Number(((i % 997) / 1000).toFixed(3)));
+    }
+  };
+
+  const faults = (async () => {
+    const events: [number, () => Promise<void>][] = [];
+    if (opts.kafkaDown) {
+      const [from, to] = opts.kafkaDown;
+      events.push([from, async () => void (await broker.stop(), log('fault: kafka down'))]);
+      events.push([to, async () => void (await broker.start(), log('fault: kafka up'))]);
+      report.faults.kafka_outage_ms = (to - from) * opts.durationMs;
+    }
+    if (opts.retryStorm) {
+      const [from, to] = opts.retryStorm;
+      events.push([from, async () => void (broker.setErrorRate(API.Produce, ERR.NOT_LEADER_OR_FOLLOWER, 0.7), log('fault: 70 % retriable produce errors'))]);
+      events.push([to, async () => void (broker.setErrorRate(API.Produce, ERR.NOT_LEADER_OR_FOLLOWER, 0), log('fault: produce errors off'))]);
+      report.faults.retry_storm_ms = (to - from) * opts.durationMs;
+    }
+    for (const k of opts.killsAt) {
+      events.push([
+        k,
+        async () => {
+          let done!: () => void;
+          restarting = new Promise<void>((r) => (done = r));
+          kills.push(Date.now());
+          await sidecar.kill('SIGKILL');
+          log('fault: sidecar SIGKILLed');
+          sidecar = await startChildSidecar(env);
+          report.faults.kills++;
+          restarting = null;
+          done();
+        },
+      ]);
+    }
+    events.sort((a, b) => a[0] - b[0]);
+    for (const [f, fn] of events) {
+      const wait = at(f) - Date.now();
+      if (wait > 0) await sleep(wait);
+      await fn();
+    }
+  })();
+
+  const sampler = setInterval(() => {
+    const pid = sidecar.proc.pid!;
+    const sample = { t_s: (Date.now() - t0) / 1000, rss_mib: rssMiB(pid), fds: fdCount(pid), journal_bytes: dirBytes(path.join(dataDir, 'journal')) };
+    report.samples.push(sample);
+    report.peak.rss_mib = Math.max(report.peak.rss_mib, sample.rss_mib);
+    report.peak.fds = Math.max(report.peak.fds, sample.fds);
+    report.peak.journal_bytes = Math.max(report.peak.journal_bytes, sample.journal_bytes);
+  }, Math.max(250, opts.durationMs / 40));
+
+  await Promise.all([faults, ...Array.from({ length: opts.agents }, (_, a) => agent(a))]);
+  report.rollouts.rewarded = acceptedRewards.size;
+
+  // Let delivery finish: every rewarded rollout's episode in Kafka (bounded).
+  const episodesIn = () => new Set(broker.records('lightning.episodes').map((r) => (JSON.parse(r.value!.toString()) as { rollout_id: string }).rollout_id));
+  const until = Date.now() + 60_000;
+  let lastLog = 0;
+  for (;;) {
+    const have = episodesIn();
+    const missing = [...acceptedRewards.keys()].filter((r) => !have.has(r));
+    if (missing.length === 0 || Date.now() > until) break;
+    if (Date.now() - lastLog > 5000) {
+      lastLog = Date.now();
+      log(`waiting for ${missing.length} episodes, e.g. ${missing.slice(0, 3).join(', ')}`);
+    }
+    await sleep(200);
+  }
+  clearInterval(sampler);
+  report.duration_s = (Date.now() - t0) / 1000;
+
+  // The contract.
+  const transitions = broker.records('lightning.transitions').map((r) => JSON.parse(r.value!.toString()) as { transition_id: string; rollout_id: string; request: { messages: { content: string }[] }; final_reward: number | null; tool_calls: { id: string; span_id: string | null }[] });
+  const seenTids = new Map<string, number>();
+  for (const t of transitions) {
+    const tid = t.request?.messages?.[0]?.content;
+    if (typeof tid !== 'string' || !tid.startsWith('tid:')) {
+      report.contract.unknown.push(t.transition_id);
+      continue;
+    }
+    seenTids.set(tid, (seenTids.get(tid) ?? 0) + 1);
+  }
+  const generated = new Set<string>();
+  for (let a = 0; a < opts.agents; a++) for (let i = 0; i < n; i++) for (const s of [0, 1]) generated.add(`tid:soak-${a}-${i}:${s}`);
+  for (const tid of seenTids.keys()) if (!generated.has(tid)) report.contract.unknown.push(tid);
+  const distinctIds = new Set(transitions.map((t) => t.transition_id));
+  report.kafka = { transitions: transitions.length, distinct: distinctIds.size, redelivered: transitions.length - distinctIds.size, episodes: broker.records('lightning.episodes').length };
+  for (const [tid, at] of acceptedCalls) {
+    if (seenTids.has(tid)) continue;
+    // A call's capture is journaled right after its response ends (the agent never waits for the
+    // journal): a SIGKILL between the last byte and that write loses the capture. Counted apart.
+    if (kills.some((k) => k >= at.sent && k <= at.done + 250)) report.contract.missing_calls_in_kill_window.push(tid);
+    else report.contract.missing_calls.push(tid);
+  }
+  const episodes = new Map<string, (number | null)[]>();
+  for (const r of broker.records('lightning.episodes')) {
+    const e = JSON.parse(r.value!.toString()) as { rollout_id: string; final_reward: number | null };
+    episodes.set(e.rollout_id, [...(episodes.get(e.rollout_id) ?? []), e.final_reward]);
+  }
+  for (const [rollout, value] of acceptedRewards) {
+    const rewards = episodes.get(rollout);
+    if (!rewards) report.contract.missing_episodes.push(rollout);
+    else if (!rewards.includes(value)) report.contract.wrong_rewards.push(rollout);
+  }
+  // The transition whose tool call the span answered must carry the span (by tool call id).
+  const byCallId = new Map<string, { id: string; span_id: string | null }[]>();
+  for (const t of transitions) for (const c of t.tool_calls ?? []) if (c.id) byCallId.set(c.id, [...(byCallId.get(c.id) ?? []), c]);
+  for (const [rollout, s] of acceptedSpans) {
+    const calls = byCallId.get(s.callId);
+    if (calls && !calls.some((c) => c.span_id === s.spanId)) report.contract.missing_span_joins.push(rollout);
+  }
+  const c = report.contract;
+  c.holds = c.missing_calls.length === 0 && c.missing_episodes.length === 0 && c.wrong_rewards.length === 0 && c.unknown.length === 0 && c.missing_span_joins.length === 0;
+
+  await sidecar.kill('SIGTERM');
+  await upstream.close();
+  await broker.close();
+  return report;
+}
+
+function dirBytes(dir: string): number {
+  try {
+    const fs = require('node:fs') as typeof import('node:fs');
+    return fs.readdirSync(dir).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
+  } catch {
+    return 0;
+  }
+}
+
+function writeConfig(dir: string, maxBytes: number): string {
+  const fs = require('node:fs') as typeof import('node:fs');
+  const file = path.join(dir, '..', `${path.basename(dir)}.yaml`);
+  fs.writeFileSync(file, `service:\n  journal:\n    max_bytes: ${maxBytes}\n    segment_bytes: ${Math.max(65536, Math.floor(maxBytes / 16))}\n`);
+  return file;
+}
