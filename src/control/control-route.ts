@@ -26,6 +26,13 @@ export function createControlRoute(controller: Controller, options: { apiToken?:
       reply(405, { error: { message: `${req.method} is not allowed; use GET or POST`, type: 'method_not_allowed' } }, { allow: 'GET, POST' });
       return true;
     }
+    // The telemetry port listens beyond loopback (probes, Prometheus): without a token, only local
+    // processes may pause or re-version the sidecar.
+    if (!options.apiToken && !isLoopback(req.socket.remoteAddress)) {
+      req.resume();
+      reply(403, { error: { message: 'control messages from other hosts need service.api_token (LIGHTNING_API_TOKEN)', type: 'permission_error' } });
+      return true;
+    }
     const apiKey = req.headers['x-api-key'];
     if (!authorized(req.headers.authorization, typeof apiKey === 'string' ? apiKey : undefined)) {
       req.resume();
@@ -54,4 +61,8 @@ export function createControlRoute(controller: Controller, options: { apiToken?:
     });
     return true;
   };
+}
+
+function isLoopback(address: string | undefined): boolean {
+  return address === '127.0.0.1' || address === '::1' || address === '::ffff:127.0.0.1' || (address?.startsWith('127.') ?? false);
 }
