@@ -7,13 +7,14 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
+import type { Tracer } from '@opentelemetry/api';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
 import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
 import { startFakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
+import { inToolSpan } from '../support/tool-span';
 
 const ROOT = path.resolve(__dirname, '../../..');
 const DATA_DIR = path.join(ROOT, 'data');
@@ -63,17 +64,7 @@ function runTool(name: string, args: string): string {
  * (by `gen_ai.tool.call.id`) and turns its status into an intermediate (AIR) reward.
  */
 function tracedTool(tracer: Tracer, call: { id: string; name: string; args: string }): string {
-  return tracer.startActiveSpan(`execute_tool ${call.name}`, { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': call.name, 'gen_ai.tool.call.id': call.id } }, (span) => {
-    try {
-      return runTool(call.name, call.args);
-    } catch (err) {
-      span.recordException(err as Error);
-      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
-      return `error: ${(err as Error).message}`;
-    } finally {
-      span.end();
-    }
-  });
+  return inToolSpan(tracer, call.name, call.id, () => runTool(call.name, call.args));
 }
 
 /** The agent: plain openai SDK code; the only sidecar-specific thing is the base URL and headers. */

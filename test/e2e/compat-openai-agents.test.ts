@@ -1,5 +1,4 @@
 import { createRequire } from 'node:module';
-import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
@@ -7,6 +6,7 @@ import { Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, run, setTracin
 import { z } from 'zod';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { logprobOf } from '../support/fake-tokenizer';
+import { inToolSpan } from '../support/tool-span';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
@@ -27,19 +27,6 @@ function script(r: ReceivedRequest): Turn {
   if (results === 0) return { toolCalls: [{ name: 'calculator', arguments: { expression: '6*7' } }] };
   if (results === 1) return { toolCalls: [{ name: 'web_search', arguments: { query: 'meaning of 42' } }] };
   return { content: 'It is 42; the search failed.' };
-}
-
-function traced(tracer: Tracer, name: string, callId: string | undefined, fn: () => string): string {
-  return tracer.startActiveSpan(`execute_tool ${name}`, { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': name, ...(callId ? { 'gen_ai.tool.call.id': callId } : {}) } }, (span) => {
-    try {
-      return fn();
-    } catch (err) {
-      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
-      return `error: ${(err as Error).message}`;
-    } finally {
-      span.end();
-    }
-  });
 }
 
 describe('OpenAI Agents SDK (@openai/agents) through the sidecar', () => {
@@ -76,14 +63,14 @@ describe('OpenAI Agents SDK (@openai/agents) through the sidecar', () => {
       name: 'calculator',
       description: 'evaluates arithmetic',
       parameters: z.object({ expression: z.string() }),
-      execute: async (_input, _ctx, details) => traced(tracer, 'calculator', details?.toolCall?.callId, () => '42'),
+      execute: async (_input, _ctx, details) => inToolSpan(tracer, 'calculator', details?.toolCall?.callId, () => '42'),
     });
     const webSearch = tool({
       name: 'web_search',
       description: 'searches the web',
       parameters: z.object({ query: z.string() }),
       execute: async (_input, _ctx, details) =>
-        traced(tracer, 'web_search', details?.toolCall?.callId, () => {
+        inToolSpan(tracer, 'web_search', details?.toolCall?.callId, () => {
           throw new Error('search backend returned 503');
         }),
     });

@@ -8,6 +8,7 @@ import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-tra
 import OpenAI from 'openai';
 import type { Transition } from '../../src/pipeline/records';
 import { resetOtelGlobals } from '../support/otel-globals';
+import { inToolSpan } from '../support/tool-span';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { logprobOf, renderPrompt } from '../support/fake-tokenizer';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
@@ -29,18 +30,10 @@ function twoTools(r: ReceivedRequest): Turn {
 }
 
 /** A tool run in an OTel GenAI `execute_tool` span; web_search fails. */
-function runTool(tracer: Tracer, name: string, callId: string): Promise<string> {
-  return tracer.startActiveSpan(`execute_tool ${name}`, { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': name, 'gen_ai.tool.call.id': callId } }, async (span) => {
-    try {
-      if (name === 'web_search') throw new Error('search backend returned 503');
-      return '42';
-    } catch (err) {
-      span.recordException(err as Error);
-      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
-      return `error: ${(err as Error).message}`;
-    } finally {
-      span.end();
-    }
+function runTool(tracer: Tracer, name: string, callId: string): string {
+  return inToolSpan(tracer, name, callId, () => {
+    if (name === 'web_search') throw new Error('search backend returned 503');
+    return '42';
   });
 }
 
