@@ -11,7 +11,7 @@ import { resetOtelGlobals } from '../support/otel-globals';
 import { inToolSpan } from '../support/tool-span';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { logprobOf, renderPrompt } from '../support/fake-tokenizer';
-import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
+import { postReward, startSidecar, useSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
  * Framework compatibility with the SDKs people call models with directly: the plain openai SDK under
@@ -152,21 +152,12 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
 });
 
 describe('an agent written for agent-lightning', () => {
-  let upstream: FakeModelServer;
-  let sidecar: TestSidecar;
-  beforeAll(async () => {
-    upstream = await startFakeModelServer({ flavor: 'vllm' });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
-  });
-  afterAll(async () => {
-    await sidecar.stop();
-    await upstream.close();
-  });
+  const f = useSidecar();
 
   it('uses /rollout/{rid}/attempt/{aid}/v1, emits agentlightning.annotation reward spans, and reports the final reward on the v1 events route', async () => {
     const [rid, aid] = ['agl-rollout-7', 'attempt-2'];
     // agent-lightning hands the agent an endpoint with the rollout and attempt in the path.
-    const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rid}/attempt/${aid}/v1`, apiKey: 'agl-key', maxRetries: 0 });
+    const client = new OpenAI({ baseURL: `${f.sidecar.origin}/rollout/${rid}/attempt/${aid}/v1`, apiKey: 'agl-key', maxRetries: 0 });
     const tools: OpenAI.Chat.ChatCompletionTool[] = [{ type: 'function', function: { name: 'calculator', parameters: { type: 'object', properties: {} } } }];
     const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is 2+2?' }];
     for (let step = 0; step < 3; step++) {
@@ -179,7 +170,7 @@ describe('an agent written for agent-lightning', () => {
     // rollout and attempt on the resource of the spans it exports.
     const provider = new BasicTracerProvider({
       resource: resourceFromAttributes({ 'service.name': 'agl-runner', 'agentlightning.rollout_id': rid, 'agentlightning.attempt_id': aid }),
-      spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces` }))],
+      spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${f.sidecar.app.otlp!.httpPort()}/v1/traces` }))],
     });
     const span = provider.getTracer('agentlightning').startSpan('agentlightning.annotation', { attributes: { 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': 0.25 } }, context.active());
     span.setStatus({ code: SpanStatusCode.OK });
@@ -187,40 +178,31 @@ describe('an agent written for agent-lightning', () => {
     await provider.forceFlush();
     await new Promise((r) => setTimeout(r, 100));
     // v1: the rollout's reward as an event; it closes the episode.
-    const ev = await fetch(`${sidecar.origin}/api/rollouts/${rid}/attempt/${aid}/events`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ event_type: 'reward', data: { value: 0.8 } }) });
+    const ev = await fetch(`${f.sidecar.origin}/api/rollouts/${rid}/attempt/${aid}/events`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ event_type: 'reward', data: { value: 0.8 } }) });
     expect(ev.status).toBe(202);
-    const [episode] = await sidecar.waitForEpisodes(1);
+    const [episode] = await f.sidecar.waitForEpisodes(1);
     await provider.shutdown();
     expect(episode).toMatchObject({ rollout_id: rid, attempt_id: aid, final_reward: 0.8, episode_status: 'completed', transitions: 2 });
     expect(episode.rewards).toEqual(expect.arrayContaining([expect.objectContaining({ value: 0.25, final: false }), expect.objectContaining({ value: 0.8, final: true })]));
-    const ts = sidecar.transitions();
+    const ts = f.sidecar.transitions();
     expect(ts.map((t) => t.transition_id)).toEqual([`${rid}/${aid}/0`, `${rid}/${aid}/1`]);
     expect(ts.map((t) => t.reward)).toEqual([0.8, 0.8]);
-    expect(upstream.requests.map((r) => r.path)).toEqual(['/v1/chat/completions', '/v1/chat/completions']);
+    expect(f.upstream.requests.map((r) => r.path)).toEqual(['/v1/chat/completions', '/v1/chat/completions']);
   });
 });
 
 describe('multi-agent selective capture (text-to-SQL: writer, checker, rewriter; only writer and rewriter are trained)', () => {
-  let upstream: FakeModelServer;
-  let sidecar: TestSidecar;
-  beforeAll(async () => {
-    upstream = await startFakeModelServer({ flavor: 'vllm' });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { capture: { include_agents: ['writer', 're*'] } } });
-  });
-  afterAll(async () => {
-    await sidecar.stop();
-    await upstream.close();
-  });
+  const f = useSidecar({ processors: { capture: { include_agents: ['writer', 're*'] } } });
 
   it('records only the selected agents, serves all of them, and credits the episode reward to the selected calls', async () => {
-    const agent = (name: string) => new OpenAI({ baseURL: `${sidecar.origin}/rollout/sql-1/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-agent-name': name, 'x-group-id': 'spider-dev-17' } });
+    const agent = (name: string) => new OpenAI({ baseURL: `${f.sidecar.origin}/rollout/sql-1/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-agent-name': name, 'x-group-id': 'spider-dev-17' } });
     const ask = async (name: string, content: string) => (await agent(name).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content }] })).choices[0].message.content;
     const answers = [await ask('writer', 'write SQL for: how many singers?'), await ask('checker', 'check: SELECT count(*) FROM singer'), await ask('rewriter', 'rewrite given the check'), await ask('checker', 'check again')];
     expect(answers.every((a) => typeof a === 'string' && a.length > 0)).toBe(true);
-    expect(upstream.requests).toHaveLength(4);
-    expect((await postReward(sidecar.origin, 'sql-1', 1)).status).toBe(202);
-    const [episode] = await sidecar.waitForEpisodes(1);
-    const ts = sidecar.transitions();
+    expect(f.upstream.requests).toHaveLength(4);
+    expect((await postReward(f.sidecar.origin, 'sql-1', 1)).status).toBe(202);
+    const [episode] = await f.sidecar.waitForEpisodes(1);
+    const ts = f.sidecar.transitions();
     expect(ts.map((t) => t.agent_name)).toEqual(['writer', 'rewriter']);
     expect(ts.map((t) => t.group_id)).toEqual(['spider-dev-17', 'spider-dev-17']);
     expect(ts.map((t) => t.reward)).toEqual([1, 1]);
@@ -230,32 +212,23 @@ describe('multi-agent selective capture (text-to-SQL: writer, checker, rewriter;
 });
 
 describe('GRPO groups', () => {
-  let upstream: FakeModelServer;
-  let sidecar: TestSidecar;
-  beforeAll(async () => {
-    upstream = await startFakeModelServer({ flavor: 'vllm' });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
-  });
-  afterAll(async () => {
-    await sidecar.stop();
-    await upstream.close();
-  });
+  const f = useSidecar();
 
   it('N concurrent rollouts of one task share group_id; the episodes output shows when the group is complete', async () => {
     const N = 4;
     const rewards = [1, 0, 0.5, 0];
-    const groupDone = (): string[] => sidecar.episodes().filter((e) => e.group_id === 'task-42').map((e) => e.rollout_id);
+    const groupDone = (): string[] => f.sidecar.episodes().filter((e) => e.group_id === 'task-42').map((e) => e.rollout_id);
     await Promise.all(
       rewards.map(async (reward, i) => {
-        const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/task-42-s${i}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': 'task-42' } });
+        const client = new OpenAI({ baseURL: `${f.sidecar.origin}/rollout/task-42-s${i}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': 'task-42' } });
         await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'solve task 42' }] });
         await client.chat.completions.stream({ model: 'policy', messages: [{ role: 'user', content: 'and check it' }] }).finalChatCompletion();
-        expect((await postReward(sidecar.origin, `task-42-s${i}`, reward)).status).toBe(202);
+        expect((await postReward(f.sidecar.origin, `task-42-s${i}`, reward)).status).toBe(202);
       }),
     );
-    const episodes = await sidecar.waitForEpisodes(N);
+    const episodes = await f.sidecar.waitForEpisodes(N);
     expect(groupDone().sort()).toEqual(['task-42-s0', 'task-42-s1', 'task-42-s2', 'task-42-s3']);
-    const ts = sidecar.transitions();
+    const ts = f.sidecar.transitions();
     expect(ts).toHaveLength(2 * N);
     expect(new Set(ts.map((t) => t.group_id))).toEqual(new Set(['task-42']));
     for (const [i, reward] of rewards.entries()) {

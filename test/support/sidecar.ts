@@ -6,6 +6,7 @@ import { createApp, type App } from '../../src/pipeline/app';
 import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
 import { createLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
+import { startFakeModelServer, type FakeModelServer } from './fake-model-server';
 
 export interface TestSidecar {
   app: App;
@@ -94,4 +95,21 @@ export async function postReward(origin: string, rolloutId: string, value: numbe
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ value, ...extra }),
   });
+}
+
+/**
+ * A vLLM-like fake model server and an in-process sidecar in front of it for a `describe` block:
+ * started in beforeAll, stopped in afterAll. Read `.upstream` / `.sidecar` inside tests.
+ */
+export function useSidecar(overrides: Record<string, unknown> = {}): { readonly upstream: FakeModelServer; readonly sidecar: TestSidecar } {
+  const f = {} as { upstream: FakeModelServer; sidecar: TestSidecar };
+  beforeAll(async () => {
+    f.upstream = await startFakeModelServer({ flavor: 'vllm' });
+    f.sidecar = await startSidecar(f.upstream.url, merge({ receivers: { llm_proxy: { upstream_flavor: 'vllm' } } }, overrides));
+  });
+  afterAll(async () => {
+    await f.sidecar?.stop();
+    await f.upstream?.close();
+  });
+  return f;
 }
