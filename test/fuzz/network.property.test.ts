@@ -177,3 +177,55 @@ describe('misbehaving upstreams', () => {
     expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).toMatch(/reason="capture_cap"\} [1-9]/);
   });
 });
+
+describe('a streamed response split at arbitrary byte boundaries', () => {
+  let sidecar: TestSidecar;
+  let server: http.Server;
+  let cuts: number[] = [];
+  const events = [
+    { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { role: 'assistant', content: 'héllo ' }, token_ids: [11] }], prompt_token_ids: [1, 2, 3] },
+    { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: '日本 ' }, token_ids: [12, 13] }] },
+    { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'emoji 🎉' }, finish_reason: 'stop', token_ids: [14] }] },
+  ];
+  // CRLF and LF endings mixed, a comment line, then [DONE].
+  const stream = Buffer.from(`: keep-alive\r\n\r\ndata: ${JSON.stringify(events[0])}\r\n\r\ndata: ${JSON.stringify(events[1])}\n\ndata: ${JSON.stringify(events[2])}\r\n\r\ndata: [DONE]\n\n`);
+  beforeAll(async () => {
+    server = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', async () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        let at = 0;
+        for (const cut of [...cuts, stream.length]) {
+          res.write(stream.subarray(at, cut));
+          at = cut;
+          await new Promise((r) => setImmediate(r));
+        }
+        res.end();
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    sidecar = await startSidecar(`http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+  });
+  afterAll(async () => {
+    await sidecar.stop();
+    await new Promise<void>((r) => server.close(() => r()));
+  });
+
+  it('reaches the agent byte-identical and is recorded identically, wherever the chunks break (inside UTF-8 characters too)', async () => {
+    let n = 0;
+    await fc.assert(
+      fc.asyncProperty(fc.uniqueArray(fc.integer({ min: 1, max: stream.length - 1 }), { maxLength: 40 }), async (points) => {
+        cuts = [...points].sort((a, b) => a - b);
+        const id = `split-${n++}`;
+        const res = await fetch(`${sidecar.origin}/rollout/${id}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'm', stream: true, messages: [] }) });
+        expect(Buffer.from(await res.arrayBuffer()).equals(stream)).toBe(true);
+        await fetch(`${sidecar.origin}/lightning/v1/rollouts/${id}/end`, { method: 'POST', body: '{}' });
+        for (let i = 0; i < 100 && !sidecar.transitions().some((t) => t.rollout_id === id); i++) await new Promise((r) => setTimeout(r, 10));
+        const t = sidecar.transitions().find((x) => x.rollout_id === id)!;
+        expect(t).toMatchObject({ status: 'ok', finish_reason: 'stop', prompt_token_ids: [1, 2, 3], response_token_ids: [11, 12, 13, 14] });
+        expect((t.response as { choices: { message: { content: string } }[] }).choices[0].message.content).toBe('héllo 日本 emoji 🎉');
+      }),
+      { seed: 20261122, numRuns: 30 },
+    );
+  });
+});

@@ -1,5 +1,5 @@
 /**
- * `npm run soak [-- --minutes N]`: the long soak (default 3 minutes of load; two SIGKILLs, a
+ * `npm run soak [-- --minutes N] [--journal-mib N]`: the long soak (default 3 minutes of load; two SIGKILLs, a
  * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
  * the contract does not hold.
  */
@@ -8,6 +8,9 @@ import { runSoak } from './soak';
 async function main(): Promise<number> {
   const i = process.argv.indexOf('--minutes');
   const minutes = i >= 0 ? Number(process.argv[i + 1]) : 3;
+  const j = process.argv.indexOf('--journal-mib');
+  // Sized so the backlog of the Kafka outage brings the journal near its cap (high watermark 90 %).
+  const journalMiB = j >= 0 ? Number(process.argv[j + 1]) : 72;
   const t = (s: number) => s;
   const report = await runSoak({
     durationMs: Math.max(0.2, minutes) * 60_000,
@@ -15,11 +18,11 @@ async function main(): Promise<number> {
     killsAt: [t(0.45), t(0.75)],
     kafkaDown: [0.1, 0.25],
     retryStorm: [0.55, 0.7],
-    journalMaxBytes: 256 * 1024 * 1024,
+    journalMaxBytes: journalMiB * 1024 * 1024,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
   const { samples, ...summary } = report;
-  process.stdout.write(JSON.stringify({ ...summary, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n');
+  process.stdout.write(JSON.stringify({ ...summary, journal_cap_mib: journalMiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n');
   return report.contract.holds ? 0 : 1;
 }
 
