@@ -5,8 +5,11 @@ import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
 import { ControlMessageError, parseControlMessage, type Controller } from './controller';
 
+/** Control messages replayed at start-up (the tail of the topic; later ones override earlier ones). */
+const RECENT = 100;
+
 /**
- * Consumes the control topic from its end, in a consumer group of its own (every sidecar sees
+ * Consumes the control topic from its end (after replaying its last RECENT messages), in a consumer group of its own (every sidecar sees
  * every message; nothing is committed that another sidecar depends on). Never blocks start-up:
  * while Kafka is away it retries in the background, and the sidecar runs on its last known state.
  */
@@ -27,8 +30,17 @@ export function createKafkaControl(kafka: Kafka, topic: string, controller: Cont
       log.once('crash', 'warn', 'control consumer stopped; reconnecting', { err: e.payload.error });
       if (!stopped && !e.payload.restart) schedule();
     });
-    c.on(c.events.GROUP_JOIN, () => joined());
     await c.connect();
+    // Where each partition ends now: the last RECENT messages are replayed, so a sidecar that starts
+    // mid-run learns the current policy version (and a pause still in force).
+    const ends = await recentOffsets();
+    let caughtUp = false;
+    c.on(c.events.GROUP_JOIN, () => {
+      // Only on this consumer's first join: a later rejoin continues where it was.
+      if (!caughtUp) for (const e of ends) c.seek({ topic, partition: e.partition, offset: e.offset });
+      caughtUp = true;
+      joined();
+    });
     await c.subscribe({ topic, fromBeginning: false });
     await c.run({
       autoCommit: false,
@@ -43,6 +55,19 @@ export function createKafkaControl(kafka: Kafka, topic: string, controller: Cont
       },
     });
     log.info('consuming the control topic', { topic });
+  }
+
+  async function recentOffsets(): Promise<{ partition: number; offset: string }[]> {
+    const admin = kafka.admin();
+    try {
+      await admin.connect();
+      const offsets = await admin.fetchTopicOffsets(topic);
+      return offsets.filter((o) => Number(o.high) > Number(o.low)).map((o) => ({ partition: o.partition, offset: String(Math.max(Number(o.low), Number(o.high) - RECENT)) }));
+    } catch {
+      return []; // no topic yet: nothing to catch up on
+    } finally {
+      await admin.disconnect().catch(() => {});
+    }
   }
 
   function schedule(): void {

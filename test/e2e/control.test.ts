@@ -179,4 +179,30 @@ describe('the control topic on Kafka (test broker)', () => {
       await broker.close();
     }
   });
+
+  it('a sidecar that starts later replays the tail of the topic: it knows the current policy version and that the pause is over', async () => {
+    const broker = await startKafkaTestBroker();
+    const upstream = await startFakeModelServer({ flavor: 'vllm' });
+    const kafka = new Kafka({ brokers: broker.brokers, logLevel: logLevel.NOTHING });
+    const producer = kafka.producer();
+    await producer.connect();
+    for (const msg of [{ type: 'policy', version: '39' }, { type: 'pause', reason: 'weight-sync' }, { type: 'resume' }, { type: 'policy', version: '40' }]) {
+      await producer.send({ topic: 'lightning.control', messages: [{ value: JSON.stringify(msg) }] });
+    }
+    const late = await startSidecar(upstream.url, { service: { exporter: 'kafka' }, exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } } });
+    try {
+      await late.app.kafkaControl!.ready();
+      for (let i = 0; i < 200 && late.app.controller.state().policy_version !== '40'; i++) await new Promise((r) => setTimeout(r, 25));
+      expect(late.app.controller.state()).toMatchObject({ policy_version: '40', paused: false });
+      // And it still follows new messages.
+      await producer.send({ topic: 'lightning.control', messages: [{ value: JSON.stringify({ type: 'policy', version: '41' }) }] });
+      for (let i = 0; i < 200 && late.app.controller.state().policy_version !== '41'; i++) await new Promise((r) => setTimeout(r, 25));
+      expect(late.app.controller.state().policy_version).toBe('41');
+    } finally {
+      await producer.disconnect();
+      await late.stop();
+      await upstream.close();
+      await broker.close();
+    }
+  });
 });
