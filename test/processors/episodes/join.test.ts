@@ -49,4 +49,18 @@ describe('joining tool spans to the calls that requested them', () => {
     expect(j.size).toBe(1);
     expect(j.get(requestKey(0, 0, 0))!.span.spanId).toBe('s1');
   });
+
+  it('joins a span that does not know its tool name by same trace and the same arguments (key order aside)', () => {
+    const calls = [
+      callRecord('r', 0, 10, { traceId: T, toolCalls: [{ id: 'a', name: 'search', arguments: '{"q":"x","n":1}' }] }),
+      callRecord('r', 1, 30, { traceId: T, toolCalls: [{ id: 'b', name: 'search', arguments: '{"q":"y","n":1}' }] }),
+    ];
+    const spans = [toolSpan('r', 'unnamed', 40, { traceId: T, toolName: null, arguments: '{"n":1,"q":"x"}' }), toolSpan('r', 'no-args', 41, { traceId: T, toolName: null, arguments: null })];
+    const j = joinToolSpans(calls, spans);
+    expect(j.get(requestKey(0, 0, 0))).toMatchObject({ method: 'trace_and_arguments', span: { spanId: 'unnamed' } });
+    expect(j.has(requestKey(1, 0, 0))).toBe(false);
+    // Never across traces.
+    expect(joinToolSpans(calls, [toolSpan('r', 's', 40, { traceId: 'c'.repeat(32), toolName: null, arguments: '{"q":"x","n":1}' })]).size).toBe(0);
+  });
 });
+

@@ -40,6 +40,17 @@ describe('tool span conventions (reference §4.6)', () => {
     expect(c.kind === 'tool' && c.tool).toMatchObject({ outcome: 'ok', errorType: null, ...expected });
   });
 
+  it('reads a LangChain tool span named by class (Traceloop) from its serialized ToolMessage', () => {
+    const toolMessage = (status: string) => JSON.stringify({ lc: 1, type: 'constructor', id: ['langchain_core', 'messages', 'ToolMessage'], kwargs: { status, content: '42', tool_call_id: 'call_9', name: 'calculator' } });
+    const ok = classifySpan(span('DynamicStructuredTool.task', { 'traceloop.span.kind': 'task', 'gen_ai.operation.name': 'execute_tool', 'traceloop.entity.name': 'DynamicStructuredTool', 'traceloop.entity.input': JSON.stringify({ args: ['{"expression":"6*7"}'] }), 'traceloop.entity.output': toolMessage('success') }));
+    expect(ok.kind === 'tool' && ok.tool).toMatchObject({ convention: 'traceloop', toolName: 'calculator', toolCallId: 'call_9', arguments: '{"expression":"6*7"}', result: '42', outcome: 'ok' });
+    const failed = classifySpan(span('DynamicStructuredTool.task', { 'traceloop.span.kind': 'task', 'gen_ai.operation.name': 'execute_tool', 'traceloop.entity.name': 'DynamicStructuredTool', 'traceloop.entity.output': toolMessage('error') }));
+    expect(failed.kind === 'tool' && [failed.tool.outcome, failed.tool.toolName]).toEqual(['error', 'calculator']);
+    // Thrown before any ToolMessage: the name is unknown (not the class), the arguments are kept.
+    const thrown = classifySpan(span('DynamicStructuredTool.task', { 'traceloop.span.kind': 'task', 'gen_ai.operation.name': 'execute_tool', 'traceloop.entity.name': 'DynamicStructuredTool', 'traceloop.entity.input': JSON.stringify({ args: ['{"q":"x"}'] }) }, { status: { code: 2, message: 'boom' } }));
+    expect(thrown.kind === 'tool' && thrown.tool).toMatchObject({ toolName: null, arguments: '{"q":"x"}', outcome: 'error' });
+  });
+
   it.each([
     ['status ERROR', { status: { code: 2, message: 'bad input' } }, 'bad input'],
     ['error.type', { attributes: { 'gen_ai.operation.name': 'execute_tool', 'error.type': 'tool_error' } }, 'tool_error'],
