@@ -1,8 +1,16 @@
 import type { Component } from '../pipeline/component';
 import type { ClosedEpisode } from '../pipeline/records';
+import type { BodyReader } from '../processors/capture/extract';
 
-/** An exporter takes closed episodes; it resolves once they are delivered (and rejects otherwise). */
+/**
+ * An exporter takes closed episodes; it resolves once they are delivered (and rejects otherwise).
+ * `read` gives the bytes of journaled bodies the transitions refer to (captured calls).
+ */
 export interface Exporter extends Component {
   readonly name: string;
-  export(batch: ClosedEpisode[]): Promise<void>;
+  export(batch: ClosedEpisode[], read?: BodyReader): Promise<void>;
 }
+
+export const NO_JOURNAL: BodyReader = () => {
+  throw new Error('no journal to read bodies from');
+};

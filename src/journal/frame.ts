@@ -34,3 +34,38 @@ export function decodeFrame(buf: Buffer, at: number): DecodeResult {
   if (crc32(body) !== expected) return { kind: 'corrupt', reason: 'checksum mismatch' };
   return { kind: 'frame', offset: Number(buf.readBigUInt64BE(at + 8)), payload: buf.subarray(at + HEADER_BYTES, at + HEADER_BYTES + length), next: at + HEADER_BYTES + length };
 }
+
+/** The 16-byte header of a frame whose payload is `parts` (CRC computed over them in place). */
+export function frameHeader(offset: number, parts: readonly Buffer[], payloadBytes: number): Buffer {
+  const header = Buffer.allocUnsafe(HEADER_BYTES);
+  header.writeUInt32BE(payloadBytes, 0);
+  header.writeBigUInt64BE(BigInt(offset), 8);
+  let crc = crc32(header.subarray(8));
+  for (const p of parts) crc = crc32(p, crc);
+  header.writeUInt32BE(crc, 4);
+  return header;
+}
+
+/**
+ * Body frames carry raw bytes of a proxied call:
+ *   u8 0x00 (records are JSON and start with `{`) | u8 kind (1 request, 2 response) | u64 BE call id | bytes
+ */
+export type BodyKind = 'request' | 'response';
+export const BODY_HEADER_BYTES = 10;
+
+export function bodyHeader(callId: number, kind: BodyKind): Buffer {
+  const h = Buffer.allocUnsafe(BODY_HEADER_BYTES);
+  h[0] = 0;
+  h[1] = kind === 'request' ? 1 : 2;
+  h.writeBigUInt64BE(BigInt(callId), 2);
+  return h;
+}
+
+export function isBodyPayload(payload: Buffer): boolean {
+  return payload.length >= BODY_HEADER_BYTES && payload[0] === 0;
+}
+
+/** The call id and kind of a body frame's payload. */
+export function readBodyHeader(payload: Buffer): { callId: number; kind: BodyKind } {
+  return { callId: Number(payload.readBigUInt64BE(2)), kind: payload[1] === 1 ? 'request' : 'response' };
+}

@@ -1,9 +1,9 @@
-import { closeSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
-import { open, unlink, type FileHandle } from 'node:fs/promises';
+import { closeSync, fdatasync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, writeSync, writevSync } from 'node:fs';
+import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../pipeline/component';
 import type { Logger } from '../telemetry/logger';
-import { decodeFrame, encodeFrame } from './frame';
+import { BODY_HEADER_BYTES, bodyHeader, decodeFrame, frameHeader, HEADER_BYTES, isBodyPayload, type BodyKind } from './frame';
 
 export type FsyncPolicy = 'always' | 'never' | number;
 
@@ -30,11 +30,19 @@ interface Segment {
   first: number;
   file: string;
   bytes: number;
+  /** Body frames in this segment: offset → [position of the body bytes, their length]. */
+  bodies: Map<number, [number, number]>;
+  /** Read descriptor, opened on the first body read. */
+  readFd: number | null;
 }
 
 interface Waiter {
-  frame: Buffer;
+  /** Frame header, then the payload's parts (written with one writev, never concatenated). */
+  parts: Buffer[];
+  bytes: number;
   offset: number;
+  /** Set for body frames: the body's length (its bytes follow the two headers). */
+  body: number | null;
   resolve: (offset: number) => void;
   reject: (err: Error) => void;
 }
@@ -44,16 +52,25 @@ const segmentName = (first: number) => `${String(first).padStart(20, '0')}.seg`;
 
 /**
  * A segmented append-only log. Appends are group-committed: all appends of one tick become one
- * write (and one fsync under `always`); each resolves with its offset once its bytes are written
- * (and synced, under `always`). Offsets are monotonic across restarts: the active segment is
- * never deleted, and its name and frames carry them.
+ * `writev` (and one fsync under `always`); each resolves with its offset once its bytes are
+ * written (and synced, under `always`). `flushNow` writes what is queued at once, so a caller can
+ * make sure bytes are in the kernel before it answers anyone. Writes are synchronous: a write to
+ * the page cache costs less than a trip through the thread pool and keeps frames in offset order.
+ *
+ * Two kinds of frames: records (JSON) and body frames (raw bytes of a proxied call's request or
+ * response, appended as they pass, by reference). Body frames are indexed by offset so their
+ * bytes can be read back (from the page cache) when the call's episode is exported.
+ *
+ * Offsets are monotonic across restarts: the active segment is never deleted, and its name and
+ * frames carry them.
  */
 export class Journal {
   private segments: Segment[] = [];
-  private fh: FileHandle | null = null;
+  private fd: number | null = null;
   private nextOffset = 0;
   private queue: Waiter[] = [];
-  private flushing: Promise<void> | null = null;
+  private flushing: NodeJS.Immediate | null = null;
+  private pendingSyncs = 0;
   private dirty = false;
   private queuedBytes = 0;
   /** An append was refused for space and nothing has been released since. */
@@ -80,11 +97,13 @@ export class Journal {
       const file = path.join(dir, name);
       const buf = readFileSync(file);
       const last = i === names.length - 1;
+      const bodies = new Map<number, [number, number]>();
       let at = 0;
       for (;;) {
         if (at === buf.length) break;
         const r = decodeFrame(buf, at);
         if (r.kind === 'frame') {
+          if (isBodyPayload(r.payload)) bodies.set(r.offset, [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES]);
           onRecord(r.offset, r.payload);
           report.records++;
           this.nextOffset = Math.max(this.nextOffset, r.offset + 1);
@@ -102,13 +121,13 @@ export class Journal {
         truncate(file, at);
         break;
       }
-      this.segments.push({ first: Number(SEGMENT.exec(name)![1]), file, bytes: Math.min(at, buf.length) });
+      this.segments.push({ first: Number(SEGMENT.exec(name)![1]), file, bytes: Math.min(at, buf.length), bodies, readFd: null });
     }
-    if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0 });
+    if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new Map(), readFd: null });
     this.nextOffset = Math.max(this.nextOffset, this.active().first);
-    this.fh = await open(this.active().file, 'a');
+    this.fd = openSync(this.active().file, 'a');
     if (typeof this.options.fsync === 'number') {
-      this.syncTimer = setInterval(() => void this.syncNow(), this.options.fsync);
+      this.syncTimer = setInterval(() => this.syncNow(), this.options.fsync);
       this.syncTimer.unref();
     }
     return report;
@@ -141,8 +160,20 @@ export class Journal {
    * Throws RefusedError(JOURNAL_FULL) above the high watermark, JOURNAL_CLOSED after close.
    */
   append(payload: Buffer, priority = false): { offset: number; durable: Promise<number> } {
+    return this.enqueue([payload], payload.length, null, priority);
+  }
+
+  /**
+   * Appends raw bytes of a call's request or response as a body frame, without copying them.
+   * `callId` names the call (the offset of its start record). Refused like `append`.
+   */
+  appendBody(callId: number, kind: BodyKind, bytes: Buffer): number {
+    return this.enqueue([bodyHeader(callId, kind), bytes], BODY_HEADER_BYTES + bytes.length, bytes.length, false).offset;
+  }
+
+  private enqueue(payload: Buffer[], payloadBytes: number, body: number | null, priority: boolean): { offset: number; durable: Promise<number> } {
     if (this.closed) throw new RefusedError('JOURNAL_CLOSED', 'journal: closed for shutdown', 1000);
-    const frameBytes = payload.length + 16;
+    const frameBytes = payloadBytes + HEADER_BYTES;
     const limit = priority ? this.options.maxBytes : this.options.maxBytes * this.options.highWatermark;
     if (this.bytes + frameBytes > limit) {
       if (!priority) this.refusedForSpace = true;
@@ -150,38 +181,106 @@ export class Journal {
     }
     const offset = this.nextOffset++;
     this.queuedBytes += frameBytes;
-    const durable = new Promise<number>((resolve, reject) => {
-      this.queue.push({ frame: encodeFrame(offset, payload), offset, resolve, reject });
-    });
-    this.flushing ??= new Promise<void>((r) => setImmediate(r)).then(() => this.flush());
+    const parts = [frameHeader(offset, payload, payloadBytes), ...payload];
+    let durable: Promise<number>;
+    if (body !== null) {
+      // Body frames are made durable by the call's end record, written after them; no promise each.
+      this.queue.push({ parts, bytes: frameBytes, offset, body, resolve: noop, reject: noop });
+      durable = BODY_DURABLE;
+    } else {
+      durable = new Promise<number>((resolve, reject) => {
+        this.queue.push({ parts, bytes: frameBytes, offset, body, resolve, reject });
+      });
+    }
+    this.flushing ??= setImmediate(() => this.flushNow());
     return { offset, durable };
   }
 
-  private async flush(): Promise<void> {
-    try {
-      while (this.queue.length > 0) {
-        const batch = this.queue;
-        this.queue = [];
-        for (const w of batch) this.queuedBytes -= w.frame.length;
-        try {
-          if (this.active().bytes >= this.options.segmentBytes) await this.rotate(batch[0].offset);
-          const bytes = batch.length === 1 ? batch[0].frame : Buffer.concat(batch.map((w) => w.frame));
-          await this.fh!.write(bytes);
-          this.active().bytes += bytes.length;
-          if (this.options.fsync === 'always') await this.fh!.sync();
-          else this.dirty = true;
-          this.lastWriteError = null;
-          for (const w of batch) w.resolve(w.offset);
-        } catch (err) {
-          this.lastWriteError = err as Error;
-          this.logger.once(`write:${(err as NodeJS.ErrnoException).code}`, 'error', 'journal: write failed; records refused', { err });
-          // Whatever part of the batch reached the file is unacknowledged: replay may see it, which is at-least-once.
-          for (const w of batch) w.reject(new RefusedError('JOURNAL_UNWRITABLE', `journal: cannot write (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, 1000));
-        }
-      }
-    } finally {
+  /** Writes everything queued now, synchronously (the bytes are in the kernel when it returns). */
+  flushNow(): void {
+    if (this.flushing) {
+      clearImmediate(this.flushing);
       this.flushing = null;
     }
+    if (this.queue.length === 0 || this.fd === null) return;
+    const batch = this.queue;
+    this.queue = [];
+    let bytes = 0;
+    for (const w of batch) bytes += w.bytes;
+    this.queuedBytes -= bytes;
+    try {
+      if (this.active().bytes >= this.options.segmentBytes) this.rotate(batch[0].offset);
+      const seg = this.active();
+      const parts: Buffer[] = [];
+      let pos = seg.bytes;
+      for (const w of batch) {
+        for (const p of w.parts) parts.push(p);
+        if (w.body !== null) seg.bodies.set(w.offset, [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body]);
+        pos += w.bytes;
+      }
+      writeAll(this.fd, parts, bytes);
+      seg.bytes += bytes;
+      this.lastWriteError = null;
+    } catch (err) {
+      this.lastWriteError = err as Error;
+      this.logger.once(`write:${(err as NodeJS.ErrnoException).code}`, 'error', 'journal: write failed; records refused', { err });
+      // Whatever part of the batch reached the file is unacknowledged: replay may see it, which is at-least-once.
+      const refused = new RefusedError('JOURNAL_UNWRITABLE', `journal: cannot write (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, 1000);
+      for (const w of batch) w.reject(refused);
+      return;
+    }
+    if (this.options.fsync === 'always') {
+      this.pendingSyncs++;
+      fdatasync(this.fd, (err) => {
+        this.pendingSyncs--;
+        if (err) this.logger.once('fsync', 'error', 'journal: fsync failed', { err });
+        for (const w of batch) w.resolve(w.offset);
+      });
+    } else {
+      this.dirty = true;
+      for (const w of batch) w.resolve(w.offset);
+    }
+  }
+
+  /**
+   * The bytes of body frames, in the order given, as one buffer (read from the page cache).
+   * Throws when a frame is gone (its segment released) or cannot be read.
+   */
+  readBodies(offsets: readonly number[]): Buffer {
+    let total = 0;
+    const locs: [Segment, number, number][] = [];
+    for (const offset of offsets) {
+      const seg = this.segmentOf(offset);
+      const loc = seg?.bodies.get(offset);
+      if (!seg || !loc) throw new Error(`journal: body frame ${offset} is not in the journal`);
+      locs.push([seg, loc[0], loc[1]]);
+      total += loc[1];
+    }
+    const out = Buffer.allocUnsafe(total);
+    let at = 0;
+    for (const [seg, pos, len] of locs) {
+      seg.readFd ??= openSync(seg.file, 'r');
+      let done = 0;
+      while (done < len) {
+        const n = readSync(seg.readFd, out, at + done, len - done, pos + done);
+        if (n === 0) throw new Error(`journal: body frame at ${seg.file}:${pos} is cut short`);
+        done += n;
+      }
+      at += len;
+    }
+    return out;
+  }
+
+  private segmentOf(offset: number): Segment | undefined {
+    let lo = 0;
+    let hi = this.segments.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (this.segments[mid].first <= offset) lo = mid;
+      else hi = mid - 1;
+    }
+    const seg = this.segments[lo];
+    return seg && seg.first <= offset ? seg : undefined;
   }
 
   private active(): Segment {
@@ -189,24 +288,27 @@ export class Journal {
   }
 
   /** Opens the next segment first: if that fails the active one stays usable and the next flush retries. */
-  private async rotate(first: number): Promise<void> {
+  private rotate(first: number): void {
     const file = path.join(this.options.dir, segmentName(first));
-    const next = await open(file, 'a');
-    const previous = this.fh!;
-    this.fh = next;
-    this.segments.push({ first, file, bytes: 0 });
-    await previous.sync().catch((err) => this.logger.once('fsync', 'error', 'journal: fsync failed', { err }));
-    await previous.close().catch(() => {});
+    const next = openSync(file, 'a');
+    const previous = this.fd!;
+    this.fd = next;
+    this.segments.push({ first, file, bytes: 0, bodies: new Map(), readFd: null });
+    // The finished segment is synced and closed off the event loop.
+    fdatasync(previous, (err) => {
+      if (err) this.logger.once('fsync', 'error', 'journal: fsync failed', { err });
+      closeQuietly(previous);
+    });
   }
 
-  private async syncNow(): Promise<void> {
-    if (!this.dirty || !this.fh) return;
+  private syncNow(): void {
+    if (!this.dirty || this.fd === null) return;
     this.dirty = false;
-    try {
-      await this.fh.sync();
-    } catch (err) {
-      this.logger.once('fsync', 'error', 'journal: fsync failed', { err });
-    }
+    this.pendingSyncs++;
+    fdatasync(this.fd, (err) => {
+      this.pendingSyncs--;
+      if (err) this.logger.once('fsync', 'error', 'journal: fsync failed', { err });
+    });
   }
 
   /**
@@ -217,6 +319,7 @@ export class Journal {
     let removed = 0;
     while (this.segments.length > 1 && this.segments[1].first <= lowWatermark) {
       const seg = this.segments.shift()!;
+      if (seg.readFd !== null) closeQuietly(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
       });
@@ -238,12 +341,57 @@ export class Journal {
     if (this.closed) return;
     this.closed = true;
     if (this.syncTimer) clearInterval(this.syncTimer);
-    while (this.flushing) await this.flushing;
-    if (this.fh) {
-      await this.fh.sync().catch(() => {});
-      await this.fh.close();
-      this.fh = null;
+    this.flushNow();
+    while (this.pendingSyncs > 0) await new Promise((r) => setTimeout(r, 1));
+    if (this.fd !== null) {
+      try {
+        fsyncSync(this.fd);
+      } catch {
+        // Counted by the write path already; nothing more to do at close.
+      }
+      closeQuietly(this.fd);
+      this.fd = null;
     }
+    for (const seg of this.segments) {
+      if (seg.readFd !== null) closeQuietly(seg.readFd);
+      seg.readFd = null;
+    }
+  }
+}
+
+const noop = (): void => {};
+const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
+
+function writeAll(fd: number, parts: Buffer[], total: number): void {
+  // writev takes at most IOV_MAX (1024) buffers; a short write continues where it stopped.
+  let written = 0;
+  let i = 0;
+  let skip = 0;
+  while (written < total) {
+    const slice = parts.slice(i, i + 1024);
+    if (skip > 0) slice[0] = slice[0].subarray(skip);
+    let n = writevSync(fd, slice);
+    written += n;
+    if (n === 0) throw new Error('journal: write made no progress');
+    while (n > 0 && i < parts.length) {
+      const left = parts[i].length - skip;
+      if (n >= left) {
+        n -= left;
+        i++;
+        skip = 0;
+      } else {
+        skip += n;
+        n = 0;
+      }
+    }
+  }
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    closeSync(fd);
+  } catch {
+    // Already closed or never opened: nothing to release.
   }
 }
 

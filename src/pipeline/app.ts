@@ -10,6 +10,7 @@ import { createKafkaClient, createKafkajsProducer, type KafkajsProducerOptions }
 import type { Producer } from '../exporters/kafka/producer';
 import type { Kafka } from 'kafkajs';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
+import { compileRedaction } from '../processors/capture/redact';
 import { createOtlpReceiver, type SpanSinkResult } from '../receivers/otlp/receiver';
 import type { Span } from './span';
 import { observeSpans } from './span-observer';
@@ -75,6 +76,7 @@ export function createApp(config: Config, deps: AppDeps) {
     policyHeader: config.processors.policy.response_header,
     sequences,
     capture: pipeline.capture,
+    redact: compileRedaction(config.processors.capture.redact_request_fields),
     localRoutes: rolloutApi,
     now: deps.now,
   });

@@ -28,10 +28,18 @@ export interface RecordSink {
   submit(record: RewardRecord | EndRecord): Promise<unknown>;
 }
 
-/** What the proxy reports about recorded calls. Never throws into the hot path. */
+/**
+ * What the proxy reports about recorded calls. Never throws into the hot path. Bodies go to the
+ * journal as they pass; `flush` puts what is queued into the kernel, which the proxy does before
+ * an agent can see its answer complete (so a killed process cannot lose an answered call).
+ */
 export interface CaptureSink {
-  callStarted(record: CallStartRecord): void;
+  /** Registers a call; returns its id (for its body frames), or null when it cannot be recorded. */
+  callStarted(record: CallStartRecord): number | null;
+  /** Appends request or response bytes; returns the frame's offset, or null when refused. */
+  body(callId: number, kind: 'request' | 'response', bytes: Buffer): number | null;
   callEnded(record: CallRecord): void;
+  flush(): void;
 }
 
 /** Runs `fn` once; later calls get the first call's promise (shutdown idempotence). */

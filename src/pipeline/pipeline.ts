@@ -2,8 +2,8 @@ import { appendFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
+import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
-import { compileRedaction } from '../processors/capture/redact';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -61,13 +61,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     { dir: path.join(dataDir, 'journal'), fsync: j.fsync, maxBytes: j.max_bytes, segmentBytes: j.segment_bytes, highWatermark: j.high_watermark },
     log.child('journal'),
   );
+  const read = (offsets: readonly number[]) => journal.readBodies(offsets);
   const assembler = new EpisodeAssembler({
     episodes: config.processors.episodes,
     credit: config.processors.credit,
     air: config.processors.air,
     capture: config.processors.capture,
+    read,
   });
-  const redact = compileRedaction(config.processors.capture.redact_request_fields);
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
   const queue: Queued[] = [];
   let pumping: Promise<void> | null = null;
@@ -115,6 +116,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     for (const c of closed) {
       m.episodesClosed.inc({ status: c.episode.episode_status });
       for (const t of c.transitions) {
+        if (t.choice_index === 0) countTokens(t);
         for (const tc of t.tool_calls) {
           m.toolSpans.inc({ outcome: tc.status ?? 'unobserved' });
           if (tc.reward !== null) m.airRewards.observe(tc.reward);
@@ -151,7 +153,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const batch = queue.slice(0, 64);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        await deps.exporter.export(batch.map((q) => q.closed));
+        await deps.exporter.export(batch.map((q) => q.closed), read);
       } catch (err) {
         m.exportErrors.inc({ exporter: deps.exporter.name, kind: 'retryable' });
         backoffMs = Math.min(Math.max(backoffMs * 2, 100), 10_000);
@@ -193,6 +195,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
 
   /** Appends, applies in offset order, and resolves when durable. Throws RefusedError when full. */
   function submit(record: JournalRecord): Promise<unknown> {
+    return submitAt(record).durable;
+  }
+
+  function submitAt(record: JournalRecord): { offset: number; durable: Promise<unknown> } {
     const priority = record.type === 'reward' || record.type === 'end';
     const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority);
     try {
@@ -201,7 +207,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       quarantine(offset, record, err);
     }
     updateJournalMetrics();
-    return durable;
+    return { offset, durable };
   }
 
   function quarantine(offset: number, record: unknown, err: unknown): void {
@@ -223,32 +229,98 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     enqueue(assembler.apply({ type: 'tick', at }));
   }
 
+  /** Token counts and calls without ids, counted when their transitions are built. */
+  function countTokens(t: ClosedEpisode['transitions'][number]): void {
+    if (t.status === 'ok' && t.response_token_ids === null) m.missingTokenIds.inc({ api: t.api });
+    const usage = t.usage as { prompt_tokens?: unknown; completion_tokens?: unknown; input_tokens?: unknown; output_tokens?: unknown } | null;
+    const prompt = usage?.prompt_tokens ?? usage?.input_tokens;
+    const completion = usage?.completion_tokens ?? usage?.output_tokens;
+    if (typeof prompt === 'number') m.tokens.inc({ kind: 'prompt' }, prompt);
+    if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
+  }
+
   const capture: CaptureSink = {
-    callStarted(record: CallStartRecord): void {
-      submitCapture(record);
+    callStarted(record: CallStartRecord): number | null {
+      return submitCapture(record);
+    },
+    body(callId: number, kind: 'request' | 'response', bytes: Buffer): number | null {
+      try {
+        return journal.appendBody(callId, kind, bytes);
+      } catch (err) {
+        refusedCapture(err);
+        return null;
+      }
     },
     callEnded(record: CallRecord): void {
-      if (redact) record = { ...record, request: redact(record.request) };
-      if (record.choices.length > 0 && record.choices.every((c) => c.responseTokenIds === null)) m.missingTokenIds.inc({ api: record.api });
-      const usage = record.usage as { prompt_tokens?: unknown; completion_tokens?: unknown; input_tokens?: unknown; output_tokens?: unknown } | null;
-      const prompt = usage?.prompt_tokens ?? usage?.input_tokens;
-      const completion = usage?.completion_tokens ?? usage?.output_tokens;
-      if (typeof prompt === 'number') m.tokens.inc({ kind: 'prompt' }, prompt);
-      if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
-      submitCapture(record);
+      if (submitCapture(record) === null) {
+        // Its start may have been kept: the lost call must not hold its episode open.
+        assembler.abandonCall(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
+      }
+    },
+    flush(): void {
+      journal.flushNow();
     },
   };
 
   /** Proxied calls are never refused: a capture the journal cannot take is counted and dropped. */
-  function submitCapture(record: CallStartRecord | CallRecord): void {
+  function submitCapture(record: CallStartRecord | CallRecord): number | null {
     try {
-      submit(record).catch(() => m.captureDrops.inc({ reason: 'journal_unwritable' }));
+      const { offset, durable } = submitAt(record);
+      durable.catch(() => m.captureDrops.inc({ reason: 'journal_unwritable' }));
+      return offset;
     } catch (err) {
-      const reason = err instanceof RefusedError && err.code === 'JOURNAL_FULL' ? 'journal_full' : 'journal_unwritable';
-      m.captureDrops.inc({ reason });
-      log.once(`capture_${reason}`, 'warn', 'journal cannot take captures; proxied calls are still served', { err });
-      // Its start may have been kept: the lost call must not hold its episode open.
-      if (record.type === 'call') assembler.abandonCall(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
+      refusedCapture(err);
+      return null;
+    }
+  }
+
+  function refusedCapture(err: unknown): void {
+    const reason = err instanceof RefusedError && err.code === 'JOURNAL_FULL' ? 'journal_full' : 'journal_unwritable';
+    m.captureDrops.inc({ reason });
+    log.once(`capture_${reason}`, 'warn', 'journal cannot take captures; proxied calls are still served', { err });
+  }
+
+  /**
+   * A call whose response began but whose end record is missing (the process was killed while
+   * it streamed) is recorded as aborted with what its body frames hold, so whatever the agent got
+   * is not lost. Calls with no response bytes never answered anything and are forgotten.
+   */
+  function recoverUnended(unended: Map<number, { start: CallStartRecord; bodies: { request: number[]; response: number[] } }>): void {
+    for (const [callId, { start, bodies }] of unended) {
+      if (bodies.response.length === 0) continue;
+      let streamed = true;
+      try {
+        const head = journal.readBodies([bodies.response[0]]);
+        streamed = head.toString('latin1', 0, 64).trimStart()[0] !== '{';
+      } catch {
+        // Unreadable: extraction will say so.
+      }
+      const record: CallRecord = {
+        type: 'call',
+        correlation: start.correlation,
+        seq: start.seq,
+        api: start.api ?? 'chat.completions',
+        traceId: start.traceId,
+        spanId: null,
+        callId,
+        bodies: { request: bodies.request, response: bodies.response, encoding: null },
+        streamed,
+        status: 'aborted',
+        httpStatus: null,
+        error: 'the sidecar stopped before the call ended; recovered from the journal',
+        injected: [],
+        truncated: true,
+        startedAt: start.at,
+        endedAt: start.at,
+        latencyMs: 0,
+        ttftMs: null,
+      };
+      try {
+        submit(record).catch(() => {});
+        m.journalRecovered.inc({ kind: 'unended_call' });
+      } catch (err) {
+        log.once('recover_unended', 'warn', 'a call cut by a restart could not be recorded', { err });
+      }
     }
   }
 
@@ -267,7 +339,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     recovery: () => recovery,
     async start(): Promise<void> {
       assembler.replaying = true;
+      // Calls started but not ended in the journal, with their body frames (a process killed mid-call).
+      const unended = new Map<number, { start: CallStartRecord; bodies: { request: number[]; response: number[] } }>();
       recovery = await journal.open((offset, payload) => {
+        if (isBodyPayload(payload)) {
+          const { callId, kind } = readBodyHeader(payload);
+          unended.get(callId)?.bodies[kind].push(offset);
+          return;
+        }
         let record: JournalRecord;
         try {
           record = JSON.parse(payload.toString('utf8')) as JournalRecord;
@@ -279,6 +358,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
           if (record.type === 'call_start' || record.type === 'call') {
             deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
           }
+          if (record.type === 'call_start') unended.set(offset, { start: record, bodies: { request: [], response: [] } });
+          else if (record.type === 'call' && record.callId !== undefined) unended.delete(record.callId);
           // While replaying only close markers close episodes, so each closed episode here has its marker.
           enqueue(applyRecord(record, offset), offset);
         } catch (err) {
@@ -287,6 +368,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       });
       assembler.replaying = false;
       assembler.forgetInFlight();
+      recoverUnended(unended);
       m.journalRecovered.inc({ kind: 'torn_tail' }, recovery.tornTails);
       m.journalRecovered.inc({ kind: 'corrupt_tail' }, recovery.corruptTails);
       m.journalRecovered.inc({ kind: 'corrupt_segment' }, recovery.corruptSegments);

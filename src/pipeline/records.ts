@@ -22,45 +22,76 @@ export interface ToolCallRequest {
   arguments: string | null;
 }
 
+/**
+ * Where token ids lie in a call's (decoded) response body: the bytes `[start, end)` are a JSON
+ * array of integers. Big id arrays stay in the journal and are copied into the output as they
+ * are, never held on the heap.
+ */
+export interface IdsRange {
+  start: number;
+  end: number;
+}
+
+/** Token ids: inline (small, or records from older journals) or a range of the response body. */
+export type TokenIds = number[] | IdsRange;
+
 /** One generated sequence of a call (one per choice; `n > 1` gives several). */
 export interface ChoiceCapture {
   index: number;
   finishReason: string | null;
-  responseTokenIds: number[] | null;
+  responseTokenIds: TokenIds | null;
   responseLogprobs: number[] | null;
   /** SGLang reports prompt ids per choice. */
-  promptTokenIds: number[] | null;
+  promptTokenIds: TokenIds | null;
   toolCalls: ToolCallRequest[];
+}
+
+/** Journal offsets of a call's body frames, in order, and how the response was encoded. */
+export interface CallBodies {
+  request: number[];
+  response: number[];
+  /** The response's content-encoding (the bodies are journaled as they passed). */
+  encoding: string | null;
 }
 
 export interface CallStartRecord {
   type: 'call_start';
   correlation: Correlation;
   seq: number;
+  /** The API called (absent in journals written before it existed). */
+  api?: Api;
   /** W3C trace id the call carried, so spans of the same trace find its rollout. */
   traceId: string | null;
   at: number;
 }
 
+/**
+ * The end of a proxied call. Captured calls carry `bodies` (their bytes are in the journal) and
+ * no parsed facts: those are extracted when the call's episode closes. Records from journals
+ * written before bodies were journaled, and records built in tests, carry the facts inline.
+ */
 export interface CallRecord {
   type: 'call';
   correlation: Correlation;
   seq: number;
   api: Api;
-  model: string | null;
   traceId: string | null;
   spanId: string | null;
+  /** The journal offset of the call's start record: its body frames name it. */
+  callId?: number;
+  bodies?: CallBodies;
+  model?: string | null;
   /** Request body as sent upstream (parsed JSON), or null when it could not be parsed. */
-  request: unknown;
+  request?: unknown;
   /** Response body, or assembled from the stream; null when nothing usable arrived. */
-  response: unknown;
+  response?: unknown;
+  usage?: unknown;
+  promptTokenIds?: TokenIds | null;
+  choices?: ChoiceCapture[];
   streamed: boolean;
   status: 'ok' | 'error' | 'aborted';
   httpStatus: number | null;
   error: string | null;
-  usage: unknown;
-  promptTokenIds: number[] | null;
-  choices: ChoiceCapture[];
   /** Fields the sidecar added to the upstream request. */
   injected: string[];
   /** The capture cap was hit: request and/or response bodies are incomplete. */
@@ -167,6 +198,28 @@ export interface Transition {
   injected: string[];
 }
 
+/** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */
+export interface RawBody {
+  raw: 'journal';
+  offsets: number[];
+  /** content-encoding of the journaled bytes (undone before copying). */
+  encoding: string | null;
+  /** Sorted, disjoint `[start, end)` ranges of the decoded bytes to leave out. */
+  cuts: [number, number][];
+}
+
+/**
+ * A transition as the pipeline hands it to exporters: the wire shape, except that bodies may
+ * still be in the journal (`RawBody`) and token ids may be ranges of the call's response body
+ * (`source` says where that body is). Exporters encode it with the journal at hand.
+ */
+export type TransitionRecord = Omit<Transition, 'prompt_token_ids' | 'response_token_ids'> & {
+  prompt_token_ids: TokenIds | null;
+  response_token_ids: TokenIds | null;
+  /** The call's journaled bodies, for ranges and raw bodies. */
+  source?: CallBodies;
+};
+
 export interface TransitionToolCall {
   id: string | null;
   name: string | null;
@@ -204,7 +257,7 @@ export interface EpisodeSummary {
 
 export interface ClosedEpisode {
   episode: EpisodeSummary;
-  transitions: Transition[];
+  transitions: TransitionRecord[];
   /** Lowest journal offset among the records of this episode (what must be kept until delivery). */
   firstOffset: number;
 }

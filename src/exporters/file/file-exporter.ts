@@ -1,5 +1,6 @@
 import path from 'node:path';
-import type { Exporter } from '../exporter';
+import { NO_JOURNAL, type Exporter } from '../exporter';
+import { TransitionWriter } from '../transition-json';
 import type { ClosedEpisode } from '../../pipeline/records';
 import { NdjsonWriter } from './ndjson-writer';
 import { once } from '../../pipeline/component';
@@ -16,10 +17,12 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
   return {
     name: 'file',
     async start() {},
-    async export(batch: ClosedEpisode[]) {
-      // Transitions first: an episode line means all its transitions are on disk.
-      await transitions.append(batch.flatMap((c) => c.transitions.map((t) => JSON.stringify(t))));
-      await episodes.append(batch.map((c) => JSON.stringify(c.episode)));
+    async export(batch: ClosedEpisode[], read = NO_JOURNAL) {
+      const writer = new TransitionWriter(read);
+      // Transitions first: an episode line means all its transitions are on disk. One episode's
+      // transitions at a time, so memory holds one episode's bodies, not the batch's.
+      for (const c of batch) await transitions.append(c.transitions.map((t) => writer.json(t)));
+      await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
     },
     shutdown: once(async () => {
       await transitions.close();

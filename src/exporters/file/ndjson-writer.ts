@@ -21,18 +21,30 @@ export class NdjsonWriter {
     private readonly fsync = false,
   ) {}
 
-  append(lines: string[]): Promise<void> {
+  append(lines: Buffer[]): Promise<void> {
     if (lines.length === 0) return this.tail;
-    const next = this.tail.then(() => this.write(Buffer.from(lines.join('\n') + '\n')));
+    const parts: Buffer[] = [];
+    let bytes = 0;
+    for (const l of lines) {
+      parts.push(l, NEWLINE);
+      bytes += l.length + 1;
+    }
+    const next = this.tail.then(() => this.write(parts, bytes));
     this.tail = next.catch(() => {});
     return next;
   }
 
-  private async write(bytes: Buffer): Promise<void> {
-    if (!this.handle || (this.size > 0 && this.size + bytes.length > this.maxFileBytes)) await this.rotate();
-    await this.handle!.write(bytes);
+  private async write(parts: Buffer[], bytes: number): Promise<void> {
+    if (!this.handle || (this.size > 0 && this.size + bytes > this.maxFileBytes)) await this.rotate();
+    let written = 0;
+    // writev takes at most IOV_MAX buffers a call; a short write continues with the rest.
+    while (written < bytes) {
+      const r = await this.handle!.writev(remaining(parts, written).slice(0, 1024));
+      if (r.bytesWritten === 0) throw new Error(`ndjson: no progress writing ${this.currentFile}`);
+      written += r.bytesWritten;
+    }
     if (this.fsync) await this.handle!.sync();
-    this.size += bytes.length;
+    this.size += bytes;
   }
 
   private async rotate(): Promise<void> {
@@ -49,4 +61,21 @@ export class NdjsonWriter {
     await this.handle?.close();
     this.handle = null;
   }
+}
+
+const NEWLINE = Buffer.from('\n');
+
+/** The buffers left after the first `skip` bytes. */
+function remaining(parts: Buffer[], skip: number): Buffer[] {
+  if (skip === 0) return parts;
+  const out: Buffer[] = [];
+  for (const p of parts) {
+    if (skip >= p.length) {
+      skip -= p.length;
+      continue;
+    }
+    out.push(skip > 0 ? p.subarray(skip) : p);
+    skip = 0;
+  }
+  return out;
 }

@@ -1,6 +1,7 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import type { EpisodeSummary, Transition } from '../../pipeline/records';
+import type { EpisodeSummary, Transition, TransitionRecord } from '../../pipeline/records';
+import { TransitionWriter } from '../transition-json';
 
 export type Encoding = 'json' | 'protobuf';
 
@@ -15,8 +16,17 @@ function types(): { transition: protobuf.Type; episode: protobuf.Type } {
 /** A transition as the exporter sends it: the JSON record, plus whether its bodies were dropped to fit. */
 export type OutgoingTransition = Transition & { bodies_dropped?: boolean };
 
-export function encodeTransition(t: OutgoingTransition, encoding: Encoding): Buffer {
-  if (encoding === 'json') return Buffer.from(JSON.stringify(t));
+const INLINE_ONLY = new TransitionWriter(() => {
+  throw new Error('no journal to read bodies from');
+});
+
+/**
+ * Encodes a transition; `writer` resolves what is still in the journal (bodies, id ranges).
+ * JSON copies those bytes as they are; protobuf decodes them into its fields.
+ */
+export function encodeTransition(record: TransitionRecord | OutgoingTransition, encoding: Encoding, writer: TransitionWriter = INLINE_ONLY, extra?: { bodies_dropped?: boolean }): Buffer {
+  if (encoding === 'json') return writer.json(record as TransitionRecord, extra);
+  const t: OutgoingTransition = { ...writer.materialize(record as TransitionRecord), ...extra };
   const msg = {
     ...dropNulls(t),
     request_json: JSON.stringify(t.request ?? null),

@@ -2,11 +2,12 @@ import { appendFile, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { KafkaExporterConfig } from '../../config/schema';
 import { once } from '../../pipeline/component';
-import type { ClosedEpisode, Transition } from '../../pipeline/records';
+import type { ClosedEpisode, TransitionRecord } from '../../pipeline/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
-import type { Exporter } from '../exporter';
-import { CONTENT_TYPE, encodeEpisode, encodeTransition, type OutgoingTransition } from './encoding';
+import { NO_JOURNAL, type Exporter } from '../exporter';
+import { TransitionWriter } from '../transition-json';
+import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
 import type { OutMessage, Producer, SendResult } from './producer';
 
 /** Bytes Kafka adds around a record (batch and record headers), kept out of max_message_bytes. */
@@ -48,11 +49,10 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
   }
 
   /** Encodes a transition to fit: whole, else without raw bodies (token ids stay), else null. */
-  function fit(t: Transition): Buffer | null {
-    const whole = encodeTransition(t, config.encoding);
+  function fit(t: TransitionRecord, writer: TransitionWriter): Buffer | null {
+    const whole = encodeTransition(t, config.encoding, writer);
     if (whole.length <= limit) return whole;
-    const slim: OutgoingTransition = { ...t, request: null, response: null, bodies_dropped: true };
-    const smaller = encodeTransition(slim, config.encoding);
+    const smaller = encodeTransition({ ...t, request: null, response: null }, config.encoding, writer, { bodies_dropped: true });
     m.exportOversize.inc({ action: smaller.length <= limit ? 'bodies_dropped' : 'dead_letter' });
     return smaller.length <= limit ? smaller : null;
   }
@@ -112,7 +112,8 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         (err: Error) => log.warn('kafka unreachable at start; will retry on export', { err, brokers: config.brokers }),
       );
     },
-    async export(batch: ClosedEpisode[]): Promise<void> {
+    async export(batch: ClosedEpisode[], read = NO_JOURNAL): Promise<void> {
+      const writer = new TransitionWriter(read);
       if (!deps.producer.connected) {
         try {
           await deps.producer.connect();
@@ -124,9 +125,9 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       const transitions: { msg: OutMessage; record: unknown }[] = [];
       for (const c of batch) {
         for (const t of c.transitions) {
-          const value = fit(t);
+          const value = fit(t, writer);
           if (value === null) {
-            await deadLetter('transitions', t, `larger than max_message_bytes (${config.max_message_bytes}) even without bodies`);
+            await deadLetter('transitions', writer.materialize(t), `larger than max_message_bytes (${config.max_message_bytes}) even without bodies`);
             continue;
           }
           transitions.push({ msg: { key: t.rollout_id, value, headers: headers('lightning.transition.v1', t) }, record: t });

@@ -2,6 +2,7 @@ import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig } from '../
 import type { CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../pipeline/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
+import type { BodyReader } from '../capture/extract';
 import { buildEpisode, type TransitionOptions } from '../rewards/transitions';
 
 export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };
@@ -11,6 +12,8 @@ export interface AssemblerOptions {
   credit: CreditConfig;
   air?: AirConfig;
   capture?: CaptureConfig;
+  /** Reads journaled bodies of captured calls when their episode closes. */
+  read?: BodyReader;
 }
 
 interface OpenEpisode {
@@ -61,6 +64,7 @@ export class EpisodeAssembler {
       air: air?.enabled ? compileRules(air.rules) : null,
       includeAgents: (options.capture?.include_agents ?? []).map(globToRegExp),
       excludeAgents: (options.capture?.exclude_agents ?? []).map(globToRegExp),
+      read: options.read,
     };
   }
 

@@ -28,11 +28,11 @@ export const requestKey = (seq: number, choice: number, index: number): string =
  *  3. the span's result equals a tool-result message in a later request (`role: "tool"`,
  *     Responses `function_call_output`, Anthropic `tool_result`) whose call id names the call.
  */
-export function joinToolSpans(calls: readonly CallRecord[], spans: readonly ToolSpanRecord[]): Map<string, Joined> {
+export function joinToolSpans<C extends CallRecord>(calls: readonly C[], spans: readonly ToolSpanRecord[], requestOf: (call: C) => unknown = (c) => c.request): Map<string, Joined> {
   const requested: RequestedToolCall[] = [];
   const byId = new Map<string, RequestedToolCall>();
   for (const call of calls) {
-    for (const choice of call.choices) {
+    for (const choice of call.choices ?? []) {
       choice.toolCalls.forEach((tc, index) => {
         const r: RequestedToolCall = { seq: call.seq, choice: choice.index, index, id: tc.id, name: tc.name, arguments: tc.arguments, traceId: call.traceId, endedAt: call.endedAt };
         requested.push(r);
@@ -82,7 +82,7 @@ export function joinToolSpans(calls: readonly CallRecord[], spans: readonly Tool
   rest = unnamed;
 
   if (rest.length > 0) {
-    const results = toolResultsInRequests(calls);
+    const results = toolResultsInRequests(calls, requestOf);
     for (const span of rest) {
       if (span.result === null) continue;
       const want = span.result.trim();
@@ -97,10 +97,12 @@ export function joinToolSpans(calls: readonly CallRecord[], spans: readonly Tool
 }
 
 /** Tool results the agent sent back in later requests, with the call id they answer. */
-export function toolResultsInRequests(calls: readonly CallRecord[]): { callId: string; content: string }[] {
+export function toolResultsInRequests<C extends CallRecord>(calls: readonly C[], requestOf: (call: C) => unknown = (c) => c.request): { callId: string; content: string }[] {
   const out: { callId: string; content: string }[] = [];
-  for (const call of calls) {
-    const req = call.request as { messages?: unknown; input?: unknown } | null;
+  // Agents resend their history: the latest request holds every earlier tool result, so read from the end.
+  const seen = new Set<string>();
+  for (const call of [...calls].reverse()) {
+    const req = requestOf(call) as { messages?: unknown; input?: unknown } | null;
     if (!req || typeof req !== 'object') continue;
     const items = [...(Array.isArray(req.messages) ? req.messages : []), ...(Array.isArray(req.input) ? req.input : [])] as Record<string, unknown>[];
     for (const m of items) {
@@ -114,7 +116,12 @@ export function toolResultsInRequests(calls: readonly CallRecord[]): { callId: s
       }
     }
   }
-  return out;
+  return out.filter((r) => {
+    const key = `${r.callId}\u0000${r.content}`;
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
 }
 
 function text(v: unknown): string {

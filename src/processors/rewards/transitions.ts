@@ -1,7 +1,8 @@
 import type { CreditConfig } from '../../config/schema';
-import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, ToolSpanRecord, Transition, TransitionToolCall } from '../../pipeline/records';
+import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
+import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../capture/extract';
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 
@@ -28,7 +29,13 @@ export interface TransitionOptions {
   /** Agent-name globs (selective capture): calls of excluded agents are not emitted. */
   includeAgents: RegExp[];
   excludeAgents: RegExp[];
+  /** Reads journaled bodies (captured calls); without it only calls with inline facts are complete. */
+  read?: BodyReader;
 }
+
+const NO_BODIES: BodyReader = () => {
+  throw new Error('no journal to read bodies from');
+};
 
 /** Whether a call's agent is captured under the include/exclude globs. */
 export function captured(agentName: string | null, options: Pick<TransitionOptions, 'includeAgents' | 'excludeAgents'>): boolean {
@@ -36,15 +43,34 @@ export function captured(agentName: string | null, options: Pick<TransitionOptio
   return !matchesAny(agentName, options.excludeAgents);
 }
 
-/** One transition per call and choice (`n > 1` → `{rollout}/{attempt}/{seq}.{choice}`), in seq order. */
+/**
+ * One transition per call and choice (`n > 1` → `{rollout}/{attempt}/{seq}.{choice}`), in seq
+ * order. Captured calls' facts are extracted here, when the episode closes, from their journaled
+ * bodies; only small facts and byte ranges are kept, the bodies are copied when exported.
+ */
 export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options: TransitionOptions): ClosedEpisode {
-  const all = [...facts.calls].sort((a, b) => a.seq - b.seq);
-  const joined = joinToolSpans(all, facts.toolSpans);
+  const read = options.read ?? NO_BODIES;
+  const sorted = [...facts.calls].sort((a, b) => a.seq - b.seq);
+  // Extract in seq order; continuity is checked on the way, so at most two calls' ids are alive.
+  const all: CallFacts[] = [];
+  const continues = new Set<number>();
+  let previous: ArrayLike<number> | null = null;
+  for (const call of sorted) {
+    const { facts: f, responseBytes } = extractFacts(call, read);
+    all.push(f);
+    if (!captured(f.correlation.agentName, options)) continue;
+    const first = f.choices[0];
+    const prompt = resolveIds(first?.promptTokenIds ?? f.promptTokenIds, responseBytes);
+    if (previous !== null && prompt !== null && startsWith(prompt, previous)) continues.add(f.seq);
+    const response = resolveIds(first?.responseTokenIds ?? null, responseBytes);
+    previous = prompt && response ? concatIds(prompt, response) : null;
+    dropInvalidRanges(f, responseBytes);
+  }
+  const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));
   // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
   const instrumented = facts.toolSpans.length > 0;
   const calls = all.filter((c) => captured(c.correlation.agentName, options));
-  const transitions: Transition[] = [];
-  let previous: number[] | null = null;
+  const transitions: TransitionRecord[] = [];
   calls.forEach((call, position) => {
     const callCredit = credit(options.credit, facts.finalReward, position, calls.length);
     const choices: (ChoiceCapture | null)[] = call.choices.length > 0 ? call.choices : [null];
@@ -63,7 +89,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       const rewarded = toolCalls.filter((tc) => tc.reward !== null);
       const intermediate: number | null = rewarded.length > 0 ? rewarded.reduce((n, tc) => n + tc.reward!, 0) : null;
       const id = `${facts.rolloutId}/${facts.attemptId}/${call.seq}${multi && choice ? `.${choice.index}` : ''}`;
-      transitions.push({
+      const t: TransitionRecord = {
         schema: 'lightning.transition.v1',
         transition_id: id,
         rollout_id: facts.rolloutId,
@@ -86,7 +112,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         prompt_token_ids: promptIds,
         response_token_ids: responseIds,
         response_logprobs: choice?.responseLogprobs ?? null,
-        continues_previous: previous !== null && promptIds !== null && startsWith(promptIds, previous),
+        continues_previous: continues.has(call.seq),
         tool_calls: toolCalls,
         intermediate_reward: intermediate,
         final_reward: facts.finalReward,
@@ -102,11 +128,10 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         latency_ms: call.latencyMs,
         ttft_ms: call.ttftMs,
         injected: call.injected,
-      });
+      };
+      if (call.bodies) t.source = call.bodies;
+      transitions.push(t);
     });
-    const first = call.choices[0];
-    const p = first?.promptTokenIds ?? call.promptTokenIds;
-    previous = p && first?.responseTokenIds ? p.concat(first.responseTokenIds) : null;
   });
   return {
     episode: {
@@ -129,7 +154,35 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   };
 }
 
-function startsWith(ids: number[], prefix: number[]): boolean {
+/** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */
+function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
+  const valid = (ids: CallFacts['promptTokenIds']) => (ids === null || Array.isArray(ids) || resolveIds(ids, response) !== null ? ids : null);
+  f.promptTokenIds = valid(f.promptTokenIds);
+  for (const c of f.choices) {
+    c.promptTokenIds = valid(c.promptTokenIds);
+    c.responseTokenIds = valid(c.responseTokenIds);
+  }
+}
+
+function concatIds(a: ArrayLike<number>, b: ArrayLike<number>): Int32Array {
+  const out = new Int32Array(a.length + b.length);
+  out.set(a);
+  out.set(b, a.length);
+  return out;
+}
+
+/** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
+function parsedRequest(call: CallFacts, read: BodyReader): unknown {
+  const r = call.request as RawBody | null;
+  if (r === null || typeof r !== 'object' || r.raw !== 'journal') return call.request;
+  try {
+    return JSON.parse(read(r.offsets).toString('utf8'));
+  } catch {
+    return null;
+  }
+}
+
+function startsWith(ids: ArrayLike<number>, prefix: ArrayLike<number>): boolean {
   if (prefix.length === 0 || prefix.length > ids.length) return false;
   for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
   return true;

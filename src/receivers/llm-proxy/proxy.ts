@@ -30,6 +30,8 @@ export interface ProxyDeps {
   policyVersion?: () => string | null;
   /** Upstream response header naming the policy that answered (lower case). */
   policyHeader?: string;
+  /** Removes configured secret fields from a parsed request body before it is journaled. */
+  redact?: ((body: unknown) => unknown) | null;
 }
 
 interface Upstream {
@@ -139,7 +141,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       if (api) {
         const correlation = resolveCorrelation(routed, req.headers, trace);
         const seq = deps.sequences.take(correlation.rolloutId, correlation.attemptId);
-        capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes);
+        capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes, deps.capture);
         capture.policyVersion = deps.policyVersion?.() ?? null;
         startCapture(capture);
       } else if (routed.rolloutId !== null && (!ID_PATTERN.test(routed.rolloutId) || !ID_PATTERN.test(routed.attemptId ?? '0'))) {
@@ -178,7 +180,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   function forward(req: IncomingMessage, res: ServerResponse, path: string, api: Api | null, capture: CallCapture | null, t0: number): Promise<void> {
     return new Promise<void>((resolve) => {
       const flavor = config.upstream_flavor;
-      const mustBuffer = capture !== null && flavor !== 'openai' && !req.headers['content-encoding'];
+      // The body is held whole only to add fields upstream or to redact it before journaling.
+      const mustBuffer = capture !== null && (flavor !== 'openai' || !!deps.redact) && !req.headers['content-encoding'];
       let settled = false;
       let rejected = false;
       let upstreamT0 = 0;
@@ -188,7 +191,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         if (settled) return;
         settled = true;
         m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
-        m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, performance.now() - t0);
+        m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
         if (capture) finishCapture(capture, status, error, t0);
         resolve();
       };
@@ -231,13 +234,23 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         res.writeHead(status, ures.statusMessage, out);
         if (streamed) res.flushHeaders();
         if (api) {
-          m.upstreamTtfb.observe({ api }, tHead - upstreamT0);
-          m.proxyAdded.observe({ api }, upstreamT0 - t0 + (performance.now() - tHead));
+          m.upstreamTtfb.observe({ api }, (tHead - upstreamT0) / 1000);
+          m.proxyAdded.observe({ api }, (upstreamT0 - t0 + (performance.now() - tHead)) / 1000);
         }
+        // A captured answer is complete for the agent only once its record is in the journal: the
+        // chunk that completes a content-length body (or the chunked terminator) is held until then.
+        const declared = capture ? Number(ures.headers['content-length']) : NaN;
+        let passed = 0;
+        let held: Buffer | undefined;
         ures.on('data', (chunk: Buffer) => {
           if (capture) {
             if (capture.firstByteAt === null) capture.firstByteAt = performance.now();
             capture.response(chunk);
+            passed += chunk.length;
+            if (passed >= declared) {
+              held = chunk;
+              return;
+            }
           }
           if (!res.write(chunk)) {
             ures.pause();
@@ -245,9 +258,9 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
           }
         });
         ures.on('end', () => {
-          res.end();
           if (streamed && api && capture) m.streamedChunks.inc({ api }, capture.chunks);
           settle('ok', null, `${Math.floor(status / 100)}xx`);
+          res.end(held);
         });
         ures.on('close', () => {
           if (!ures.complete) upstreamBroke('upstream closed the response before its end');
@@ -313,7 +326,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
             body = injection.body;
             capture.injected = injection.injected;
           }
-          capture.requestBody = body;
+          journalRequest(capture, body);
           const headers = forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(body.length) }, DROP_WHEN_REWRITTEN);
           ureq = dispatch(headers);
           ureq.end(body);
@@ -338,28 +351,43 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     });
   }
 
+  /** The request as sent upstream, redacted first when fields are configured to be. */
+  function journalRequest(capture: CallCapture, body: Buffer): void {
+    if (!deps.redact) {
+      capture.request(body);
+      return;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(body.toString('utf8'));
+    } catch {
+      // Not JSON: it is recorded as null, so nothing of it is journaled.
+      return;
+    }
+    capture.request(Buffer.from(JSON.stringify(deps.redact(parsed))));
+  }
+
   function startCapture(capture: CallCapture): void {
     try {
-      deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, traceId: capture.traceId, at: capture.startedAt });
+      capture.callId = deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, api: capture.api, traceId: capture.traceId, at: capture.startedAt });
     } catch (err) {
       m.captureDrops.inc({ reason: 'capture_error' });
       log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err });
     }
   }
 
+  /** Journals the call's end record and writes the journal through before the agent's answer completes. */
   function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): void {
-    const endedAt = now();
-    const endedMono = performance.now();
-    setImmediate(() => {
-      try {
-        const record = capture.finish({ status, error, endedAt, endedMono }, t0);
-        if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
-        deps.capture.callEnded(record);
-      } catch (err) {
-        m.captureDrops.inc({ reason: 'capture_error' });
-        log.once('capture_error', 'error', 'capture of a proxied call failed; the call itself was served', { err });
-      }
-    });
+    if (capture.callId === null) return;
+    try {
+      const record = capture.finish({ status, error, endedAt: now(), endedMono: performance.now() }, t0);
+      if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
+      deps.capture.callEnded(record);
+      deps.capture.flush();
+    } catch (err) {
+      m.captureDrops.inc({ reason: 'capture_error' });
+      log.once('capture_error', 'error', 'capture of a proxied call failed; the call itself was served', { err });
+    }
   }
 
   let started = false;
@@ -395,8 +423,6 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         await Promise.race([Promise.allSettled([...inFlight]), deadline]);
         for (const s of sockets) s.destroy();
         upstream.agent.destroy();
-        // Let the captures queued with setImmediate reach the sink.
-        await new Promise<void>((r) => setImmediate(r));
       })();
       return shutdownOnce.p;
     },

@@ -11,22 +11,31 @@ describe('capture failures', () => {
     const config = loadConfig({ env: {}, overrides: { receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstream.url } } } });
     const metrics = createMetrics();
     const logs: string[] = [];
+    let starts = 0;
     const proxy = createLlmProxy(config.receivers.llm_proxy, {
       logger: createLogger({ level: 'info', write: (l) => logs.push(l) }),
       metrics,
       sequences: new SequenceCounter(),
       capture: {
+        // The first three calls fail to register; the next three register and fail at every later step.
         callStarted: () => {
-          throw new Error('pipeline exploded at start');
+          if (++starts <= 3) throw new Error('pipeline exploded at start');
+          return starts;
+        },
+        body: () => {
+          throw new Error('pipeline exploded on a body');
         },
         callEnded: () => {
           throw new Error('pipeline exploded at end');
+        },
+        flush: () => {
+          throw new Error('pipeline exploded on flush');
         },
       },
     });
     await proxy.start();
     try {
-      for (let i = 0; i < 3; i++) {
+      for (let i = 0; i < 6; i++) {
         const res = await fetch(`http://127.0.0.1:${proxy.port()}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model":"m","messages":[]}' });
         expect(res.status).toBe(200);
         expect(((await res.json()) as { object: string }).object).toBe('chat.completion');

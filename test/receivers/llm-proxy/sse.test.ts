@@ -1,4 +1,6 @@
+import { extractFacts } from '../../../src/processors/capture/extract';
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
+import { memoryCapture } from '../../support/memory-capture';
 import { parseSse, sseJsonPayloads } from '../../../src/receivers/llm-proxy/sse';
 
 describe('SSE parsing', () => {
@@ -14,11 +16,13 @@ describe('SSE parsing', () => {
       'data: {"choices":[{"index":0,"delta":{"content":"llo ✓ é"},"token_ids":[6],"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n';
     const bytes = Buffer.from(text.replace('\\u00e9', 'é'));
     const finish = (chunks: Buffer[]) => {
-      const c = new CallCapture('chat.completions', { rolloutId: 'r', attemptId: '0', groupId: null, agentName: null, source: 'path' }, 0, null, null, 0, 1 << 20);
+      const { sink, read } = memoryCapture();
+      const c = new CallCapture('chat.completions', { rolloutId: 'r', attemptId: '0', groupId: null, agentName: null, source: 'path' }, 0, null, null, 0, 1 << 20, sink);
+      c.callId = sink.callStarted({ type: 'call_start', correlation: c.correlation, seq: 0, traceId: null, at: 0 });
       c.streamed = true;
       c.responseStatus = 200;
       for (const chunk of chunks) c.response(chunk);
-      return c.finish({ status: 'ok', error: null, endedAt: 1, endedMono: 1 }, 0);
+      return extractFacts(c.finish({ status: 'ok', error: null, endedAt: 1, endedMono: 1 }, 0), read).facts;
     };
     const whole = finish([bytes]);
     expect(whole.choices[0]).toMatchObject({ responseTokenIds: [5, 6], finishReason: 'stop' });

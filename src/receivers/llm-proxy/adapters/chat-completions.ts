@@ -1,5 +1,5 @@
-import type { ChoiceCapture } from '../../../pipeline/records';
-import { emptyChoice, intArray, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import type { ChoiceCapture, TokenIds } from '../../../pipeline/records';
+import { emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
 export function extractChat(body: unknown): Extracted {
@@ -40,7 +40,7 @@ interface ChoiceAcc {
   finishReason: unknown;
   logprobs: unknown[] | null;
   tokenIds: number[] | null;
-  promptTokenIds: number[] | null;
+  promptTokenIds: TokenIds | null;
   extra: Json;
 }
 
@@ -53,7 +53,7 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
   const accs = new Map<number, ChoiceAcc>();
   const top: Json = {};
   let usage: unknown = null;
-  let promptTokenIds: number[] | null = null;
+  let promptTokenIds: TokenIds | null = null;
   for (const chunk of chunks) {
     if (!isObject(chunk)) continue;
     for (const [k, v] of Object.entries(chunk)) {
@@ -97,7 +97,7 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
 
 function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
   if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finishReason = c.finish_reason;
-  const ids = intArray(c.token_ids);
+  const ids = intList(c.token_ids);
   if (ids) acc.tokenIds = acc.tokenIds ? acc.tokenIds.concat(ids) : ids.slice();
   const pids = intArray(c.prompt_token_ids);
   if (pids && acc.promptTokenIds === null) acc.promptTokenIds = pids;

@@ -1,5 +1,5 @@
 import type { ChoiceCapture } from '../../../pipeline/records';
-import { emptyChoice, intArray, isObject, logprobList, str, type Extracted, type Json } from './shape';
+import { emptyChoice, intArray, intList, isObject, logprobList, str, type Extracted, type Json } from './shape';
 
 /** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
 export function extractCompletions(body: unknown): Extracted {
@@ -42,7 +42,7 @@ export function assembleCompletionsStream(chunks: unknown[], done: boolean): Ext
       const acc = accs.get(index) ?? { index, text: '', finish_reason: null };
       if (typeof c.text === 'string') acc.text = (acc.text as string) + c.text;
       if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finish_reason = c.finish_reason;
-      const ids = intArray(c.token_ids);
+      const ids = intList(c.token_ids);
       if (ids) acc.token_ids = ((acc.token_ids as number[] | undefined) ?? []).concat(ids);
       const pids = intArray(c.prompt_token_ids);
       if (pids && acc.prompt_token_ids === undefined) acc.prompt_token_ids = pids;

@@ -1,4 +1,4 @@
-import { emptyChoice, intArray, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import { emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
 
 /** OpenAI Responses API: `output[]` items; `function_call` items are the tool calls. */
 export function extractResponses(body: unknown): Extracted {
@@ -14,7 +14,7 @@ export function extractResponses(body: unknown): Extracted {
         if (isObject(part) && Array.isArray(part.logprobs)) logprobs.push(...part.logprobs);
       }
     }
-    const ids = intArray(item.token_ids);
+    const ids = intList(item.token_ids);
     if (ids) tokenIds = (tokenIds ?? ([] as number[])).concat(ids);
   }
   choice.responseTokenIds = tokenIds ?? intArray(res.token_ids) ?? intArray(res.output_token_ids);

@@ -1,4 +1,4 @@
-import type { ChoiceCapture, ToolCallRequest } from '../../../pipeline/records';
+import type { ChoiceCapture, TokenIds, ToolCallRequest } from '../../../pipeline/records';
 
 /** What an API adapter extracts from one call. */
 export interface Extracted {
@@ -6,7 +6,7 @@ export interface Extracted {
   response: unknown;
   model: string | null;
   usage: unknown;
-  promptTokenIds: number[] | null;
+  promptTokenIds: TokenIds | null;
   choices: ChoiceCapture[];
   /** The stream ended without its terminal event. */
   incomplete: boolean;
@@ -23,10 +23,24 @@ export function str(v: unknown): string | null {
 }
 
 /** An array of integers, or null when absent or not all integers. */
-export function intArray(v: unknown): number[] | null {
+export function intList(v: unknown): number[] | null {
   if (!Array.isArray(v)) return null;
   for (const x of v) if (!Number.isInteger(x)) return null;
   return v as number[];
+}
+
+/**
+ * Big id arrays are cut out of a body before it is parsed and replaced by a marker string naming
+ * their byte range (see processors/capture/extract.ts); this reads either form.
+ */
+export const IDS_MARKER = '\u0000ids:';
+
+export function intArray(v: unknown): TokenIds | null {
+  if (typeof v === 'string' && v.startsWith(IDS_MARKER)) {
+    const [start, end] = v.slice(IDS_MARKER.length).split(':').map(Number);
+    return { start, end };
+  }
+  return intList(v);
 }
 
 /** Chosen-token logprobs; null when absent or any value is not a finite number. */

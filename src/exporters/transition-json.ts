@@ -1,0 +1,124 @@
+import type { RawBody, TokenIds, Transition, TransitionRecord } from '../pipeline/records';
+import { decode, type BodyReader } from '../processors/capture/extract';
+import { isJson, readIntArray } from '../processors/capture/json-scan';
+
+/**
+ * Writes transitions as JSON with their big parts copied from the journal as they are: the
+ * request body, the response body less the members lifted out of it, and token-id arrays. Each
+ * byte is read once from the page cache and written once; nothing is parsed and serialized
+ * again. Small fields go through JSON.stringify.
+ */
+export class TransitionWriter {
+  private cachedSource: unknown = null;
+  private cachedResponse: Buffer | null = null;
+
+  constructor(private readonly read: BodyReader) {}
+
+  /** The transition's JSON bytes; `extra` members are appended (e.g. `bodies_dropped`). */
+  json(t: TransitionRecord, extra?: Record<string, unknown>): Buffer {
+    const parts: Buffer[] = [];
+    let text = '{';
+    const flush = () => {
+      if (text.length > 0) parts.push(Buffer.from(text));
+      text = '';
+    };
+    let first = true;
+    for (const key of Object.keys(t) as (keyof TransitionRecord)[]) {
+      if (key === 'source') continue;
+      const v = t[key];
+      if (v === undefined) continue;
+      text += `${first ? '' : ','}${JSON.stringify(key)}:`;
+      first = false;
+      const raw = this.rawValue(t, key, v);
+      if (raw === undefined) text += JSON.stringify(v);
+      else {
+        flush();
+        for (const r of raw) parts.push(r);
+      }
+    }
+    if (extra) for (const [k, v] of Object.entries(extra)) text += `,${JSON.stringify(k)}:${JSON.stringify(v)}`;
+    text += '}';
+    flush();
+    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+  }
+
+  /** The transition with every journal reference resolved: the wire shape, as a plain object. */
+  materialize(t: TransitionRecord): Transition {
+    const out = { ...t } as Record<string, unknown>;
+    delete out.source;
+    out.request = this.parsedBody(t.request);
+    out.response = this.parsedBody(t.response);
+    out.prompt_token_ids = this.ids(t, t.prompt_token_ids);
+    out.response_token_ids = this.ids(t, t.response_token_ids);
+    return out as unknown as Transition;
+  }
+
+  /** Token ids as numbers (ranges read from the call's response). */
+  ids(t: TransitionRecord, ids: TokenIds | null): number[] | null {
+    if (ids === null) return null;
+    if (Array.isArray(ids)) return ids;
+    const r = this.response(t);
+    const a = r ? readIntArray(r, ids.start, ids.end) : null;
+    return a ? Array.from(a) : null;
+  }
+
+  private rawValue(t: TransitionRecord, key: keyof TransitionRecord, v: unknown): Buffer[] | undefined {
+    if ((key === 'request' || key === 'response') && isRawBody(v)) return this.bodyParts(v);
+    if ((key === 'prompt_token_ids' || key === 'response_token_ids') && v !== null && !Array.isArray(v)) {
+      const range = v as { start: number; end: number };
+      const r = this.response(t);
+      return [r ? r.subarray(range.start, range.end) : Buffer.from('null')];
+    }
+    return undefined;
+  }
+
+  private bodyParts(body: RawBody): Buffer[] {
+    const bytes = this.bodyBytes(body);
+    if (bytes === null) return [Buffer.from('null')];
+    if (body.cuts.length === 0) return isJson(bytes) ? [bytes] : [Buffer.from('null')];
+    const out: Buffer[] = [];
+    let at = 0;
+    for (const [s, e] of body.cuts) {
+      out.push(bytes.subarray(at, s));
+      at = e;
+    }
+    out.push(bytes.subarray(at));
+    return out;
+  }
+
+  private bodyBytes(body: RawBody): Buffer | null {
+    try {
+      return decode(this.read(body.offsets), body.encoding);
+    } catch {
+      return null;
+    }
+  }
+
+  private parsedBody(v: unknown): unknown {
+    if (!isRawBody(v)) return v ?? null;
+    try {
+      return JSON.parse(Buffer.concat(this.bodyParts(v)).toString('utf8'));
+    } catch {
+      return null;
+    }
+  }
+
+  /** The call's decoded response, read once for all the transitions (choices) of one call. */
+  private response(t: TransitionRecord): Buffer | null {
+    if (!t.source) return null;
+    if (this.cachedSource !== t.source) {
+      this.cachedSource = t.source;
+      this.cachedResponse = null;
+      try {
+        this.cachedResponse = decode(this.read(t.source.response), t.source.encoding);
+      } catch {
+        this.cachedResponse = null;
+      }
+    }
+    return this.cachedResponse;
+  }
+}
+
+export function isRawBody(v: unknown): v is RawBody {
+  return typeof v === 'object' && v !== null && (v as { raw?: unknown }).raw === 'journal';
+}

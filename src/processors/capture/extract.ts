@@ -1,0 +1,211 @@
+import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
+import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../../pipeline/records';
+import { extractBody, extractStream, type Extracted } from '../../receivers/llm-proxy/adapters';
+import { IDS_MARKER } from '../../receivers/llm-proxy/adapters/shape';
+import { findMembers, memberCut, readIntArray, type Member } from './json-scan';
+
+/** Reads the bytes of journaled body frames, in order. */
+export type BodyReader = (offsets: readonly number[]) => Buffer;
+
+/** A call with its facts extracted; bodies stay in the journal (`RawBody`) where they can. */
+export interface CallFacts extends CallRecord {
+  model: string | null;
+  usage: unknown;
+  promptTokenIds: TokenIds | null;
+  choices: ChoiceCapture[];
+  request: unknown;
+  response: unknown;
+}
+
+const MAX_DECODED = 64 * 1024 * 1024;
+/** Id arrays shorter than this are parsed inline: a range is worth it only for big ones. */
+const RANGE_MIN_BYTES = 256;
+
+/**
+ * Extracts what a transition needs from a captured call's journaled response: model, usage,
+ * finish reasons, tool calls, logprobs, and where the token-id arrays lie. The id arrays are not
+ * parsed: they are cut out of the text before it is parsed and replaced by markers naming their
+ * byte ranges, so the parse costs what the answer costs, not what the prompt costs. Never throws:
+ * what cannot be read or parsed is recorded as null with a reason, as the call's error.
+ * The decoded response is returned too, for callers that check ids now (continuity).
+ */
+export function extractFacts(call: CallRecord, read: BodyReader): { facts: CallFacts; responseBytes: Buffer | null } {
+  if (!call.bodies) {
+    const facts: CallFacts = {
+      ...call,
+      model: call.model ?? null,
+      usage: call.usage ?? null,
+      promptTokenIds: call.promptTokenIds ?? null,
+      choices: call.choices ?? [],
+      request: call.request ?? null,
+      response: call.response ?? null,
+    };
+    return { facts, responseBytes: null };
+  }
+  const bodies = call.bodies;
+  let extracted: Extracted | null = null;
+  let parseError: string | null = null;
+  let response: unknown = null;
+  let decoded: Buffer | null = null;
+  try {
+    const raw = bodies.response.length > 0 ? read(bodies.response) : null;
+    if (raw !== null && raw.length > 0) {
+      decoded = decode(raw, bodies.encoding);
+      if (decoded === null) parseError = `cannot decode content-encoding ${bodies.encoding}`;
+    }
+  } catch (err) {
+    parseError = `response body unreadable from the journal: ${(err as Error).message}`;
+  }
+  if (decoded !== null) {
+    const lifted = call.api === 'chat.completions' || call.api === 'completions';
+    if (call.streamed) {
+      const patched = patchIds(decoded, ['prompt_token_ids']);
+      extracted = extractStream(call.api, patched.text);
+      response = lifted ? withoutLiftedMembers(extracted.response) : extracted.response;
+    } else {
+      const patched = patchIds(decoded, ['prompt_token_ids', 'token_ids']);
+      let value: unknown;
+      try {
+        value = JSON.parse(patched.text);
+      } catch {
+        parseError = 'response body is not JSON';
+      }
+      if (parseError === null) {
+        extracted = extractBody(call.api, value);
+        const used = usedRanges(extracted);
+        const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded!, m));
+        if (lifted) for (const m of findMembers(decoded, 'logprobs')) if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
+        const rawBody: RawBody = { raw: 'journal', offsets: bodies.response, encoding: bodies.encoding, cuts: mergeCuts(cut) };
+        response = rawBody;
+      }
+    }
+  }
+  let status = call.status;
+  let error = call.error;
+  const httpStatus = call.httpStatus;
+  if (status === 'ok' && httpStatus !== null && httpStatus >= 400) {
+    status = 'error';
+    error = `upstream answered ${httpStatus}`;
+  }
+  if (status === 'ok' && extracted?.incomplete) {
+    status = 'error';
+    error = 'stream ended without its terminal event';
+  }
+  if (status === 'ok' && parseError && !call.truncated) {
+    status = 'error';
+    error = parseError;
+  }
+  const request: RawBody | null = bodies.request.length > 0 ? { raw: 'journal', offsets: bodies.request, encoding: null, cuts: [] } : null;
+  const facts: CallFacts = {
+    ...call,
+    status,
+    error,
+    model: extracted?.model ?? modelFromRequest(bodies.request, read),
+    usage: extracted?.usage ?? null,
+    promptTokenIds: extracted?.promptTokenIds ?? null,
+    choices: extracted?.choices ?? [],
+    request,
+    response,
+  };
+  return { facts, responseBytes: decoded };
+}
+
+/** The request's `model` (for answers that do not name it, such as errors). */
+function modelFromRequest(offsets: number[], read: BodyReader): string | null {
+  if (offsets.length === 0) return null;
+  try {
+    const body = read(offsets);
+    for (const m of findMembers(body, 'model')) {
+      if (body[m.valueStart] !== 0x22) continue;
+      const v: unknown = JSON.parse(body.toString('utf8', m.valueStart, m.valueEnd));
+      if (typeof v === 'string') return v;
+    }
+  } catch {
+    // A request that cannot be read names no model.
+  }
+  return null;
+}
+
+/**
+ * The text of `buf` with each `key` member's array value replaced by a marker string naming the
+ * array's byte range (short arrays are left in place).
+ */
+export function patchIds(buf: Buffer, keys: string[]): { text: string; members: Member[] } {
+  const members: Member[] = [];
+  for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b && m.valueEnd - m.valueStart >= RANGE_MIN_BYTES) members.push(m);
+  if (members.length === 0) return { text: buf.toString('utf8'), members };
+  members.sort((a, b) => a.valueStart - b.valueStart);
+  const parts: string[] = [];
+  let at = 0;
+  for (const m of members) {
+    if (m.valueStart < at) continue;
+    parts.push(buf.toString('utf8', at, m.valueStart), JSON.stringify(`${IDS_MARKER}${m.valueStart}:${m.valueEnd}`));
+    at = m.valueEnd;
+  }
+  parts.push(buf.toString('utf8', at));
+  return { text: parts.join(''), members };
+}
+
+function usedRanges(e: Extracted): Set<number> {
+  const used = new Set<number>();
+  const add = (ids: TokenIds | null) => {
+    if (ids !== null && !Array.isArray(ids)) used.add(ids.start);
+  };
+  add(e.promptTokenIds);
+  for (const c of e.choices) {
+    add(c.promptTokenIds);
+    add(c.responseTokenIds);
+  }
+  return used;
+}
+
+/** Chat / text completion assembled from a stream, without the members lifted out beside it. */
+function withoutLiftedMembers(response: unknown): unknown {
+  if (typeof response !== 'object' || response === null) return response;
+  const r = { ...(response as Record<string, unknown>) };
+  delete r.prompt_token_ids;
+  if (Array.isArray(r.choices)) {
+    r.choices = r.choices.map((c: unknown) => {
+      if (typeof c !== 'object' || c === null) return c;
+      const copy = { ...(c as Record<string, unknown>) };
+      delete copy.token_ids;
+      delete copy.prompt_token_ids;
+      delete copy.logprobs;
+      return copy;
+    });
+  }
+  return r;
+}
+
+function mergeCuts(cuts: [number, number][]): [number, number][] {
+  cuts.sort((a, b) => a[0] - b[0]);
+  const out: [number, number][] = [];
+  for (const c of cuts) {
+    const last = out[out.length - 1];
+    if (last && c[0] <= last[1]) last[1] = Math.max(last[1], c[1]);
+    else out.push([c[0], c[1]]);
+  }
+  return out;
+}
+
+/** Token ids as numbers: inline ones as they are, ranges read from the decoded response. */
+export function resolveIds(ids: TokenIds | null, response: Buffer | null): ArrayLike<number> | null {
+  if (ids === null) return null;
+  if (Array.isArray(ids)) return ids;
+  if (response === null) return null;
+  return readIntArray(response, ids.start, ids.end);
+}
+
+/** Undoes a response `content-encoding` (the agent got the encoded bytes; the journal keeps them). */
+export function decode(bytes: Buffer, encoding: string | null | undefined): Buffer | null {
+  const enc = (encoding ?? 'identity').trim().toLowerCase();
+  try {
+    if (enc === 'identity' || enc === '') return bytes;
+    if (enc === 'gzip' || enc === 'x-gzip') return gunzipSync(bytes, { maxOutputLength: MAX_DECODED });
+    if (enc === 'deflate') return inflateSync(bytes, { maxOutputLength: MAX_DECODED });
+    if (enc === 'br') return brotliDecompressSync(bytes, { maxOutputLength: MAX_DECODED });
+  } catch {
+    return null;
+  }
+  return null;
+}

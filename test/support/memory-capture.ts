@@ -1,0 +1,25 @@
+import type { CaptureSink } from '../../src/pipeline/component';
+import type { CallRecord, CallStartRecord } from '../../src/pipeline/records';
+import type { BodyReader } from '../../src/processors/capture/extract';
+
+/** A capture sink that keeps body frames in memory, with the reader extraction needs. */
+export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started: CallStartRecord[]; ended: CallRecord[] } {
+  const frames = new Map<number, Buffer>();
+  const started: CallStartRecord[] = [];
+  const ended: CallRecord[] = [];
+  let next = 0;
+  const sink: CaptureSink = {
+    callStarted: (r) => {
+      started.push(r);
+      return next++;
+    },
+    body: (_callId, _kind, bytes) => {
+      frames.set(next, Buffer.from(bytes));
+      return next++;
+    },
+    callEnded: (r) => void ended.push(r),
+    flush: () => {},
+  };
+  const read: BodyReader = (offsets) => Buffer.concat(offsets.map((o) => frames.get(o)!));
+  return { sink, read, started, ended };
+}
