@@ -1,130 +1,188 @@
 import { appendFileSync, closeSync, existsSync, fsyncSync, openSync, readFileSync, writeSync } from 'node:fs';
-import { Kafka, logLevel, type Producer } from 'kafkajs';
-import { loadConfig } from '../config/load';
-import { decodeEpisode, decodeTransition, type Encoding } from '../exporters/kafka/encoding';
+import { Partitioners, type Producer } from 'kafkajs';
+import { ChunkReassembler, type IncompleteRecord } from '../trainer/chunk-reassembly';
 import { GroupAssembler, type GroupEvent, type Position } from '../trainer/groups';
-import { option, type TailIo } from './tail';
+import { UsageError, type Command, type CommandSpec } from './command';
+import { decodeEpisodeRecord, decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
 
-export const GROUPS_USAGE = `  lightning-sidecar groups --group-size N [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T]
-                          [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]
-                                              emit complete GRPO groups (lightning.group.v1) from the transitions
-                                              and episodes topics, in a Kafka consumer group
-`;
+const spec: CommandSpec = {
+  name: 'groups',
+  summary: 'emit complete GRPO groups from Kafka, once each (the reference trainer consumer)',
+  synopsis: '--group-size N [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]',
+  options: {
+    'group-size': { type: 'integer', value: 'N', description: 'episodes per group (required)' },
+    brokers: { type: 'string', value: 'H:P,...', description: 'Kafka brokers (default: the config, then $LIGHTNING_KAFKA_BROKERS)' },
+    'group-id': { type: 'string', value: 'ID', description: 'Kafka consumer group (default: lightning-groups)' },
+    out: { type: 'string', value: 'FILE', description: 'append groups to FILE as JSON lines, each fsync\'d before offsets move (default: stdout)' },
+    'to-topic': { type: 'string', value: 'T', description: 'produce groups to topic T instead' },
+    state: { type: 'string', value: 'FILE', description: 'groups already emitted or given up on (default: OUT.state, or ./lightning-groups.state)' },
+    'group-timeout-ms': { type: 'integer', value: 'MS', description: 'give up on a group (and a chunked record) after MS (default: 600000)' },
+    'max-groups': { type: 'integer', value: 'N', description: 'exit after emitting N groups' },
+    'idle-exit-ms': { type: 'integer', value: 'MS', description: 'exit after MS without a message' },
+    config: { type: 'string', value: 'FILE', description: 'config file for brokers, topics and Kafka settings (default: $LIGHTNING_CONFIG)' },
+  },
+  notes: [
+    'Reads the transitions and episodes topics in a consumer group; writes lightning.group.v1 lines (veRL-style batches).',
+    'Each group is emitted once, across restarts: offsets are committed only below records still pending.',
+    'Chunked records are reassembled and prompt deltas made whole before grouping.',
+  ],
+};
 
 /**
  * `groups`: the reference trainer-side consumer. Reads transitions and episodes in a consumer
  * group, emits each group of N closed episodes once (JSONL to stdout or a file, or to a topic),
- * commits offsets only below what is still pending, and remembers emitted groups: with `--out
- * FILE` the output file itself (each line is fsync'd before offsets move), otherwise `--state`.
+ * commits offsets only below what is still pending (a group, or a record still in chunks), and
+ * remembers emitted groups: with `--out FILE` the output file itself (each line is fsync'd before
+ * offsets move), otherwise `--state`.
  */
-export async function runGroups(args: string[], io: TailIo): Promise<number> {
-  const config = loadConfig({ file: option(args, '--config') ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
-  const groupSize = Number(option(args, '--group-size'));
-  if (!Number.isInteger(groupSize) || groupSize < 1) {
-    io.err.write(`groups: --group-size N is required (a positive integer)\n${GROUPS_USAGE}`);
-    return 2;
-  }
-  const brokers = option(args, '--brokers')?.split(',') ?? config.exporters.kafka.brokers;
-  if (brokers.length === 0) {
-    io.err.write('groups: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)\n');
-    return 2;
-  }
-  const out = option(args, '--out');
-  const toTopic = option(args, '--to-topic');
-  const statePath = option(args, '--state') ?? (out ? `${out}.state` : 'lightning-groups.state');
-  const timeoutMs = Number(option(args, '--group-timeout-ms') ?? 600_000);
-  const maxGroups = Number(option(args, '--max-groups') ?? Infinity);
-  const idleExitMs = Number(option(args, '--idle-exit-ms') ?? Infinity);
-  const topics = { transitions: config.exporters.kafka.topic, episodes: config.exporters.kafka.episodes_topic };
+export const groupsCommand: Command = {
+  spec,
+  async run({ values }, io) {
+    const groupSize = values['group-size'] as number | undefined;
+    if (groupSize === undefined || groupSize < 1) throw new UsageError('groups: --group-size N is required (a positive whole number)', spec);
+    const out = values.out as string | undefined;
+    const toTopic = values['to-topic'] as string | undefined;
+    if (out !== undefined && toTopic !== undefined) throw new UsageError('groups: --out and --to-topic exclude each other', spec);
+    const config = kafkaCommandConfig(values as { config?: string; brokers?: string }, io);
+    const brokers = config.exporters.kafka.brokers;
+    if (brokers.length === 0) throw new UsageError('groups: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)', spec);
+    const statePath = (values.state as string | undefined) ?? (out ? `${out}.state` : 'lightning-groups.state');
+    const timeoutMs = (values['group-timeout-ms'] as number | undefined) ?? 600_000;
+    const maxGroups = (values['max-groups'] as number | undefined) ?? Infinity;
+    const idleExitMs = (values['idle-exit-ms'] as number | undefined) ?? Infinity;
+    const topics = { transitions: config.exporters.kafka.topic, episodes: config.exporters.kafka.episodes_topic };
 
-  const done = loadDone(statePath, out);
-  const assembler = new GroupAssembler({ groupSize, timeoutMs }, done);
-  const kafka = new Kafka({ clientId: 'lightning-sidecar-groups', brokers, logLevel: logLevel.ERROR });
-  const consumer = kafka.consumer({ groupId: option(args, '--group-id') ?? 'lightning-groups', maxWaitTimeInMs: 250 });
-  let producer: Producer | null = null;
-  if (toTopic) {
-    producer = kafka.producer({ idempotent: true });
-    await producer.connect();
-  }
-  const outFd = out ? openSync(out, 'a') : null;
-  const lastSeen = new Map<string, Position>();
-  let emitted = 0;
-  let lastActivity = Date.now();
+    const assembler = new GroupAssembler({ groupSize, timeoutMs }, loadDone(statePath, out));
+    const chunks = new ChunkReassembler({ timeoutMs, maxBytes: 256 * 1024 * 1024 });
+    const { kafka } = kafkaForCommand(config, 'groups', io);
+    const consumer = kafka.consumer({ groupId: (values['group-id'] as string | undefined) ?? 'lightning-groups', maxWaitTimeInMs: 250 });
+    const producer: Producer | null = toTopic ? kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner }) : null;
+    const lastSeen = new Map<string, Position>();
+    let outFd: number | null = null;
+    let emitted = 0;
+    let lastActivity = Date.now();
+    let failure: unknown = null;
 
-  async function emit(events: GroupEvent[]): Promise<void> {
-    for (const ev of events) {
-      if (ev.kind === 'group') {
-        const line = JSON.stringify(ev.batch) + '\n';
-        if (outFd !== null) {
-          writeSync(outFd, line);
-          fsyncSync(outFd);
-        } else if (producer) {
-          await producer.send({ topic: toTopic!, acks: -1, messages: [{ key: ev.batch.uid, value: line.trimEnd() }] });
-          remember(statePath, ev.batch.uid, 'emitted');
+    async function emit(events: GroupEvent[]): Promise<void> {
+      for (const ev of events) {
+        if (ev.kind === 'group') {
+          const line = JSON.stringify(ev.batch) + '\n';
+          if (outFd !== null) {
+            writeSync(outFd, line);
+            fsyncSync(outFd);
+          } else if (producer) {
+            await producer.send({ topic: toTopic!, acks: -1, messages: [{ key: ev.batch.uid, value: line.trimEnd() }] });
+            remember(statePath, ev.batch.uid, 'emitted');
+          } else {
+            io.out.write(line);
+            remember(statePath, ev.batch.uid, 'emitted');
+          }
+          emitted++;
+          io.err.write(`groups: emitted ${ev.batch.uid} (${ev.batch.episodes.length} episodes, ${ev.batch.batch.uid.length} rows)\n`);
+        } else if (ev.kind === 'incomplete') {
+          remember(statePath, ev.uid, 'incomplete');
+          io.err.write(`groups: gave up on ${ev.uid}: ${ev.episodes} of ${groupSize} episodes after ${ev.waitedMs} ms\n`);
+        } else if (ev.kind === 'late') {
+          io.err.write(`groups: ignored episode ${ev.rollout_id}/${ev.attempt_id}: group ${ev.uid} is already emitted or full\n`);
+        } else if (ev.kind === 'ungrouped') {
+          io.err.write(`groups: episode ${ev.rollout_id}/${ev.attempt_id} has no group_id; skipped\n`);
+        } else if (ev.kind === 'unresolved_delta') {
+          io.err.write(`groups: transition ${ev.transition_id} has a prompt delta that cannot be made whole (${ev.reason}); its row is left out\n`);
         } else {
-          io.out.write(line);
-          remember(statePath, ev.batch.uid, 'emitted');
+          io.err.write(`groups: dropped ${ev.transitions} transitions whose episode never arrived\n`);
         }
-        emitted++;
-        io.err.write(`groups: emitted ${ev.batch.uid} (${ev.batch.episodes.length} episodes, ${ev.batch.batch.uid.length} rows)\n`);
-      } else if (ev.kind === 'incomplete') {
-        remember(statePath, ev.uid, 'incomplete');
-        io.err.write(`groups: gave up on ${ev.uid}: ${ev.episodes} of ${groupSize} episodes after ${ev.waitedMs} ms\n`);
-      } else if (ev.kind === 'late') {
-        io.err.write(`groups: ignored episode ${ev.rollout_id}/${ev.attempt_id}: group ${ev.uid} is already emitted or full\n`);
-      } else if (ev.kind === 'ungrouped') {
-        io.err.write(`groups: episode ${ev.rollout_id}/${ev.attempt_id} has no group_id; skipped\n`);
-      } else {
-        io.err.write(`groups: dropped ${ev.transitions} transitions whose episode never arrived\n`);
       }
     }
-  }
 
-  /** Commits, per partition, up to the lowest record still needed (or past the last one seen). */
-  async function commit(): Promise<void> {
-    const low = assembler.lowestPending();
-    const offsets = [...lastSeen.entries()].map(([k, p]) => ({ topic: p.topic, partition: p.partition, offset: String(Math.min(low.get(k) ?? Infinity, p.offset + 1)) }));
-    if (offsets.length > 0) await consumer.commitOffsets(offsets);
-  }
+    const reportDropped = (records: IncompleteRecord[]): void => {
+      for (const r of records) io.err.write(`groups: dropped record ${r.recordId} at ${r.topic}/${r.partition}: ${r.have} of ${r.count} chunks (${r.reason === 'timeout' ? `after ${r.waitedMs} ms` : 'chunk buffer full'})\n`);
+    };
 
-  await consumer.connect();
-  await consumer.subscribe({ topics: [topics.transitions, topics.episodes], fromBeginning: true });
-  let finish!: () => void;
-  const finished = new Promise<void>((r) => (finish = r));
-  process.once('SIGINT', () => finish());
-  process.once('SIGTERM', () => finish());
-  const timer = setInterval(() => {
-    void emit(assembler.tick(Date.now())).then(commit).catch(() => {});
-    if (Date.now() - lastActivity > idleExitMs) finish();
-  }, Math.min(1000, Math.max(50, timeoutMs / 4)));
-  await consumer.run({
-    autoCommit: false,
-    eachMessage: async ({ topic, partition, message }) => {
-      lastActivity = Date.now();
-      const pos: Position = { topic, partition, offset: Number(message.offset) };
-      lastSeen.set(`${topic}\u0000${partition}`, pos);
-      const encoding: Encoding = message.headers?.['content-type']?.toString() === 'application/x-protobuf' ? 'protobuf' : 'json';
-      const bytes = message.value ?? Buffer.alloc(0);
-      let events: GroupEvent[];
-      try {
-        events = topic === topics.episodes ? assembler.addEpisode(decodeEpisode(bytes, encoding), pos, Date.now()) : assembler.addTransition(decodeTransition(bytes, encoding) as never, pos, Date.now());
-      } catch {
-        io.err.write(`groups: skipping an undecodable message at ${topic}/${partition}@${message.offset}\n`);
-        return;
-      }
-      await emit(events);
-      await commit();
-      if (emitted >= maxGroups) finish();
-    },
-  });
-  await finished;
-  clearInterval(timer);
-  await commit().catch(() => {});
-  await consumer.disconnect();
-  await producer?.disconnect();
-  if (outFd !== null) closeSync(outFd);
-  return 0;
-}
+    /** Commits, per partition, up to the lowest record still needed (or past the last one seen). */
+    async function commit(): Promise<void> {
+      const groupsLow = assembler.lowestPending();
+      const chunksLow = chunks.lowestPending();
+      const offsets = [...lastSeen.entries()].map(([k, p]) => ({
+        topic: p.topic,
+        partition: p.partition,
+        offset: String(Math.min(groupsLow.get(k) ?? Infinity, chunksLow.get(k) ?? Infinity, p.offset + 1)),
+      }));
+      if (offsets.length > 0) await consumer.commitOffsets(offsets);
+    }
+
+    let finish!: () => void;
+    const finished = new Promise<void>((r) => (finish = r));
+    const stop = (): void => finish();
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+    consumer.on(consumer.events.CRASH, (e) => {
+      if (e.payload.restart) return;
+      failure = e.payload.error;
+      finish();
+    });
+    const timer = setInterval(
+      () => {
+        const now = Date.now();
+        reportDropped([...chunks.tick(now), ...chunks.takeEvicted()]);
+        void emit(assembler.tick(now))
+          .then(commit)
+          .catch(() => {});
+        if (now - lastActivity > idleExitMs) finish();
+      },
+      Math.min(1000, Math.max(50, timeoutMs / 4)),
+    );
+    try {
+      await producer?.connect();
+      await consumer.connect();
+      await consumer.subscribe({ topics: [topics.transitions, topics.episodes], fromBeginning: true });
+      outFd = out ? openSync(out, 'a') : null;
+      await consumer.run({
+        autoCommit: false,
+        eachMessage: async ({ topic, partition, message }) => {
+          const now = Date.now();
+          lastActivity = now;
+          const at: Position = { topic, partition, offset: Number(message.offset) };
+          lastSeen.set(`${topic}\u0000${partition}`, at);
+          const outcome = chunks.add(at, message.headers, message.value, now);
+          reportDropped(chunks.takeEvicted());
+          if (outcome.kind === 'invalid') io.err.write(`groups: skipping record ${outcome.recordId ?? '?'} at ${topic}/${partition}@${message.offset}: ${outcome.reason}\n`);
+          if (outcome.kind !== 'record') {
+            await commit();
+            return;
+          }
+          const { record } = outcome;
+          let events: GroupEvent[];
+          try {
+            events = topic === topics.episodes ? assembler.addEpisode(decodeEpisodeRecord(record), record.pos, now) : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
+          } catch {
+            io.err.write(`groups: skipping an undecodable record at ${topic}/${partition}@${record.pos.offset}\n`);
+            await commit();
+            return;
+          }
+          await emit(events);
+          await commit();
+          if (emitted >= maxGroups) finish();
+        },
+      });
+      await finished;
+      await commit().catch(() => {});
+    } catch (err) {
+      failure = err;
+    } finally {
+      clearInterval(timer);
+      process.off('SIGINT', stop);
+      process.off('SIGTERM', stop);
+      await consumer.disconnect().catch(() => {});
+      await producer?.disconnect().catch(() => {});
+      if (outFd !== null) closeSync(outFd);
+    }
+    if (failure !== null) {
+      io.err.write(gaveUpMessage('groups', brokers, failure));
+      return 1;
+    }
+    return 0;
+  },
+};
 
 /** uids already handled: the output file's groups and the state file's lines. */
 function loadDone(statePath: string, out: string | undefined): Set<string> {

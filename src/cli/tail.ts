@@ -1,35 +1,64 @@
+import { randomUUID } from 'node:crypto';
 import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
-import { Kafka, logLevel } from 'kafkajs';
-import { randomUUID } from 'node:crypto';
 import { loadConfig } from '../config/load';
-import { decodeTransition, type Encoding } from '../exporters/kafka/encoding';
 import type { Transition } from '../pipeline/records';
+import { ChunkReassembler } from '../trainer/chunk-reassembly';
+import type { WireTransition } from '../trainer/prompt-delta';
+import { UsageError, type CliIo, type Command, type CommandSpec, type ParsedValues } from './command';
+import { decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
 
-export interface TailIo {
-  env: NodeJS.ProcessEnv;
-  out: NodeJS.WritableStream;
-  err: NodeJS.WritableStream;
-}
+const FILE_ONLY = ['data-dir', 'follow'];
+const KAFKA_ONLY = ['brokers', 'topic', 'from-beginning', 'max'];
+
+const spec: CommandSpec = {
+  name: 'tail',
+  summary: 'print exported transitions, one line each (files, or Kafka with --kafka)',
+  synopsis: ['[--data-dir DIR] [--follow] [--json]', '--kafka [--brokers H:P,...] [--topic T] [--from-beginning] [--max N] [--json]'],
+  options: {
+    'data-dir': { type: 'string', value: 'DIR', description: 'where the file exporter writes (default: the config, then $LIGHTNING_DATA_DIR, then ./data)' },
+    follow: { type: 'boolean', description: 'keep printing new transitions until interrupted' },
+    json: { type: 'boolean', description: 'print each transition as its JSON record' },
+    kafka: { type: 'boolean', description: 'read the transitions topic in a fresh consumer group (moves no trainer offsets)' },
+    brokers: { type: 'string', value: 'H:P,...', description: 'Kafka brokers (default: the config, then $LIGHTNING_KAFKA_BROKERS)' },
+    topic: { type: 'string', value: 'T', description: 'transitions topic (default: the config, lightning.transitions)' },
+    'from-beginning': { type: 'boolean', description: 'start at the oldest record instead of the newest' },
+    max: { type: 'integer', value: 'N', description: 'stop after N transitions' },
+    config: { type: 'string', value: 'FILE', description: 'config file for the defaults above (default: $LIGHTNING_CONFIG)' },
+  },
+  notes: ['Chunked records are reassembled; a prompt sent as a delta shows as +N prompt tokens.'],
+};
+
+export const tailCommand: Command = {
+  spec,
+  async run({ values }, io) {
+    const misplaced = (values.kafka ? FILE_ONLY : KAFKA_ONLY).find((name) => values[name] !== undefined);
+    if (misplaced) throw new UsageError(`tail: --${misplaced} ${values.kafka ? 'reads files, not Kafka' : 'needs --kafka'}`, spec);
+    return values.kafka ? tailKafka(values, io) : tailFiles(values, io);
+  },
+};
 
 /** One readable line per transition. */
-export function formatTransition(t: Transition): string {
-  const tokens = `${t.prompt_token_ids?.length ?? '-'}→${t.response_token_ids?.length ?? '-'}`;
+export function formatTransition(t: WireTransition): string {
+  const prompt = t.prompt_token_ids?.length ?? (t.prompt_token_ids_delta ? `+${t.prompt_token_ids_delta.suffix.length}` : '-');
+  const tokens = `${prompt}→${t.response_token_ids?.length ?? '-'}`;
   const tools = t.tool_calls.length > 0 ? ` tools=${t.tool_calls.map((c) => `${c.name ?? '?'}:${c.status ?? '?'}`).join(',')}` : '';
   const reward = t.reward.toFixed(3);
   return `${t.transition_id.padEnd(28)} ${t.api.padEnd(18)} ${(t.model ?? '-').padEnd(16)} ${t.status.padEnd(7)} tokens=${tokens.padEnd(9)} reward=${reward} final=${t.final_reward ?? '-'} ${t.finish_reason ?? '-'}${t.streamed ? ' (stream)' : ''}${tools}`;
 }
 
-export async function runTail(args: string[], io: TailIo): Promise<number> {
-  const i = args.indexOf('--data-dir');
-  const dataDir = i >= 0 ? args[i + 1] : io.env.LIGHTNING_DATA_DIR || './data';
-  const json = args.includes('--json');
-  const follow = args.includes('--follow');
-  if (args.includes('--kafka')) return tailKafka(args, io, json);
+async function tailFiles(values: ParsedValues, io: CliIo): Promise<number> {
+  const json = values.json === true;
+  const follow = values.follow === true;
+  let dataDir = values['data-dir'] as string | undefined;
+  if (dataDir === undefined) {
+    const config = loadConfig({ file: (values.config as string | undefined) ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
+    dataDir = config.exporters.file.dir ?? config.service.data_dir;
+  }
   const dir = path.join(dataDir, 'transitions');
   if (!existsSync(dir)) {
-    io.err.write(`tail: no transitions under ${dir} yet (is LIGHTNING_DATA_DIR right?)\n`);
+    io.err.write(`tail: no transitions under ${dir} yet (is the data dir right?)\n`);
     return follow ? waitAndFollow(dir, io, json) : 1;
   }
   const seen = new Map<string, number>();
@@ -37,7 +66,7 @@ export async function runTail(args: string[], io: TailIo): Promise<number> {
   return follow ? waitAndFollow(dir, io, json, seen) : 0;
 }
 
-async function printNew(dir: string, seen: Map<string, number>, io: TailIo, json: boolean): Promise<void> {
+async function printNew(dir: string, seen: Map<string, number>, io: CliIo, json: boolean): Promise<void> {
   if (!existsSync(dir)) return;
   const files = readdirSync(dir).filter((f) => f.endsWith('.ndjson')).sort();
   for (const f of files) {
@@ -61,7 +90,7 @@ async function printNew(dir: string, seen: Map<string, number>, io: TailIo, json
   }
 }
 
-function waitAndFollow(dir: string, io: TailIo, json: boolean, seen = new Map<string, number>()): Promise<number> {
+function waitAndFollow(dir: string, io: CliIo, json: boolean, seen = new Map<string, number>()): Promise<number> {
   return new Promise((resolve) => {
     const timer = setInterval(() => void printNew(dir, seen, io, json), 500);
     const stop = (): void => {
@@ -73,47 +102,67 @@ function waitAndFollow(dir: string, io: TailIo, json: boolean, seen = new Map<st
   });
 }
 
-export function option(args: string[], name: string): string | undefined {
-  const i = args.indexOf(name);
-  return i >= 0 ? args[i + 1] : undefined;
-}
-
 /**
- * `tail --kafka`: a kafkajs consumer in a fresh group (so it sees every partition, and never
- * moves a trainer's offsets) printing transitions as they arrive, JSON or protobuf by header.
+ * `tail --kafka`: a consumer in a fresh group (so it sees every partition, and never moves a
+ * trainer's offsets) printing transitions as they arrive, whole or reassembled from chunks.
  */
-async function tailKafka(args: string[], io: TailIo, json: boolean): Promise<number> {
-  const config = loadConfig({ file: option(args, '--config') ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
-  const brokers = option(args, '--brokers')?.split(',') ?? config.exporters.kafka.brokers;
-  if (brokers.length === 0) {
-    io.err.write('tail --kafka: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)\n');
-    return 2;
-  }
-  const topic = option(args, '--topic') ?? config.exporters.kafka.topic;
-  const max = Number(option(args, '--max') ?? Infinity);
-  const kafka = new Kafka({ clientId: 'lightning-sidecar-tail', brokers, logLevel: logLevel.ERROR });
+async function tailKafka(values: ParsedValues, io: CliIo): Promise<number> {
+  const config = kafkaCommandConfig(values as { config?: string; brokers?: string; topic?: string }, io);
+  const { brokers, topic } = config.exporters.kafka;
+  if (brokers.length === 0) throw new UsageError('tail --kafka: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)', spec);
+  const json = values.json === true;
+  const max = (values.max as number | undefined) ?? Infinity;
+  const { kafka } = kafkaForCommand(config, 'tail', io);
   const consumer = kafka.consumer({ groupId: `lightning-tail-${randomUUID()}`, maxWaitTimeInMs: 250 });
-  await consumer.connect();
-  await consumer.subscribe({ topic, fromBeginning: args.includes('--from-beginning') });
-  let seen = 0;
-  await new Promise<void>((resolve) => {
-    const stop = (): void => resolve();
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
-    void consumer.run({
-      eachMessage: async ({ message }) => {
-        if (seen >= max) return;
-        const encoding: Encoding = message.headers?.['content-type']?.toString() === 'application/x-protobuf' ? 'protobuf' : 'json';
+  const chunks = new ChunkReassembler({ timeoutMs: 60_000, maxBytes: 256 * 1024 * 1024 });
+  let failure: unknown = null;
+  let printed = 0;
+  let finish!: () => void;
+  const finished = new Promise<void>((resolve) => (finish = resolve));
+  const stop = (): void => finish();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  consumer.on(consumer.events.CRASH, (e) => {
+    if (e.payload.restart) return;
+    failure = e.payload.error;
+    finish();
+  });
+  const timer = setInterval(() => {
+    for (const r of [...chunks.tick(Date.now()), ...chunks.takeEvicted()]) io.err.write(`tail: dropped record ${r.recordId}: ${r.have} of ${r.count} chunks (${r.reason})\n`);
+  }, 1000);
+  timer.unref();
+  try {
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: values['from-beginning'] === true });
+    await consumer.run({
+      eachMessage: async ({ topic: t, partition, message }) => {
+        if (printed >= max) return;
+        const outcome = chunks.add({ topic: t, partition, offset: Number(message.offset) }, message.headers, message.value, Date.now());
+        if (outcome.kind === 'invalid') io.err.write(`tail: skipping record ${outcome.recordId ?? '?'} at ${t}/${partition}@${message.offset}: ${outcome.reason}\n`);
+        if (outcome.kind !== 'record') return;
+        let tr: WireTransition;
         try {
-          const t = decodeTransition(message.value ?? Buffer.alloc(0), encoding);
-          io.out.write(json ? `${JSON.stringify(t)}\n` : `${formatTransition(t)}\n`);
+          tr = decodeTransitionRecord(outcome.record);
         } catch {
-          io.err.write(`tail: skipping an undecodable message at offset ${message.offset}\n`);
+          io.err.write(`tail: skipping an undecodable record at ${t}/${partition}@${outcome.record.pos.offset}\n`);
+          return;
         }
-        if (++seen >= max) resolve();
+        io.out.write(json ? `${JSON.stringify(tr)}\n` : `${formatTransition(tr)}\n`);
+        if (++printed >= max) finish();
       },
     });
-  });
-  await consumer.disconnect();
+    await finished;
+  } catch (err) {
+    failure = err;
+  } finally {
+    clearInterval(timer);
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    await consumer.disconnect().catch(() => {});
+  }
+  if (failure !== null) {
+    io.err.write(gaveUpMessage('tail', brokers, failure));
+    return 1;
+  }
   return 0;
 }

@@ -1,4 +1,5 @@
 import type { EpisodeSummary, Transition } from '../pipeline/records';
+import { rebuildPrompt, withFullPrompt, type WireTransition } from './prompt-delta';
 
 /** Where a record came from, for offset commits (commit only below what is still pending). */
 export interface Position {
@@ -37,7 +38,9 @@ export type GroupEvent =
   | { kind: 'incomplete'; uid: string; episodes: number; waitedMs: number }
   | { kind: 'late'; uid: string; rollout_id: string; attempt_id: string }
   | { kind: 'ungrouped'; rollout_id: string; attempt_id: string }
-  | { kind: 'orphaned'; transitions: number };
+  | { kind: 'orphaned'; transitions: number }
+  /** A prompt delta whose previous transition was not at hand: the row goes out without prompt ids. */
+  | { kind: 'unresolved_delta'; transition_id: string; reason: string };
 
 interface PendingEpisode {
   episode: EpisodeSummary;
@@ -54,6 +57,8 @@ interface PendingGroup {
  * duplicates) and yields a group when `groupSize` episodes of one `group_id` are closed and all
  * their transitions are present. Groups already done (`done`, e.g. from the state file) are never
  * yielded again; groups waiting longer than `timeoutMs` are reported incomplete and dropped.
+ * Prompt deltas are made whole from the previous transition of the episode, which is held here
+ * (same partition, read first) until the group is done.
  */
 export class GroupAssembler {
   private transitions = new Map<string, { t: Transition; pos: Position; at: number }>();
@@ -66,10 +71,18 @@ export class GroupAssembler {
     readonly done: Set<string> = new Set(),
   ) {}
 
-  addTransition(t: Transition, pos: Position, now: number): GroupEvent[] {
-    if (t.group_id !== null && this.done.has(t.group_id)) return [];
-    if (!this.transitions.has(t.transition_id)) this.transitions.set(t.transition_id, { t, pos, at: now });
-    return this.check(t.group_id);
+  addTransition(wire: WireTransition, pos: Position, now: number): GroupEvent[] {
+    if (wire.group_id !== null && this.done.has(wire.group_id)) return [];
+    if (this.transitions.has(wire.transition_id)) return this.check(wire.group_id);
+    const events: GroupEvent[] = [];
+    let t: Transition = wire;
+    if (wire.prompt_token_ids_delta) {
+      const rebuilt = rebuildPrompt(wire.prompt_token_ids_delta, this.transitions.get(wire.prompt_token_ids_delta.previous_transition_id)?.t);
+      if (!rebuilt.ok) events.push({ kind: 'unresolved_delta', transition_id: wire.transition_id, reason: rebuilt.reason });
+      t = withFullPrompt(wire, rebuilt.ok ? rebuilt.prompt_token_ids : null);
+    }
+    this.transitions.set(t.transition_id, { t, pos, at: now });
+    return [...events, ...this.check(t.group_id)];
   }
 
   addEpisode(e: EpisodeSummary, pos: Position, now: number): GroupEvent[] {

@@ -92,4 +92,44 @@ describe('GroupAssembler', () => {
     const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
     expect([g.batch.transition_id, g.skipped_no_token_ids]).toEqual([['r1/0/1'], 1]);
   });
+
+  describe('prompt deltas', () => {
+    const delta = (previous: string, prefix_length: number, suffix: number[]) => ({ prompt_token_ids: null, prompt_token_ids_delta: { previous_transition_id: previous, prefix_length, suffix } });
+
+    it('rebuilds each full prompt from the previous transition of the episode: its prompt, its response, then the suffix', () => {
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      expect(a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1, 2], response_token_ids: [3, 4] }), pos(0), 0)).toEqual([]);
+      expect(a.addTransition(transition('r1', 1, 'g', { response_token_ids: [6], ...delta('r1/0/0', 4, [5]) } as Partial<Transition>), pos(1), 0)).toEqual([]);
+      // A delta on a delta: the previous prompt is already whole.
+      a.addTransition(transition('r1', 2, 'g', { response_token_ids: [8], ...delta('r1/0/1', 6, [7]) } as Partial<Transition>), pos(2), 0);
+      const [ev] = a.addEpisode(episode('r1', 'g', 3), pos(0, 'e'), 0);
+      const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+      expect(g.batch.prompt_ids).toEqual([[1, 2], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7]]);
+      expect(g.skipped_no_token_ids).toBe(0);
+    });
+
+    it('reports a delta whose previous transition is not held or whose prefix length disagrees, and leaves that row out', () => {
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1, 2], response_token_ids: [3] }), pos(0), 0);
+      expect(a.addTransition(transition('r1', 1, 'g', delta('r1/0/0', 9, [4]) as Partial<Transition>), pos(1), 0)).toEqual([
+        { kind: 'unresolved_delta', transition_id: 'r1/0/1', reason: 'prefix_length 9 but the previous prompt and response hold 3 ids' },
+      ]);
+      expect(a.addTransition(transition('r1', 2, 'g', delta('r1/0/7', 3, [4]) as Partial<Transition>), pos(2), 0)).toEqual([
+        { kind: 'unresolved_delta', transition_id: 'r1/0/2', reason: 'previous transition r1/0/7 is not held' },
+      ]);
+      const [ev] = a.addEpisode(episode('r1', 'g', 3), pos(0, 'e'), 0);
+      const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+      expect([g.batch.transition_id, g.skipped_no_token_ids]).toEqual([['r1/0/0'], 2]);
+    });
+
+    it('ignores a redelivered delta transition it already holds', () => {
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1], response_token_ids: [2] }), pos(0), 0);
+      const t1 = transition('r1', 1, 'g', delta('r1/0/0', 2, [3]) as Partial<Transition>);
+      a.addTransition(t1, pos(1), 0);
+      expect(a.addTransition(t1, pos(2), 0)).toEqual([]);
+      const [ev] = a.addEpisode(episode('r1', 'g', 2), pos(0, 'e'), 0);
+      expect((ev as Extract<GroupEvent, { kind: 'group' }>).batch.batch.prompt_ids).toEqual([[1], [1, 2, 3]]);
+    });
+  });
 });

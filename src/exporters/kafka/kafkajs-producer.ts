@@ -1,5 +1,7 @@
 import { readFileSync } from 'node:fs';
-import { CompressionTypes, Kafka, logLevel, type KafkaConfig, type Producer as KafkajsProducer, type SASLOptions } from 'kafkajs';
+import { CompressionTypes, Kafka, Partitioners, type KafkaConfig, type Producer as KafkajsProducer, type SASLOptions } from 'kafkajs';
+import type { Config } from '../../config/schema';
+import { createKafkaLogCreator, KAFKAJS_LOG_LEVEL } from '../../telemetry/kafka-log';
 import type { Logger } from '../../telemetry/logger';
 import type { OutMessage, Producer, SendResult } from './producer';
 
@@ -13,22 +15,33 @@ export interface KafkajsProducerOptions {
   tls?: { enabled: boolean; caFile?: string; certFile?: string; keyFile?: string; insecureSkipVerify: boolean };
 }
 
-/** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
-/** A kafkajs client with our connection, auth, TLS and logging settings (shared by producer and control consumer). */
+/** The client settings of `exporters.kafka`, for every Kafka client the project creates. */
+export function kafkaClientOptions(k: Config['exporters']['kafka'], clientId = k.client_id): KafkajsProducerOptions {
+  return {
+    brokers: k.brokers,
+    clientId,
+    compression: k.compression,
+    connectionTimeoutMs: k.connection_timeout_ms,
+    requestTimeoutMs: k.request_timeout_ms,
+    sasl: k.sasl,
+    tls: k.tls ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify } : undefined,
+  };
+}
+
+/**
+ * A kafkajs client with our connection, auth, TLS and logging settings (shared by the exporter's
+ * producer, the control consumer and the CLI's consumers): its logs go through our logger.
+ */
 export function createKafkaClient(options: KafkajsProducerOptions, logger: Logger): Kafka {
-  const log = logger.child('kafkajs');
+  const retries = 3;
   const config: KafkaConfig = {
     clientId: options.clientId,
     brokers: options.brokers,
     connectionTimeout: options.connectionTimeoutMs,
     requestTimeout: options.requestTimeoutMs,
-    retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
-    logLevel: logLevel.WARN,
-    logCreator: () => (entry) => {
-      const key = `${entry.level}:${entry.log.message}`;
-      if (entry.level <= logLevel.ERROR) log.once(key, 'error', `kafkajs: ${entry.log.message}`, { namespace: entry.namespace });
-      else if (entry.level <= logLevel.WARN) log.once(key, 'warn', `kafkajs: ${entry.log.message}`, { namespace: entry.namespace });
-    },
+    retry: { retries, initialRetryTime: 100, maxRetryTime: 2000 },
+    logLevel: KAFKAJS_LOG_LEVEL,
+    logCreator: createKafkaLogCreator(logger, { retries }),
   };
   if (options.sasl) config.sasl = { mechanism: options.sasl.mechanism, username: options.sasl.username, password: options.sasl.password } as SASLOptions;
   if (options.tls?.enabled) {
@@ -42,6 +55,7 @@ export function createKafkaClient(options: KafkajsProducerOptions, logger: Logge
   return new Kafka(config);
 }
 
+/** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
 export function createKafkajsProducer(options: KafkajsProducerOptions, logger: Logger): Producer {
   const kafka = createKafkaClient(options, logger);
   let producer: KafkajsProducer | null = null;
@@ -49,7 +63,7 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
   let connecting: Promise<void> | null = null;
 
   const make = (): KafkajsProducer => {
-    const p = kafka.producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: true, retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 } });
+    const p = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: true, retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 } });
     p.on(p.events.CONNECT, () => (connected = true));
     p.on(p.events.DISCONNECT, () => (connected = false));
     return p;

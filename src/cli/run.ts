@@ -1,0 +1,64 @@
+import { loadConfig } from '../config/load';
+import { createApp } from '../pipeline/app';
+import { createLogger } from '../telemetry/logger';
+import type { Command, CommandSpec } from './command';
+import { boundAddress, startupLine } from './startup-line';
+import { packageVersion } from './version';
+
+const spec: CommandSpec = {
+  name: 'run',
+  summary: 'run the sidecar (the default command)',
+  synopsis: '[--config FILE]',
+  options: {
+    config: { type: 'string', value: 'FILE', description: 'YAML config file (default: $LIGHTNING_CONFIG); LIGHTNING_* env vars override it, then defaults apply' },
+  },
+  notes: ['Stops on SIGTERM or SIGINT after draining (a second signal exits at once). Logs are JSON lines on stderr.'],
+};
+
+export const runCommand: Command = {
+  spec,
+  async run({ values }, io) {
+    const config = loadConfig({ file: (values.config as string | undefined) ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
+    const logger = createLogger({ level: config.service.log_level, component: 'lightning-sidecar', write: (line) => io.err.write(line) });
+    const app = createApp(config, { logger });
+    try {
+      await app.start();
+    } catch (err) {
+      logger.error('start-up failed', { err });
+      await app.shutdown().catch(() => {});
+      return 1;
+    }
+    const proxy = config.receivers.llm_proxy;
+    const otlp = config.receivers.otlp.protocols;
+    const { msg, fields } = startupLine(config, {
+      version: packageVersion(),
+      proxy: boundAddress(proxy.endpoint, app.proxy.port()),
+      otlpGrpc: app.otlp && otlp.grpc.enabled ? boundAddress(otlp.grpc.endpoint, app.otlp.grpcPort()) : null,
+      otlpHttp: app.otlp && otlp.http.enabled ? boundAddress(otlp.http.endpoint, app.otlp.httpPort()) : null,
+      telemetry: boundAddress(config.service.telemetry.endpoint, app.telemetry.port()),
+      // Upstream auto-detection, once the proxy reports what it found, goes here.
+      upstream: { url: proxy.upstream_url, flavor: proxy.upstream_flavor, detected: null },
+    });
+    logger.info(msg, fields);
+    return new Promise<number>((resolve) => {
+      let signals = 0;
+      const onSignal = (signal: NodeJS.Signals): void => {
+        signals++;
+        if (signals > 1) {
+          logger.warn('second signal: exiting at once', { signal });
+          process.exit(130);
+        }
+        logger.info('signal received: draining', { signal });
+        app.shutdown().then(
+          () => resolve(0),
+          (err) => {
+            logger.error('shutdown failed', { err });
+            resolve(1);
+          },
+        );
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+  },
+};
