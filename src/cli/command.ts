@@ -107,13 +107,15 @@ export function renderUsage(program: string, spec: CommandSpec): string {
 
 export function renderHelp(program: string, spec: CommandSpec): string {
   const lines = [renderUsage(program, spec), '', spec.summary];
-  const rows: [string, string][] = (spec.positionals ?? []).map((p) => [`  ${p.name}`, p.description]);
-  for (const [name, o] of Object.entries({ ...spec.options, help: HELP })) {
-    const flag = `${o.short ? `-${o.short}, ` : '    '}--${name}${o.type === 'boolean' ? '' : ` ${o.value ?? (o.type === 'integer' ? 'N' : 'VALUE')}`}`;
-    rows.push([`  ${flag}`, o.description]);
-  }
-  const width = Math.max(...rows.map(([l]) => l.length)) + 2;
-  lines.push('', 'options:', ...rows.map(([l, d]) => `${l.padEnd(width)}${d}`));
+  const args: [string, string][] = (spec.positionals ?? []).map((p) => [`  ${p.name}`, p.description]);
+  const flags: [string, string][] = Object.entries({ ...spec.options, help: HELP }).map(([name, o]) => [
+    `  ${o.short ? `-${o.short}, ` : '    '}--${name}${o.type === 'boolean' ? '' : ` ${o.value ?? (o.type === 'integer' ? 'N' : 'VALUE')}`}`,
+    o.description,
+  ]);
+  const width = Math.max(...[...args, ...flags].map(([l]) => l.length)) + 2;
+  const rows = (r: [string, string][]) => r.map(([l, d]) => `${l.padEnd(width)}${d}`);
+  if (args.length > 0) lines.push('', 'arguments:', ...rows(args));
+  lines.push('', 'options:', ...rows(flags));
   if (spec.notes?.length) lines.push('', ...spec.notes);
   return lines.join('\n') + '\n';
 }

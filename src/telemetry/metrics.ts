@@ -7,8 +7,13 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   const registry = new Registry();
   if (options.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'lightning_sidecar_' });
-  const ms = [0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000];
-  const fine = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100];
+  // prom-client also exports these totals as gauges, and `_total` is reserved for counters; each is
+  // the sum of the per-type gauge of the same name without `_total`, which stays.
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lightning_sidecar_${name}`);
+  // Seconds, as Prometheus wants; the proxy's own overhead is well under a millisecond, a model call
+  // can take minutes.
+  const seconds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+  const fine = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
   return {
     registry,
     proxyRequests: new Counter({
@@ -18,22 +23,22 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       registers: [registry],
     }),
     proxyDuration: new Histogram({
-      name: 'lightning_sidecar_proxy_request_duration_ms',
-      help: 'Whole proxied request time, from request arrival to response end, in milliseconds.',
+      name: 'lightning_sidecar_proxy_request_duration_seconds',
+      help: 'Whole proxied request time, from request arrival to response end, in seconds.',
       labelNames: ['api', 'streamed'] as const,
-      buckets: ms,
+      buckets: seconds,
       registers: [registry],
     }),
     upstreamTtfb: new Histogram({
-      name: 'lightning_sidecar_upstream_ttfb_ms',
-      help: 'Upstream time to first response byte, from dispatch, in milliseconds.',
+      name: 'lightning_sidecar_upstream_ttfb_seconds',
+      help: 'Upstream time to first response byte, from dispatch, in seconds.',
       labelNames: ['api'] as const,
-      buckets: ms,
+      buckets: seconds,
       registers: [registry],
     }),
     proxyAdded: new Histogram({
-      name: 'lightning_sidecar_proxy_added_latency_ms',
-      help: "The proxy's own time before the agent got the response head: total time to head minus upstream time to head, ms.",
+      name: 'lightning_sidecar_proxy_added_latency_seconds',
+      help: "The proxy's own time before the agent got the response head: total time to head minus upstream time to head, in seconds.",
       labelNames: ['api'] as const,
       buckets: fine,
       registers: [registry],

@@ -296,6 +296,13 @@ describe('the rendered sidecar, run for real', () => {
     });
     expect(missing).toEqual([]);
   });
+
+  it('every dashboard panel over a quantile of a *_seconds histogram is in seconds', () => {
+    const dashboard = JSON.parse(readFileSync(path.join(ROOT, 'deploy/grafana/lightning-sidecar.json'), 'utf8'));
+    const timed = dashboard.panels.filter((p: Obj) => p.targets.some((t: Obj) => /histogram_quantile\(.*_seconds_bucket/.test(t.expr)));
+    expect(timed.length).toBeGreaterThanOrEqual(4);
+    expect(timed.map((p: Obj) => [p.title, p.fieldConfig?.defaults?.unit])).toEqual(timed.map((p: Obj) => [p.title, 's']));
+  });
 });
 
 describe('deploy/Dockerfile (not built here: no container engine on this machine)', () => {

@@ -37,9 +37,14 @@ describe('/metrics, /healthz, /readyz', () => {
     const after = await scrape();
     const delta = (series: string) => (value(after, series) || 0) - (value(before, series) || 0);
     expect(delta('lightning_sidecar_proxy_requests_total{api="chat.completions",status_class="2xx"}')).toBe(2);
-    expect(delta('lightning_sidecar_proxy_request_duration_ms_count{api="chat.completions",streamed="true"}')).toBe(1);
-    expect(delta('lightning_sidecar_upstream_ttfb_ms_count{api="chat.completions"}')).toBe(2);
-    expect(delta('lightning_sidecar_proxy_added_latency_ms_count{api="chat.completions"}')).toBe(2);
+    expect(delta('lightning_sidecar_proxy_request_duration_seconds_count{api="chat.completions",streamed="true"}')).toBe(1);
+    expect(delta('lightning_sidecar_upstream_ttfb_seconds_count{api="chat.completions"}')).toBe(2);
+    expect(delta('lightning_sidecar_proxy_added_latency_seconds_count{api="chat.completions"}')).toBe(2);
+    // Observed in seconds: a call to a local fake server takes well under 0.5 s (in milliseconds
+    // it would land above that bucket).
+    const under = (text: string, series: string, le: string) =>
+      [...text.matchAll(new RegExp(`^${series}_bucket\\{le="${le}",api="chat\\.completions"[^}]*\\} (\\d+)`, 'gm'))].reduce((n, m) => n + Number(m[1]), 0);
+    for (const series of ['lightning_sidecar_proxy_request_duration_seconds', 'lightning_sidecar_upstream_ttfb_seconds']) expect(under(after, series, '0.5') - under(before, series, '0.5')).toBe(2);
     expect(delta('lightning_sidecar_streamed_chunks_total{api="chat.completions"}')).toBeGreaterThan(3);
     expect(delta('lightning_sidecar_tokens_total{kind="response"}')).toBeGreaterThan(0);
     expect(delta('lightning_sidecar_episodes_closed_total{status="completed"}')).toBe(1);
