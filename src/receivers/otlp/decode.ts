@@ -37,7 +37,7 @@ export function decodeProtobuf(bytes: Uint8Array): Decoded {
   } catch (err) {
     throw new DecodeError(`not an ExportTraceServiceRequest: ${(err as Error).message}`);
   }
-  return normalize(obj, false);
+  return guarded(obj, false);
 }
 
 /** Decodes OTLP/JSON: lowerCamelCase keys, hex ids, integer enums, int64 as string or number; unknown fields ignored. */
@@ -49,7 +49,7 @@ export function decodeJson(text: string): Decoded {
     throw new DecodeError(`body is not JSON: ${(err as Error).message}`);
   }
   if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) throw new DecodeError('body is not a JSON object');
-  return normalize(obj as Record<string, unknown>, true);
+  return guarded(obj as Record<string, unknown>, true);
 }
 
 type Obj = Record<string, unknown>;
@@ -68,10 +68,35 @@ function camel(s: string): string {
   return c;
 }
 
+/**
+ * A repeated message field. An element that is not an object makes the whole request
+ * undecodable (OTLP/HTTP answers 400), as a protobuf JSON parser would refuse it; dropping such
+ * elements would acknowledge spans that were never read.
+ */
 function list(v: unknown, where: string): Obj[] {
   if (v === undefined || v === null) return [];
   if (!Array.isArray(v)) throw new DecodeError(`${where} must be an array`);
-  return v.filter((x): x is Obj => typeof x === 'object' && x !== null);
+  v.forEach((x, i) => {
+    if (typeof x !== 'object' || x === null || Array.isArray(x)) throw new DecodeError(`${where}[${i}] must be an object`);
+  });
+  return v as Obj[];
+}
+
+/** A singular message field: absent or null reads as empty, anything but an object is undecodable. */
+function message(v: unknown, where: string): Obj {
+  if (v === undefined || v === null) return {};
+  if (typeof v !== 'object' || Array.isArray(v)) throw new DecodeError(`${where} must be an object`);
+  return v as Obj;
+}
+
+/** Runs the normalization; nesting deep enough to exhaust the stack is an undecodable request too. */
+function guarded(req: Obj, json: boolean): Decoded {
+  try {
+    return normalize(req, json);
+  } catch (err) {
+    if (err instanceof RangeError) throw new DecodeError('request nested too deeply');
+    throw err;
+  }
 }
 
 function normalize(req: Obj, json: boolean): Decoded {
@@ -79,10 +104,10 @@ function normalize(req: Obj, json: boolean): Decoded {
   let rejected = 0;
   let rejectReason: string | null = null;
   for (const rs of list(field(req, 'resource_spans', json), 'resourceSpans')) {
-    const resourceObj = (field(rs, 'resource', json) ?? {}) as Obj;
+    const resourceObj = message(field(rs, 'resource', json), 'resource');
     const resource = attributes(field(resourceObj, 'attributes', json), json);
     for (const ss of list(field(rs, 'scope_spans', json), 'scopeSpans')) {
-      const scopeObj = (field(ss, 'scope', json) ?? {}) as Obj;
+      const scopeObj = message(field(ss, 'scope', json), 'scope');
       const scope = { name: strOf(scopeObj.name), version: strOf(scopeObj.version), attributes: attributes(field(scopeObj, 'attributes', json), json) };
       for (const s of list(field(ss, 'spans', json), 'spans')) {
         const traceId = id(field(s, 'trace_id', json), json);
@@ -93,7 +118,7 @@ function normalize(req: Obj, json: boolean): Decoded {
           rejectReason ??= problem;
           continue;
         }
-        const status = (field(s, 'status', json) ?? {}) as Obj;
+        const status = message(field(s, 'status', json), 'status');
         spans.push({
           traceId: traceId!,
           spanId: spanId!,
@@ -152,19 +177,17 @@ function id(v: unknown, json: boolean): string | null {
 
 function attributes(v: unknown, json: boolean): Attributes {
   const out: Attributes = {};
-  if (!Array.isArray(v)) return out;
-  for (const kv of v) {
-    if (typeof kv !== 'object' || kv === null) continue;
-    const key = (kv as Obj).key;
+  for (const kv of list(v, 'attributes')) {
+    const key = kv.key;
     if (typeof key !== 'string') continue;
-    out[key] = anyValue((kv as Obj).value, json);
+    out[key] = anyValue(kv.value, json);
   }
   return out;
 }
 
 function anyValue(v: unknown, json: boolean): AttributeValue {
-  if (typeof v !== 'object' || v === null) return null;
-  const o = v as Obj;
+  if (v === undefined || v === null) return null;
+  const o = message(v, 'AnyValue');
   const get = (k: string) => field(o, k, json);
   if (get('string_value') !== undefined) return strOf(get('string_value'));
   if (get('bool_value') !== undefined) return get('bool_value') === true;
@@ -173,8 +196,8 @@ function anyValue(v: unknown, json: boolean): AttributeValue {
     const d = get('double_value');
     return typeof d === 'number' ? d : typeof d === 'string' ? Number(d) : null;
   }
-  if (get('array_value') !== undefined) return list(((get('array_value') ?? {}) as Obj).values, 'arrayValue.values').map((x) => anyValue(x, json));
-  if (get('kvlist_value') !== undefined) return attributes(((get('kvlist_value') ?? {}) as Obj).values, json);
+  if (get('array_value') !== undefined) return list(message(get('array_value'), 'arrayValue').values, 'arrayValue.values').map((x) => anyValue(x, json));
+  if (get('kvlist_value') !== undefined) return attributes(message(get('kvlist_value'), 'kvlistValue').values, json);
   if (get('bytes_value') !== undefined) {
     const b = get('bytes_value');
     if (b instanceof Uint8Array) return new Uint8Array(b);
