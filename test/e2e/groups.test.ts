@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -13,8 +14,12 @@ const MAIN = path.join(__dirname, '../../dist/main.js');
 
 /** Runs `lightning-sidecar groups …` (dist/) to its exit; bounded. */
 function runGroups(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return runCli(['groups', ...args]);
+}
+
+function runCli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [MAIN, 'groups', ...args], { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(process.execPath, [MAIN, ...args], { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     p.stdout.on('data', (c: Buffer) => (stdout += c));
@@ -112,5 +117,102 @@ describe('lightning-sidecar groups (reference trainer consumer, test broker)', (
       expect(g2.batch.rollout_log_probs[i]).toHaveLength(ids.length);
       expect(g2.batch.prompt_ids[i].length).toBeGreaterThan(0);
     }
+  });
+});
+
+describe('groups and tail --kafka read chunked records and prompt deltas (docs/kafka-records.md)', () => {
+  let broker: KafkaTestBroker;
+  beforeAll(async () => {
+    broker = await startKafkaTestBroker();
+  });
+  afterAll(async () => {
+    await broker.close();
+  });
+
+  type Message = { key: string; value: Buffer; headers: Record<string, string> };
+
+  function whole(key: string, record: object, schema: string): Message {
+    return { key, value: Buffer.from(JSON.stringify(record)), headers: { 'content-type': 'application/json', 'lightning-schema': schema, 'rollout-id': key } };
+  }
+
+  /** The chunks a producer sends for a record larger than its message size. */
+  function chunks(m: Message, recordId: string, size: number): Message[] {
+    const count = Math.ceil(m.value.length / size);
+    const sha = createHash('sha256').update(m.value).digest('hex');
+    return Array.from({ length: count }, (_, i) => ({
+      key: m.key,
+      value: m.value.subarray(i * size, Math.min((i + 1) * size, m.value.length)),
+      headers: {
+        ...m.headers,
+        'lightning-chunk': 'v1',
+        'lightning-record-id': recordId,
+        'lightning-chunk-index': String(i),
+        'lightning-chunk-count': String(count),
+        'lightning-record-bytes': String(m.value.length),
+        'lightning-record-sha256': sha,
+      },
+    }));
+  }
+
+  function transition(rollout: string, seq: number, fields: object): object {
+    return {
+      schema: 'lightning.transition.v1', transition_id: `${rollout}/0/${seq}`, rollout_id: rollout, attempt_id: '0', group_id: 'c1', seq, choice_index: 0,
+      agent_name: null, model: 'm', policy_version: null, api: 'chat.completions', request: null, response: null, streamed: false, status: 'ok', http_status: 200,
+      error: null, finish_reason: 'stop', usage: null, response_logprobs: null, continues_previous: seq > 0, tool_calls: [], intermediate_reward: null,
+      final_reward: 1, reward: 1, credit: null, is_last: false, episode_status: 'completed', truncated: false, trace_id: null, span_id: null,
+      started_at: '2026-01-01T00:00:00Z', ended_at: '2026-01-01T00:00:01Z', latency_ms: 1, ttft_ms: null, injected: [], ...fields,
+    };
+  }
+
+  function episode(rollout: string, n: number): object {
+    return {
+      schema: 'lightning.episode.v1', rollout_id: rollout, attempt_id: '0', group_id: 'c1', episode_status: 'completed', final_reward: 1, rewards: [], credit_mode: 'identical',
+      transitions: n, transition_ids: Array.from({ length: n }, (_, i) => `${rollout}/0/${i}`), policy_versions: [], policy_version_lag: null, started_at: '', ended_at: '',
+    };
+  }
+
+  it('reassembles chunks interleaved with other records and redelivered, rebuilds delta prompts, and never commits past a record still in chunks', async () => {
+    const prompt = Array.from({ length: 3000 }, (_, i) => 1000 + i);
+    const a0 = whole('c1-a', transition('c1-a', 0, { prompt_token_ids: prompt, response_token_ids: [7, 8] }), 'lightning.transition.v1');
+    const a1 = whole('c1-a', transition('c1-a', 1, { prompt_token_ids: null, prompt_token_ids_delta: { previous_transition_id: 'c1-a/0/0', prefix_length: 3002, suffix: [9, 10, 11] }, response_token_ids: [12] }), 'lightning.transition.v1');
+    a1.headers['lightning-prompt-ids'] = 'delta';
+    const b0 = whole('c1-b', transition('c1-b', 0, { prompt_token_ids: [1, 2], response_token_ids: [3] }), 'lightning.transition.v1');
+    const z0 = whole('z', transition('z', 0, { group_id: 'other', prompt_token_ids: prompt, response_token_ids: [1] }), 'lightning.transition.v1');
+    const a0chunks = chunks(a0, 'c1-a/0/0', 4000);
+    expect(a0chunks.length).toBeGreaterThanOrEqual(3);
+    const zchunks = chunks(z0, 'z/0/0', 4000);
+    const transitions = [a0chunks[0], b0, a0chunks[1], a0chunks[0], ...a0chunks.slice(2), zchunks[0], a1];
+    const episodeA = whole('c1-a', episode('c1-a', 2), 'lightning.episode.v1');
+    const episodes = [...chunks(episodeA, 'episode:c1-a/0', 100), whole('c1-b', episode('c1-b', 1), 'lightning.episode.v1')];
+
+    const kafka = new Kafka({ brokers: broker.brokers, logLevel: logLevel.NOTHING });
+    const producer = kafka.producer();
+    await producer.connect();
+    await producer.send({ topic: 'lightning.transitions', messages: transitions });
+    await producer.send({ topic: 'lightning.episodes', messages: episodes });
+    await producer.disconnect();
+
+    const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-chunked-')), 'groups.jsonl');
+    const r = await runGroups(['--group-size', '2', '--brokers', broker.brokers.join(','), '--group-id', 'chunked', '--out', out, '--max-groups', '1']);
+    expect(r.stderr).toContain('emitted c1 (2 episodes, 3 rows)');
+    expect(r.stderr).not.toMatch(/skipping|cannot be made whole/);
+    expect(r.code).toBe(0);
+    const [g] = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as GroupBatch);
+    expect(g.batch.transition_id).toEqual(['c1-a/0/0', 'c1-a/0/1', 'c1-b/0/0']);
+    expect(g.batch.prompt_ids).toEqual([prompt, [...prompt, 7, 8, 9, 10, 11], [1, 2]]);
+
+    // z's record is still in chunks: the commit stops at its first chunk.
+    const admin = kafka.admin();
+    await admin.connect();
+    const committed = await admin.fetchOffsets({ groupId: 'chunked', topics: ['lightning.transitions'] });
+    await admin.disconnect();
+    expect(committed[0].partitions[0].offset).toBe(String(transitions.indexOf(zchunks[0])));
+
+    const tail = await runCli(['tail', '--kafka', '--brokers', broker.brokers.join(','), '--from-beginning', '--max', '3']);
+    expect(tail.code).toBe(0);
+    const lines = tail.stdout.trim().split('\n');
+    expect(lines.map((l) => l.split(/\s+/)[0])).toEqual(['c1-b/0/0', 'c1-a/0/0', 'c1-a/0/1']);
+    expect(lines[1]).toContain('tokens=3000→2');
+    expect(lines[2]).toContain('tokens=+3→1');
   });
 });
