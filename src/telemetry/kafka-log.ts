@@ -52,7 +52,11 @@ export function createKafkaLogCreator(logger: Logger, options: { retries: number
       flush();
       const fields = pick(entry);
       const msg = `kafka: ${l.message}`;
-      if (entry.level <= KAFKAJS.ERROR) log.error(msg, fields);
+      // A consumer that lost its broker crashes and restarts: the attempts above already said why,
+      // so the crash is detail and the restart a retry, not an error.
+      if (/^Crash: .*Connection (error|timeout)/.test(l.message)) log.debug(msg, fields);
+      else if (/^Restarting the consumer/.test(l.message)) log.warn(msg, fields);
+      else if (entry.level <= KAFKAJS.ERROR) log.error(msg, fields);
       else if (entry.level <= KAFKAJS.WARN) log.warn(msg, fields);
       else log.debug(msg, fields);
     };

@@ -38,6 +38,13 @@ describe('kafkajs logs through our logger', () => {
     expect(lines).toEqual([expect.objectContaining({ level: 'warn', msg: 'kafka: cannot reach broker k:9092: read ECONNRESET', broker: 'k:9092' })]);
   });
 
+  it('logs a consumer crash caused by a lost connection as detail, and its restart as a warning', () => {
+    const { lines, log, entry } = setup();
+    log(entry(1, 'Consumer', { message: 'Crash: KafkaJSNumberOfRetriesExceeded: Connection error: connect ECONNREFUSED k:9092', groupId: 'g', retryCount: 3 }));
+    log(entry(1, 'Consumer', { message: 'Restarting the consumer in 1270ms', groupId: 'g', retryTime: 1270 }));
+    expect(lines).toEqual([expect.objectContaining({ level: 'warn', msg: 'kafka: Restarting the consumer in 1270ms', retry_in_ms: 1270 })]);
+  });
+
   it('keeps kafkajs levels (info as debug), a fixed set of snake_case fields and no stack traces', () => {
     const { lines, log, entry } = setup('debug');
     log(entry(1, 'Consumer', { message: 'Crash: KafkaJSNumberOfRetriesExceeded: boom', groupId: 'g', retryCount: 5, stack: 'KafkaJSError\n    at y', error: 'boom' }));
