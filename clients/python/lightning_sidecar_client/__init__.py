@@ -1,0 +1,97 @@
+"""Trainer-side client for lightning-sidecar: transitions and complete GRPO groups.
+
+Reads the ``lightning.transitions`` and ``lightning.episodes`` Kafka topics (JSON or protobuf,
+chunked records, prompt deltas) or the file exporter's NDJSON directory, and yields
+
+- ``iter_groups``: complete groups as ``lightning.group.v1`` dicts (the Node ``groups`` command's
+  lines), each once, with duplicates ignored and incomplete groups given up on after a timeout;
+- ``iter_transitions``: every transition once, with its full prompt ids.
+
+``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from .files import FileSource
+from .groups import GroupAssembler, GroupBatch
+from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, KafkaSource, brokers_from_env
+from .position import Position
+from .readers import Event, GroupReader, RecordReader
+from .records import decode_episode, decode_transition
+from .source import Incoming, Source, SourceEvent
+from .tensors import to_verl_batch
+
+__all__ = [
+    'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch', 'GroupReader', 'Incoming',
+    'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode', 'decode_transition', 'iter_groups',
+    'iter_transitions', 'open_source', 'to_verl_batch',
+]
+
+__version__ = '0.1.0'
+
+PathLike = Union[str, 'os.PathLike[str]']
+
+
+def open_source(
+    *,
+    brokers: Union[Sequence[str], str, None] = None,
+    consumer_group: str = 'lightning-groups',
+    topic: Optional[str] = None,
+    episodes_topic: Optional[str] = None,
+    data_dir: Optional[PathLike] = None,
+    follow: bool = False,
+    settings: Optional[dict[str, Any]] = None,
+    chunk_timeout_ms: float = 600_000,
+) -> Source:
+    """Kafka (``brokers``, default ``$LIGHTNING_KAFKA_BROKERS``) or a file exporter's ``data_dir``."""
+    if data_dir is not None:
+        return FileSource(data_dir, follow=follow)
+    env = os.environ
+    return KafkaSource(
+        brokers if brokers else brokers_from_env(),
+        consumer_group,
+        topic=topic or env.get('LIGHTNING_KAFKA_TOPIC') or DEFAULT_TOPIC,
+        episodes_topic=episodes_topic or env.get('LIGHTNING_KAFKA_EPISODES_TOPIC') or DEFAULT_EPISODES_TOPIC,
+        settings=settings,
+        chunk_timeout_ms=chunk_timeout_ms,
+    )
+
+
+def iter_groups(
+    group_size: int,
+    *,
+    state_path: Optional[PathLike] = None,
+    timeout_ms: float = 600_000,
+    idle_exit_ms: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
+    **source: Any,
+) -> Iterator[GroupBatch]:
+    """Complete groups of ``group_size`` episodes, each once (across restarts with ``state_path``).
+
+    ``source`` arguments go to ``open_source``. A group counts as done when it is handed out.
+    """
+    src = open_source(chunk_timeout_ms=timeout_ms, **source)
+    try:
+        yield from GroupReader(src, group_size, timeout_ms=timeout_ms, state_path=state_path, idle_exit_ms=idle_exit_ms, on_event=on_event)
+    finally:
+        src.close()
+
+
+def iter_transitions(
+    *,
+    timeout_ms: float = 600_000,
+    idle_exit_ms: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
+    **source: Any,
+) -> Iterator[dict[str, Any]]:
+    """Every transition once, with full ``prompt_token_ids``, in arrival order.
+
+    Offsets move past a transition when the next one is asked for (at least once across restarts).
+    """
+    src = open_source(chunk_timeout_ms=timeout_ms, **source)
+    try:
+        yield from RecordReader(src, timeout_ms=timeout_ms, idle_exit_ms=idle_exit_ms, on_event=on_event).transitions()
+    finally:
+        src.close()

@@ -1,0 +1,66 @@
+"""The file exporter's output: ``{data_dir}/transitions/*.ndjson`` and ``{data_dir}/episodes/*.ndjson``.
+
+The exporter appends transitions before the episode line that closes them, so each poll reads
+new transition lines first, then new episode lines. Only whole lines are read (a line still being
+written waits for the next poll); ``follow=False`` reads what is there once and is then exhausted.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from .position import PartitionKey
+from .records import DecodeError, decode_episode, decode_transition
+from .source import EPISODE, TRANSITION, Incoming, SourceEvent
+
+
+class FileSource:
+    def __init__(self, data_dir: str | os.PathLike[str], *, follow: bool = False) -> None:
+        self.data_dir = Path(data_dir)
+        self._follow = follow
+        self._read: dict[Path, int] = {}
+        self._lines: dict[Path, int] = {}
+        self._polled = False
+
+    def poll(self, timeout_s: float = 0) -> tuple[list[Incoming], list[SourceEvent]]:
+        items: list[Incoming] = []
+        events: list[SourceEvent] = []
+        for kind, sub in ((TRANSITION, 'transitions'), (EPISODE, 'episodes')):
+            decode = decode_transition if kind == TRANSITION else decode_episode
+            for path in sorted((self.data_dir / sub).glob('*.ndjson')):
+                for lineno, line in self._new_lines(path):
+                    try:
+                        items.append(Incoming(kind, decode(line), None))
+                    except DecodeError:
+                        events.append(SourceEvent('undecodable', f'an undecodable line at {path}:{lineno}'))
+        self._polled = True
+        return items, events
+
+    def _new_lines(self, path: Path) -> list[tuple[int, bytes]]:
+        """Whole lines appended since the last poll, with their line numbers."""
+        start = self._read.get(path, 0)
+        with open(path, 'rb') as f:
+            f.seek(start)
+            data = f.read()
+        end = data.rfind(b'\n') + 1
+        if end == 0:
+            return []
+        self._read[path] = start + end
+        first = self._lines.get(path, 0)
+        lines = data[:end].split(b'\n')[:-1]
+        self._lines[path] = first + len(lines)
+        return [(first + i + 1, line) for i, line in enumerate(lines) if line.strip()]
+
+    def processed(self, item: Incoming) -> None:
+        pass
+
+    def commit(self, pending: dict[PartitionKey, int]) -> None:
+        pass
+
+    def tick(self, now_ms: float) -> list[SourceEvent]:
+        return []
+
+    def exhausted(self) -> bool:
+        return self._polled and not self._follow
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,173 @@
+"""The transitions and episodes topics, read in a Kafka consumer group with confluent-kafka.
+
+Offsets are committed by hand and only below what is still pending (records of open groups,
+chunks of unfinished records, the start of an open episode's prompt-delta chain), so a restarted
+consumer reads again everything it had not finished with.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from .chunks import ChunkAssembler, ChunkError, DroppedRecord, is_chunk
+from .position import PartitionKey, Position
+from .records import DecodeError, decode_episode, decode_transition, encoding_of
+from .source import EPISODE, TRANSITION, Incoming, SourceEvent
+
+DEFAULT_TOPIC = 'lightning.transitions'
+DEFAULT_EPISODES_TOPIC = 'lightning.episodes'
+
+log = logging.getLogger('lightning_sidecar_client.kafka')
+
+
+class KafkaUnavailableError(RuntimeError):
+    code = 'KAFKA_CLIENT_MISSING'
+
+
+def brokers_from_env(env: Optional[dict[str, str]] = None) -> list[str]:
+    raw = (env if env is not None else os.environ).get('LIGHTNING_KAFKA_BROKERS', '')
+    return [b.strip() for b in raw.split(',') if b.strip()]
+
+
+def _default_consumer(settings: dict[str, Any]) -> Any:
+    try:
+        from confluent_kafka import Consumer
+    except ImportError as e:
+        raise KafkaUnavailableError('kafka: confluent-kafka is not installed (Debian: python3-confluent-kafka; PyPI: confluent-kafka)') from e
+    return Consumer(settings)
+
+
+class KafkaSource:
+    """Reads ``topic`` (transitions) and ``episodes_topic`` as consumer group ``group_id``.
+
+    ``settings`` are extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...);
+    ``consumer_factory`` builds the consumer from the full settings (tests inject one).
+    """
+
+    def __init__(
+        self,
+        brokers: Sequence[str] | str,
+        group_id: str,
+        *,
+        topic: str = DEFAULT_TOPIC,
+        episodes_topic: str = DEFAULT_EPISODES_TOPIC,
+        settings: Optional[dict[str, Any]] = None,
+        chunk_timeout_ms: float = 600_000,
+        chunk_max_bytes: int = 256 * 1024 * 1024,
+        max_batch: int = 500,
+        consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        servers = brokers if isinstance(brokers, str) else ','.join(brokers)
+        if not servers:
+            raise ValueError('kafka: no brokers (pass brokers or set LIGHTNING_KAFKA_BROKERS)')
+        self.topic = topic
+        self.episodes_topic = episodes_topic
+        self._max_batch = max_batch
+        self._clock = clock
+        self._chunks = ChunkAssembler(timeout_ms=chunk_timeout_ms, max_bytes=chunk_max_bytes)
+        self._last: dict[PartitionKey, int] = {}
+        self._committed: dict[PartitionKey, int] = {}
+        full = {
+            'bootstrap.servers': servers,
+            'group.id': group_id,
+            'enable.auto.commit': False,
+            'enable.auto.offset.store': False,
+            'auto.offset.reset': 'earliest',
+            'fetch.wait.max.ms': 250,
+            'logger': log,
+            **(settings or {}),
+        }
+        self._consumer = consumer_factory(full)
+        self._consumer.subscribe([topic, episodes_topic])
+        self._closed = False
+
+    def poll(self, timeout_s: float) -> tuple[list[Incoming], list[SourceEvent]]:
+        items: list[Incoming] = []
+        events: list[SourceEvent] = []
+        for msg in self._consumer.consume(num_messages=self._max_batch, timeout=timeout_s):
+            err = msg.error()
+            if err is not None:
+                if err.code() != _partition_eof():
+                    events.append(SourceEvent('kafka_error', f'kafka: {err}'))
+                continue
+            pos = Position(msg.topic(), msg.partition(), msg.offset())
+            kind = EPISODE if pos.topic == self.episodes_topic else TRANSITION
+            headers, value, record_pos = msg.headers(), msg.value() or b'', pos
+            if is_chunk(headers):
+                try:
+                    whole, dropped = self._chunks.add(headers, value, pos, self._clock() * 1000)
+                except ChunkError as e:
+                    events.append(SourceEvent('invalid_chunk', f"skipping record {e.record_id or '?'} at {_where(pos)}: {e.reason}", pos))
+                    items.append(Incoming(kind, None, pos))
+                    continue
+                events += [_dropped(d) for d in dropped]
+                if whole is None:
+                    items.append(Incoming(kind, None, pos))
+                    continue
+                headers, value, record_pos = whole.headers, whole.value, whole.position
+            try:
+                decode = decode_episode if kind == EPISODE else decode_transition
+                record = decode(value, encoding_of(headers))
+            except DecodeError:
+                events.append(SourceEvent('undecodable', f'skipping an undecodable record at {_where(record_pos)}', record_pos))
+                items.append(Incoming(kind, None, pos))
+                continue
+            # The record counts from its first chunk, so commits stay below all of it until done.
+            items.append(Incoming(kind, record, record_pos, pos))
+        return items, events
+
+    def processed(self, item: Incoming) -> None:
+        pos = item.read_at or item.position
+        if pos is not None:
+            self._last[(pos.topic, pos.partition)] = pos.offset
+
+    def commit(self, pending: dict[PartitionKey, int]) -> None:
+        chunks = self._chunks.lowest_pending()
+        offsets = {}
+        for k, last in self._last.items():
+            offsets[k] = min(last + 1, pending.get(k, last + 1), chunks.get(k, last + 1))
+        changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
+        if not changed:
+            return
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in changed.items()], asynchronous=False)
+            self._committed.update(changed)
+        except KafkaException as e:
+            # A rebalance or a broker hiccup: the next commit carries the same offsets.
+            log.warning('kafka: offset commit failed: %s', e)
+
+    def committed(self) -> dict[PartitionKey, int]:
+        """What this source last committed, per partition."""
+        return dict(self._committed)
+
+    def tick(self, now_ms: float) -> list[SourceEvent]:
+        return [_dropped(d) for d in self._chunks.tick(now_ms)]
+
+    def exhausted(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._consumer.close()
+
+
+def _dropped(d: DroppedRecord) -> SourceEvent:
+    why = f'after {round(d.waited_ms)} ms' if d.reason == 'timeout' else 'chunk buffer full'
+    return SourceEvent('chunks_dropped', f'dropped record {d.record_id} at {d.topic}/{d.partition}: {d.have} of {d.count} chunks ({why})')
+
+
+def _where(pos: Position) -> str:
+    return f'{pos.topic}/{pos.partition}@{pos.offset}'
+
+
+def _partition_eof() -> int:
+    from confluent_kafka import KafkaError
+
+    return KafkaError._PARTITION_EOF

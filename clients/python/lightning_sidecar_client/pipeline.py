@@ -1,0 +1,92 @@
+"""What happens to each decoded record: groups built, or prompts made whole and duplicates dropped.
+
+Pure (no I/O, time passed in), so it is tested without Kafka.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Optional
+
+from .deltas import PromptResolver
+from .groups import DeltaUnresolved, GroupAssembler, GroupEvent
+from .position import PartitionKey
+from .source import EPISODE, Incoming
+
+PipelineEvent = GroupEvent
+
+
+class GroupPipeline:
+    """Records into a GroupAssembler (which also makes prompt deltas whole)."""
+
+    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = ()) -> None:
+        self.groups = GroupAssembler(group_size, timeout_ms, done)
+
+    @property
+    def done(self) -> set[str]:
+        return self.groups.done
+
+    def add(self, item: Incoming, now_ms: float) -> list[PipelineEvent]:
+        r = item.record
+        if r is None:
+            return []
+        if item.kind == EPISODE:
+            return self.groups.add_episode(r, item.position, now_ms)
+        return self.groups.add_transition(r, item.position, now_ms)
+
+    def tick(self, now_ms: float) -> list[PipelineEvent]:
+        return self.groups.tick(now_ms)
+
+    def lowest_pending(self) -> dict[PartitionKey, int]:
+        return self.groups.lowest_pending()
+
+
+class _Seen:
+    """A bounded set: the oldest keys are forgotten first."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._keys: OrderedDict[object, None] = OrderedDict()
+
+    def add(self, key: object) -> bool:
+        """True when ``key`` is new."""
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self._limit:
+            self._keys.popitem(last=False)
+        return True
+
+
+class RecordPipeline:
+    """Plain records for trainers that batch their own way: whole prompts, each record once.
+
+    Duplicates are recognised among the last ``remember`` transition ids and episode keys.
+    """
+
+    def __init__(self, timeout_ms: float = 600_000, remember: int = 200_000) -> None:
+        self.prompts = PromptResolver(timeout_ms)
+        self._seen = _Seen(remember)
+
+    def add(self, item: Incoming, now_ms: float) -> tuple[Optional[Incoming], list[PipelineEvent]]:
+        r = item.record
+        if r is None:
+            return None, []
+        if item.kind == EPISODE:
+            if not self._seen.add(('episode', r.get('rollout_id'), r.get('attempt_id'))):
+                return None, []
+            self.prompts.forget(r.get('rollout_id'), r.get('attempt_id'))
+            return item, []
+        if not self._seen.add(r.get('transition_id')):
+            return None, []
+        t, error = self.prompts.resolve(r, item.position, now_ms)
+        events: list[PipelineEvent] = []
+        if error is not None:
+            events.append(DeltaUnresolved(error.transition_id, error.previous_transition_id, error.reason))
+        return Incoming(item.kind, t, item.position, item.read_at), events
+
+    def tick(self, now_ms: float) -> list[PipelineEvent]:
+        self.prompts.tick(now_ms)
+        return []
+
+    def lowest_pending(self) -> dict[PartitionKey, int]:
+        return self.prompts.lowest_pending()

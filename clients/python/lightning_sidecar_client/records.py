@@ -1,0 +1,128 @@
+"""Transition and episode records as dicts in their JSON shape, from either Kafka encoding.
+
+A protobuf record is turned into exactly the dict its JSON encoding parses to (``null`` for unset
+optional fields, free-form parts parsed from their ``*_json`` text), so everything downstream sees
+one shape.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from .proto import records_pb2
+
+JSON = 'application/json'
+PROTOBUF = 'application/x-protobuf'
+TRANSITION_SCHEMA = 'lightning.transition.v1'
+EPISODE_SCHEMA = 'lightning.episode.v1'
+
+Record = dict[str, Any]
+
+_TRANSITION_SCALARS = (
+    'schema', 'transition_id', 'rollout_id', 'attempt_id', 'group_id', 'seq', 'choice_index', 'agent_name', 'model',
+    'policy_version', 'api', 'streamed', 'status', 'http_status', 'error', 'finish_reason', 'continues_previous',
+    'intermediate_reward', 'final_reward', 'reward', 'credit', 'is_last', 'episode_status', 'truncated', 'trace_id',
+    'span_id', 'started_at', 'ended_at', 'latency_ms', 'ttft_ms',
+)
+_TOOL_CALL_FIELDS = ('id', 'name', 'status', 'reward', 'span_id', 'join')
+
+
+class DecodeError(ValueError):
+    code = 'UNDECODABLE'
+
+
+def header(headers: Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None, name: str) -> str | None:
+    """A Kafka header's value as text (the first one of that name), or None."""
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    for k, v in items:
+        if k == name:
+            return None if v is None else (v.decode('utf-8', 'replace') if isinstance(v, (bytes, bytearray)) else str(v))
+    return None
+
+
+def encoding_of(headers: Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None) -> str:
+    return PROTOBUF if header(headers, 'content-type') == PROTOBUF else JSON
+
+
+def decode_transition(value: bytes, encoding: str = JSON) -> Record:
+    try:
+        if encoding != PROTOBUF:
+            return _json_object(value)
+        m = records_pb2().Transition()
+        m.ParseFromString(value)
+        return _transition_from_proto(m)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f'transition: cannot decode {encoding} ({e})') from e
+
+
+def decode_episode(value: bytes, encoding: str = JSON) -> Record:
+    try:
+        if encoding != PROTOBUF:
+            return _json_object(value)
+        m = records_pb2().Episode()
+        m.ParseFromString(value)
+        return _episode_from_proto(m)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f'episode: cannot decode {encoding} ({e})') from e
+
+
+def _json_object(value: bytes) -> Record:
+    o = json.loads(value)
+    if not isinstance(o, dict):
+        raise DecodeError('record: not a JSON object')
+    return o
+
+
+def _opt(m: Any, field: str) -> Any:
+    """A field's value, None when an `optional` field is unset (JSON null)."""
+    fd = m.DESCRIPTOR.fields_by_name[field]
+    if getattr(fd, 'has_presence', fd.containing_oneof is not None) and not m.HasField(field):
+        return None
+    return getattr(m, field)
+
+
+def _transition_from_proto(m: Any) -> Record:
+    out: Record = {f: _opt(m, f) for f in _TRANSITION_SCALARS}
+    out['injected'] = list(m.injected)
+    out['request'] = json.loads(m.request_json or 'null')
+    out['response'] = json.loads(m.response_json or 'null')
+    out['usage'] = json.loads(m.usage_json or 'null')
+    out['prompt_token_ids'] = list(m.prompt_token_ids) if m.has_prompt_token_ids else None
+    out['response_token_ids'] = list(m.response_token_ids) if m.has_response_token_ids else None
+    out['response_logprobs'] = list(m.response_logprobs) if m.has_response_logprobs else None
+    out['tool_calls'] = [{f: _opt(c, f) for f in _TOOL_CALL_FIELDS} for c in m.tool_calls]
+    if m.bodies_dropped:
+        out['bodies_dropped'] = True
+    if 'prompt_token_ids_delta' in m.DESCRIPTOR.fields_by_name and m.HasField('prompt_token_ids_delta'):
+        d = m.prompt_token_ids_delta
+        out['prompt_token_ids_delta'] = {
+            'previous_transition_id': d.previous_transition_id,
+            'prefix_length': d.prefix_length,
+            'suffix': list(d.suffix),
+        }
+    return out
+
+
+def _episode_from_proto(m: Any) -> Record:
+    return {
+        'schema': m.schema,
+        'rollout_id': m.rollout_id,
+        'attempt_id': m.attempt_id,
+        'group_id': _opt(m, 'group_id'),
+        'episode_status': m.episode_status,
+        'final_reward': _opt(m, 'final_reward'),
+        'rewards': [{'name': r.name, 'value': r.value, 'final': r.final} for r in m.rewards],
+        'credit_mode': m.credit_mode,
+        'transitions': m.transitions,
+        'transition_ids': list(m.transition_ids),
+        'policy_versions': list(m.policy_versions),
+        'policy_version_lag': _opt(m, 'policy_version_lag'),
+        'started_at': m.started_at,
+        'ended_at': m.ended_at,
+    }

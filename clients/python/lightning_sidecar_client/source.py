@@ -1,0 +1,56 @@
+"""What a source (Kafka topics or the file exporter's directory) hands to the pipelines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from .position import PartitionKey, Position
+
+TRANSITION = 'transition'
+EPISODE = 'episode'
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One message read: a whole decoded record, or None (a chunk of a record not yet complete).
+
+    ``position`` is where the record begins (its first chunk), ``read_at`` the message just read.
+    """
+
+    kind: str
+    record: Optional[dict[str, Any]]
+    position: Optional[Position]
+    read_at: Optional[Position] = None
+
+
+@dataclass(frozen=True)
+class SourceEvent:
+    """Something a source skipped or gave up on; ``message`` says what, for a log line.
+
+    ``undecodable`` (a message that is not a record), ``invalid_chunk`` (a chunk that cannot be
+    used, or a reassembled record of the wrong size or digest), ``chunks_dropped`` (a chunked
+    record timed out or evicted by the byte bound), ``kafka_error``.
+    """
+
+    kind: str
+    message: str
+    position: Optional[Position] = None
+
+
+class Source(Protocol):
+    def poll(self, timeout_s: float) -> tuple[list[Incoming], list[SourceEvent]]:
+        """What arrived within ``timeout_s`` (possibly nothing)."""
+
+    def processed(self, item: Incoming) -> None:
+        """``item`` has been handed on: offsets may move past it (subject to ``commit``'s bound)."""
+
+    def commit(self, pending: dict[PartitionKey, int]) -> None:
+        """Stores progress: per partition, up to the lowest offset still ``pending`` (exclusive)."""
+
+    def tick(self, now_ms: float) -> list[SourceEvent]:
+        """Gives up on what waited too long (unfinished chunked records)."""
+
+    def exhausted(self) -> bool:
+        """True when nothing more can arrive (a finished file read); Kafka never is."""
+
+    def close(self) -> None: ...

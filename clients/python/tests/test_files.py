@@ -1,0 +1,46 @@
+import json
+
+from lightning_sidecar_client.files import FileSource
+from lightning_sidecar_client.readers import GroupReader, RecordReader
+from factories import rollout
+
+
+def write(path, records, tail=''):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'a') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in records) + tail)
+
+
+def test_groups_come_from_the_file_exporters_directory_across_rotated_files(tmp_path):
+    a, ea = rollout('a', 2, group_id='g', final_reward=1)
+    b, eb = rollout('b', 1, group_id='g', final_reward=0)
+    write(tmp_path / 'transitions' / 'transitions-20250101T000000-1-0001.ndjson', a)
+    write(tmp_path / 'transitions' / 'transitions-20250101T000000-1-0002.ndjson', b)
+    write(tmp_path / 'episodes' / 'episodes-20250101T000000-1-0001.ndjson', [ea, eb])
+    [g] = list(GroupReader(FileSource(tmp_path), 2))
+    assert g['batch']['transition_id'] == ['a/0/0', 'a/0/1', 'b/0/0']
+    assert g['batch']['prompt_ids'] == [t['prompt_token_ids'] for t in a + b]
+
+
+def test_following_a_directory_reads_only_whole_lines_and_picks_up_what_is_appended(tmp_path):
+    ts, e = rollout('a', 2, group_id=None, final_reward=1)
+    path = tmp_path / 'transitions' / 'transitions-1.ndjson'
+    half = json.dumps(ts[1])
+    write(path, [ts[0]], tail=half[:20])
+    src = FileSource(tmp_path, follow=True)
+    items, events = src.poll()
+    assert [i.record['transition_id'] for i in items] == ['a/0/0'] and events == []
+    write(path, [], tail=half[20:] + '\n')
+    write(tmp_path / 'episodes' / 'episodes-1.ndjson', [e], tail='{"torn')
+    items, _ = src.poll()
+    assert [(i.kind, i.record.get('transition_id', i.record.get('rollout_id'))) for i in items] == [('transition', 'a/0/1'), ('episode', 'a')]
+    assert not src.exhausted()
+
+
+def test_an_undecodable_line_is_reported_with_its_place_and_skipped(tmp_path):
+    ts, _ = rollout('a', 1, group_id=None, final_reward=1)
+    write(tmp_path / 'transitions' / 't.ndjson', [ts[0]], tail='not json\n')
+    seen = []
+    out = list(RecordReader(FileSource(tmp_path), on_event=seen.append).transitions())
+    assert [t['transition_id'] for t in out] == ['a/0/0']
+    assert [ev.kind for ev in seen] == ['undecodable'] and 't.ndjson:2' in seen[0].message
