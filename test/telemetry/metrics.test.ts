@@ -55,10 +55,12 @@ describe('/metrics, /healthz, /readyz', () => {
     expect(value(after, 'lightning_sidecar_open_episodes')).toBe(0);
   });
 
-  it('counts calls without token ids', async () => {
+  it('counts calls without token ids once their transitions are built (the episode closed)', async () => {
     const plain = await startSidecar(upstream.url);
     try {
-      await new OpenAI({ baseURL: plain.baseUrl, apiKey: 'k', maxRetries: 0 }).chat.completions.create({ model: 'm', messages: [] });
+      await new OpenAI({ baseURL: `${plain.origin}/rollout/plain1/v1`, apiKey: 'k', maxRetries: 0 }).chat.completions.create({ model: 'm', messages: [] });
+      await postReward(plain.origin, 'plain1', 0);
+      await plain.waitForEpisodes(1);
       await new Promise((r) => setTimeout(r, 50));
       const text = await plain.app.metrics.registry.metrics();
       expect(value(text, 'lightning_sidecar_calls_missing_token_ids_total{api="chat.completions"}')).toBe(1);
