@@ -24,7 +24,7 @@ export function createKafkaControl(kafka: Kafka, topic: string, controller: Cont
   const joinedOnce = new Promise<void>((r) => (joined = r));
 
   async function connect(): Promise<void> {
-    const c = kafka.consumer({ groupId, sessionTimeout: 10_000, heartbeatInterval: 1_000, retry: { retries: 2 } });
+    const c = kafka.consumer({ groupId, sessionTimeout: 10_000, heartbeatInterval: 1_000 });
     consumer = c;
     c.on(c.events.CRASH, (e) => {
       log.once('crash', 'warn', 'control consumer stopped; reconnecting', { err: e.payload.error });
