@@ -6,6 +6,7 @@ before offsets move), otherwise ``--state``; groups given up on are noted in the
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -117,6 +118,11 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
             chunk_timeout_ms=timeout_ms,
         )
 
+    kafka_log = logging.getLogger('lightning_sidecar_client.kafka')
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter('groups: kafka: %(message)s'))
+    kafka_log.addHandler(handler)
+    kafka_log.propagate = False
     reader = GroupReader(source, group_size, timeout_ms=timeout_ms, done=load_done([out_path, state_path]), idle_exit_ms=idle_exit_ms)
     previous = {s: signal.signal(s, lambda *_: reader.stop()) for s in (signal.SIGINT, signal.SIGTERM)}
     producer = None
@@ -161,6 +167,8 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
         for s, h in previous.items():
             signal.signal(s, h)
         source.close()
+        kafka_log.removeHandler(handler)
+        kafka_log.propagate = True
         if producer is not None:
             producer.flush(30)
     return 0

@@ -7,6 +7,7 @@ written waits for the next poll); ``follow=False`` reads what is there once and 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from .position import PartitionKey
 from .records import DecodeError, decode_episode, decode_transition
@@ -22,6 +23,7 @@ class FileSource:
         self._polled = False
 
     def poll(self, timeout_s: float = 0) -> tuple[list[Incoming], list[SourceEvent]]:
+        """New whole lines; when following and there are none, waits ``timeout_s`` first."""
         items: list[Incoming] = []
         events: list[SourceEvent] = []
         for kind, sub in ((TRANSITION, 'transitions'), (EPISODE, 'episodes')):
@@ -33,6 +35,8 @@ class FileSource:
                     except DecodeError:
                         events.append(SourceEvent('undecodable', f'an undecodable line at {path}:{lineno}'))
         self._polled = True
+        if not items and not events and self._follow and timeout_s > 0:
+            time.sleep(timeout_s)
         return items, events
 
     def _new_lines(self, path: Path) -> list[tuple[int, bytes]]:

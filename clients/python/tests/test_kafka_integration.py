@@ -195,3 +195,17 @@ def test_the_cli_emits_each_group_once_across_a_restart_with_redelivery_in_betwe
         assert f'groups: gave up on {uid}: 1 of {SPEC["group_size"]} episodes after ' in second.stderr
     assert [json.loads(line)['status'] for line in (tmp_path / 'groups.jsonl.state').read_text().splitlines()] == ['incomplete'] * len(stream['incomplete'])
 
+
+
+def test_the_cli_sends_groups_to_a_topic_and_remembers_them_in_its_state_file(tmp_path):
+    stream = STREAMS['json']
+    topic = f'groups.{uuid.uuid4().hex[:8]}'
+    state = tmp_path / 'state'
+    args = ['--group-size', str(SPEC['group_size']), '--brokers', SPEC['brokers'], '--group-id', f'to-topic-{topic}', '--to-topic', topic,
+            '--state', str(state), '--topic', stream['topic'], '--episodes-topic', stream['episodes_topic'], '--idle-exit-ms', '1500']
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    sent = read_topic(topic)
+    assert sorted(v.decode() for _, _, _, v in sent) == sorted(js_json.dumps(g) for g in groups_of(stream))
+    assert sorted(k.decode() for _, k, _, _ in sent) == sorted(stream['groups'])
+    assert sorted(json.loads(line)['uid'] for line in state.read_text().splitlines()) == sorted(stream['groups'])
