@@ -8,6 +8,12 @@ const path = require('node:path');
 const { proc, median, freePort, startNodeChild, waitHttp, closedLoop } = require('./lib');
 
 const QUICK = process.argv.includes('--quick');
+// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing).
+const ONLY = (() => {
+  const i = process.argv.indexOf('--only');
+  return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
+})();
+const want = (name) => ONLY === null || ONLY.has(name);
 const ROUNDS = QUICK ? 1 : 3;
 const DUR = QUICK ? 1200 : 4000;
 const ROOT = path.join(__dirname, '..');
@@ -27,7 +33,10 @@ function log(...a) {
 async function startSidecar(upstreamPort, env = {}) {
   const [proxy, telemetry, grpc, httpPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const dataDir = fs.mkdtempSync(path.join(tmp, 'sidecar-'));
-  const p = spawn(process.execPath, [path.join(ROOT, 'dist/main.js'), 'run'], {
+  // BENCH_CPU_PROF=DIR: the sidecars write V8 CPU profiles there (node --cpu-prof) when they stop.
+  // BENCH_NODE_FLAGS: more node flags for the sidecars (e.g. --trace-gc).
+  const prof = [...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(process.env.BENCH_CPU_PROF)] : []), ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean)];
+  const p = spawn(process.execPath, [...prof, path.join(ROOT, 'dist/main.js'), 'run'], {
     env: {
       PATH: process.env.PATH,
       LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${upstreamPort}/v1`,
@@ -42,7 +51,7 @@ async function startSidecar(upstreamPort, env = {}) {
       LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
       ...env,
     },
-    stdio: ['ignore', 'ignore', 'inherit'],
+    stdio: ['ignore', process.env.BENCH_NODE_FLAGS ? 'inherit' : 'ignore', 'inherit'],
   });
   children.push(p);
   await waitHttp(`http://127.0.0.1:${telemetry}/readyz`);
@@ -124,6 +133,8 @@ async function withCpu(pid, fn) {
   return { ...out, cpuS: before ? after.cpu - before.cpu : NaN, rss: after ? after.rss : NaN };
 }
 
+const GC_AGENTS = QUICK ? 4 : 8;
+const GC_TURNS = QUICK ? 12 : 24;
 const CHAT = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'system', content: 'You are a helpful agent.' }, { role: 'user', content: 'x'.repeat(900) }], max_tokens: 64 }));
 const CHAT_STREAM = Buffer.from(JSON.stringify({ model: 'bench-policy', stream: true, messages: [{ role: 'user', content: 'x'.repeat(900) }] }));
 
@@ -146,8 +157,44 @@ async function main() {
     { name: 'sidecar-nocapture', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/embeddings' },
   ];
 
+  // 0. Growing agent contexts (the scenario that matters most), against a model server that
+  // tokenizes the real prompt.
+  if (want('growing')) {
+    log('growing context');
+    const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
+    children.push(agentModel.proc);
+    const agentBare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(agentModel.port)]);
+    children.push(agentBare.proc);
+    const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    const endRollouts = async (prefix, agents) => {
+      const exported = async () => Number(/^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${gcSidecar.telemetry}/metrics`)).text())?.[1] ?? 0);
+      const before = await exported();
+      const t0 = performance.now();
+      for (let a = 0; a < agents; a++) await fetch(`http://127.0.0.1:${gcSidecar.port}/lightning/v1/rollouts/${prefix}-${a}/end`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+      const until = Date.now() + 120_000;
+      while ((await exported()) < before + agents * GC_TURNS && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      return (performance.now() - t0) / 1000;
+    };
+    results.scenarios.growing_context = await require('./growing-context').benchGrowingContext({
+      targets: [
+        { name: 'direct', port: agentModel.port, pid: null },
+        { name: 'bare-pipe', port: agentBare.port, pid: agentBare.proc.pid },
+        { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid },
+      ],
+      proc,
+      agents: GC_AGENTS,
+      turns: GC_TURNS,
+      rounds: QUICK ? 1 : 2,
+      sidecarDataDir: gcSidecar.dataDir,
+      endRollouts,
+    });
+    await stop(gcSidecar.proc);
+    await stop(agentBare.proc);
+    await stop(agentModel.proc);
+  }
+
   // 1. JSON, 1 and 16 connections.
-  for (const conns of [1, 16]) {
+  for (const conns of want('json') ? [1, 16] : []) {
     log(`json c=${conns}`);
     const s = await rounds(targets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })));
     results.scenarios[`json_c${conns}`] = Object.fromEntries(
@@ -156,14 +203,18 @@ async function main() {
   }
 
   // 2. SSE, 50 chunks 1 ms apart.
-  log('sse');
   const sseTargets = targets.filter((t) => t.name !== 'sidecar-nocapture');
+  if (want('sse')) {
+  log('sse');
   const sse = await rounds(sseTargets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })));
   results.scenarios.sse_c4 = Object.fromEntries(
     Object.entries(sse).map(([name, xs]) => [name, { ttfb_p50_ms: summarize(xs, 'ttfbP50'), ttfb_p99_ms: summarize(xs, 'ttfbP99'), total_p50_ms: summarize(xs, 'p50'), cpu_us_per_chunk: summarize(xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0), requests: xs.reduce((n, x) => n + x.requests, 0) }]),
   );
 
+  }
+
   // 3. 1 MiB prompts.
+  if (want('large')) {
   log('large bodies');
   const big = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'user', content: 'y'.repeat(1024 * 1024) }] }));
   const large = await rounds(sseTargets, async (t) => {
@@ -175,15 +226,20 @@ async function main() {
   });
   results.scenarios.large_1mib_c2 = Object.fromEntries(Object.entries(large).map(([name, xs]) => [name, { p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), rps: summarize(xs, 'rps'), peak_rss_mib: summarize(xs.map((x) => ({ v: x.peak / 2 ** 20 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0) }]));
 
+  }
+
   // 4. OTLP ingest.
-  log('otlp');
   // A fresh sidecar, so its RSS is the OTLP path's and not what the proxy scenarios left behind.
   await stop(sidecar.proc);
+  if (want('otlp')) {
+  log('otlp');
   const otlpSidecar = await startSidecar(model.port);
   results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, durationMs: DUR, quick: QUICK, proc });
   await stop(otlpSidecar.proc);
+  }
 
   // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open).
+  if (want('memory')) {
   log('memory');
   const memSidecar = await startSidecar(model.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
   const episodes = QUICK ? 200 : 1000;
@@ -213,10 +269,13 @@ async function main() {
   if (global.gc) global.gc();
   results.scenarios.memory = { episodes, calls_per_episode: calls, open_episodes: open, rss_before_mib: rssBefore / 2 ** 20, rss_mib: proc(memSidecar.proc.pid).rss / 2 ** 20 };
   await stop(memSidecar.proc);
+  }
 
   // 5. Kafka export against the test broker.
+  if (want('kafka')) {
   log('kafka');
   results.scenarios.kafka = await require('./kafka').benchKafka({ modelPort: model.port, startSidecar, stop, quick: QUICK, proc, closedLoop, body: CHAT });
+  }
 
   results.finished_at = new Date().toISOString();
   fs.mkdirSync(path.join(__dirname, 'results'), { recursive: true });

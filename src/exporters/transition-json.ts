@@ -16,6 +16,12 @@ export class TransitionWriter {
 
   /** The transition's JSON bytes; `extra` members are appended (e.g. `bodies_dropped`). */
   json(t: TransitionRecord, extra?: Record<string, unknown>): Buffer {
+    const parts = this.jsonParts(t, extra);
+    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+  }
+
+  /** The same bytes as pieces, for writers that take a list of buffers (no copy into one). */
+  jsonParts(t: TransitionRecord, extra?: Record<string, unknown>): Buffer[] {
     const parts: Buffer[] = [];
     let text = '{';
     const flush = () => {
@@ -39,7 +45,7 @@ export class TransitionWriter {
     if (extra) for (const [k, v] of Object.entries(extra)) text += `,${JSON.stringify(k)}:${JSON.stringify(v)}`;
     text += '}';
     flush();
-    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+    return parts;
   }
 
   /** The transition with every journal reference resolved: the wire shape, as a plain object. */

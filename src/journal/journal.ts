@@ -243,10 +243,11 @@ export class Journal {
   }
 
   /**
-   * The bytes of body frames, in the order given, as one buffer (read from the page cache).
+   * The bytes of body frames, in the order given, as one buffer (read from the page cache), into
+   * `scratch` when it is big enough (the caller then owns the bytes only until it reuses it).
    * Throws when a frame is gone (its segment released) or cannot be read.
    */
-  readBodies(offsets: readonly number[]): Buffer {
+  readBodies(offsets: readonly number[], scratch?: Buffer): Buffer {
     let total = 0;
     const locs: [Segment, number, number][] = [];
     for (const offset of offsets) {
@@ -256,7 +257,7 @@ export class Journal {
       locs.push([seg, loc[0], loc[1]]);
       total += loc[1];
     }
-    const out = Buffer.allocUnsafe(total);
+    const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
     let at = 0;
     for (const [seg, pos, len] of locs) {
       seg.readFd ??= openSync(seg.file, 'r');

@@ -1,5 +1,5 @@
 /**
- * `npm run soak [-- --minutes N] [--journal-mib N]`: the long soak (default 3 minutes of load; two SIGKILLs, a
+ * `npm run soak [-- --minutes N] [--journal-mib N] [--agents N] [--kills N]`: the long soak (default 3 minutes of load, 8 agents, two SIGKILLs, a
  * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
  * the contract does not hold.
  */
@@ -11,11 +11,16 @@ async function main(): Promise<number> {
   const j = process.argv.indexOf('--journal-mib');
   // Sized so the backlog of the Kafka outage brings the journal near its cap (high watermark 90 %).
   const journalMiB = j >= 0 ? Number(process.argv[j + 1]) : 72;
-  const t = (s: number) => s;
+  const a = process.argv.indexOf('--agents');
+  const agents = a >= 0 ? Number(process.argv[a + 1]) : 8;
+  const k = process.argv.indexOf('--kills');
+  const kills = k >= 0 ? Number(process.argv[k + 1]) : 2;
+  // Kills spread over the middle of the run, away from the Kafka outage.
+  const killsAt = Array.from({ length: kills }, (_, i) => 0.3 + (0.5 * (i + 1)) / (kills + 1));
   const report = await runSoak({
     durationMs: Math.max(0.2, minutes) * 60_000,
-    agents: 8,
-    killsAt: [t(0.45), t(0.75)],
+    agents,
+    killsAt,
     kafkaDown: [0.1, 0.25],
     retryStorm: [0.55, 0.7],
     journalMaxBytes: journalMiB * 1024 * 1024,

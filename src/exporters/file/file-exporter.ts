@@ -21,7 +21,7 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
       const writer = new TransitionWriter(read);
       // Transitions first: an episode line means all its transitions are on disk. One episode's
       // transitions at a time, so memory holds one episode's bodies, not the batch's.
-      for (const c of batch) await transitions.append(c.transitions.map((t) => writer.json(t)));
+      for (const c of batch) await transitions.append(c.transitions.map((t) => writer.jsonParts(t)));
       await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
     },
     shutdown: once(async () => {

@@ -21,13 +21,18 @@ export class NdjsonWriter {
     private readonly fsync = false,
   ) {}
 
-  append(lines: Buffer[]): Promise<void> {
+  /** Appends lines, each a buffer or a list of buffers written one after the other. */
+  append(lines: (Buffer | Buffer[])[]): Promise<void> {
     if (lines.length === 0) return this.tail;
     const parts: Buffer[] = [];
     let bytes = 0;
     for (const l of lines) {
-      parts.push(l, NEWLINE);
-      bytes += l.length + 1;
+      for (const p of Array.isArray(l) ? l : [l]) {
+        parts.push(p);
+        bytes += p.length;
+      }
+      parts.push(NEWLINE);
+      bytes++;
     }
     const next = this.tail.then(() => this.write(parts, bytes));
     this.tail = next.catch(() => {});

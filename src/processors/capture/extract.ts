@@ -4,8 +4,11 @@ import { extractBody, extractStream, type Extracted } from '../../receivers/llm-
 import { IDS_MARKER } from '../../receivers/llm-proxy/adapters/shape';
 import { findMembers, memberCut, readIntArray, type Member } from './json-scan';
 
-/** Reads the bytes of journaled body frames, in order. */
-export type BodyReader = (offsets: readonly number[]) => Buffer;
+/**
+ * Reads the bytes of journaled body frames, in order; into `scratch` when it is given and big
+ * enough (the bytes are then valid only until the scratch buffer is reused).
+ */
+export type BodyReader = (offsets: readonly number[], scratch?: Buffer) => Buffer;
 
 /** A call with its facts extracted; bodies stay in the journal (`RawBody`) where they can. */
 export interface CallFacts extends CallRecord {
@@ -18,8 +21,6 @@ export interface CallFacts extends CallRecord {
 }
 
 const MAX_DECODED = 64 * 1024 * 1024;
-/** Id arrays shorter than this are parsed inline: a range is worth it only for big ones. */
-const RANGE_MIN_BYTES = 256;
 
 /**
  * Extracts what a transition needs from a captured call's journaled response: model, usage,
@@ -29,7 +30,7 @@ const RANGE_MIN_BYTES = 256;
  * what cannot be read or parsed is recorded as null with a reason, as the call's error.
  * The decoded response is returned too, for callers that check ids now (continuity).
  */
-export function extractFacts(call: CallRecord, read: BodyReader): { facts: CallFacts; responseBytes: Buffer | null } {
+export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffer): { facts: CallFacts; responseBytes: Buffer | null } {
   if (!call.bodies) {
     const facts: CallFacts = {
       ...call,
@@ -48,7 +49,7 @@ export function extractFacts(call: CallRecord, read: BodyReader): { facts: CallF
   let response: unknown = null;
   let decoded: Buffer | null = null;
   try {
-    const raw = bodies.response.length > 0 ? read(bodies.response) : null;
+    const raw = bodies.response.length > 0 ? read(bodies.response, scratch) : null;
     if (raw !== null && raw.length > 0) {
       decoded = decode(raw, bodies.encoding);
       if (decoded === null) parseError = `cannot decode content-encoding ${bodies.encoding}`;
@@ -128,11 +129,11 @@ function modelFromRequest(offsets: number[], read: BodyReader): string | null {
 
 /**
  * The text of `buf` with each `key` member's array value replaced by a marker string naming the
- * array's byte range (short arrays are left in place).
+ * array's byte range.
  */
 export function patchIds(buf: Buffer, keys: string[]): { text: string; members: Member[] } {
   const members: Member[] = [];
-  for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b && m.valueEnd - m.valueStart >= RANGE_MIN_BYTES) members.push(m);
+  for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b) members.push(m);
   if (members.length === 0) return { text: buf.toString('utf8'), members };
   members.sort((a, b) => a.valueStart - b.valueStart);
   const parts: string[] = [];

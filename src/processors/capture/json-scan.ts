@@ -121,6 +121,35 @@ export function isJson(buf: Buffer, start = 0, end = buf.length): boolean {
   return e >= 0 && skipWs(buf, e, end) === end;
 }
 
+/**
+ * Names of the top-level members of the JSON object in `buf`, walking member by member and
+ * skipping each value (long strings by memchr); null when `buf` is not one well-formed object.
+ */
+export function topLevelKeys(buf: Buffer): Set<string> | null {
+  let i = skipWs(buf, 0);
+  if (buf[i] !== 0x7b) return null;
+  const keys = new Set<string>();
+  i = skipWs(buf, i + 1);
+  if (buf[i] === 0x7d) return skipWs(buf, i + 1) === buf.length ? keys : null;
+  for (;;) {
+    if (buf[i] !== QUOTE) return null;
+    const k = skipString(buf, i, buf.length);
+    if (k < 0) return null;
+    keys.add(JSON.parse(buf.toString('utf8', i, k)) as string);
+    i = skipWs(buf, k);
+    if (buf[i] !== 0x3a) return null;
+    const v = skipValue(buf, i + 1);
+    if (v < 0) return null;
+    i = skipWs(buf, v);
+    if (buf[i] === 0x2c) {
+      i = skipWs(buf, i + 1);
+      continue;
+    }
+    if (buf[i] === 0x7d && skipWs(buf, i + 1) === buf.length) return keys;
+    return null;
+  }
+}
+
 /** A member `"key": value` found in the bytes: where its name starts and its value lies. */
 export interface Member {
   /** Index of the name's opening quote. */
@@ -147,11 +176,47 @@ export function findMembers(buf: Buffer, key: string, start = 0, end = buf.lengt
     const colon = skipWs(buf, at + needle.length, end);
     if (colon >= end || buf[colon] !== 0x3a) continue;
     const valueStart = skipWs(buf, colon + 1, end);
-    const valueEnd = skipValue(buf, valueStart, end);
+    const valueEnd = flatArrayEnd(buf, valueStart, end) ?? skipValue(buf, valueStart, end);
     if (valueEnd < 0) continue;
     out.push({ nameAt: at, valueStart, valueEnd });
     from = valueEnd;
   }
+}
+
+/**
+ * End of an array with no nested array, object or string (token ids, logprobs), found with
+ * memchr instead of a byte loop; null when the value is not such an array. Its elements are
+ * checked by whoever reads them (`readIntArray`).
+ */
+function flatArrayEnd(buf: Buffer, i: number, end: number): number | null {
+  if (buf[i] !== 0x5b) return null;
+  const close = buf.indexOf(0x5d, i + 1);
+  if (close < 0 || close >= end) return null;
+  const inner = buf.subarray(i + 1, close);
+  if (inner.indexOf(0x5b) >= 0 || inner.indexOf(0x7b) >= 0 || inner.indexOf(QUOTE) >= 0) return null;
+  return close + 1;
+}
+
+/**
+ * Whether the int array at `cur` starts with the arrays at `a` then `b` (all JSON text ranges),
+ * compared as bytes: true or false when the text decides it, null when it cannot (different
+ * spelling, such as spaces after commas, or an empty part): then compare the numbers.
+ */
+export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, prev: Buffer, a: [number, number], b: [number, number]): boolean | null {
+  const aBody = prev.subarray(a[0] + 1, a[1] - 1);
+  const bBody = prev.subarray(b[0] + 1, b[1] - 1);
+  if (aBody.length === 0 || bBody.length === 0 || cur[curStart] !== 0x5b || prev[a[0]] !== 0x5b || prev[b[0]] !== 0x5b) return null;
+  const need = 1 + aBody.length + 1 + bBody.length;
+  if (curEnd - curStart < need + 1) return false;
+  let at = curStart + 1;
+  if (cur.compare(aBody, 0, aBody.length, at, at + aBody.length) !== 0) return null;
+  at += aBody.length;
+  if (cur[at] !== 0x2c) return null;
+  at++;
+  if (cur.compare(bBody, 0, bBody.length, at, at + bBody.length) !== 0) return null;
+  at += bBody.length;
+  // The last number must end where the prefix ends (`...,3` is not a prefix of `...,30`).
+  return cur[at] === 0x2c || cur[at] === 0x5d ? true : null;
 }
 
 /**
@@ -167,6 +232,21 @@ export function memberCut(buf: Buffer, m: Member): [number, number] {
   return [m.nameAt, m.valueEnd];
 }
 
+/** Bytes that cannot occur in a JSON array of integers (fractions, exponents, literals, strings). */
+const NOT_INT = Buffer.from('.eE+"tfnINa[{');
+
+/**
+ * Whether `[start, end)` holds a flat JSON array whose elements can only be integers (checked
+ * with memchr for every byte an int array cannot contain; the shape was checked when the array
+ * was found). Cheap enough for big arrays on every call.
+ */
+export function looksLikeIntArray(buf: Buffer, start: number, end: number): boolean {
+  if (buf[start] !== 0x5b || buf[end - 1] !== 0x5d) return false;
+  const inner = buf.subarray(start + 1, end - 1);
+  for (let i = 0; i < NOT_INT.length; i++) if (inner.indexOf(NOT_INT[i]) >= 0) return false;
+  return true;
+}
+
 /**
  * Reads a JSON array of integers from `[start, end)` into an Int32Array, or null when the bytes
  * are not exactly such an array (a float, a string, an int beyond 32 bits).
@@ -174,39 +254,40 @@ export function memberCut(buf: Buffer, m: Member): [number, number] {
 export function readIntArray(buf: Buffer, start: number, end: number): Int32Array | null {
   let i = skipWs(buf, start, end);
   if (buf[i] !== 0x5b) return null;
-  i++;
-  // Upper bound on the count: one element per comma plus one.
-  let commas = 0;
-  for (let p = buf.indexOf(0x2c, i); p >= 0 && p < end; p = buf.indexOf(0x2c, p + 1)) commas++;
-  const out = new Int32Array(commas + 1);
+  i = skipWs(buf, i + 1, end);
+  // At most one element per two bytes ("d,").
+  const out = new Int32Array(((end - i) >> 1) + 1);
   let n = 0;
-  i = skipWs(buf, i, end);
-  if (buf[i] === 0x5d) return skipWs(buf, i + 1, end) === end ? new Int32Array(0) : null;
+  if (buf[i] === 0x5d) return skipWs(buf, i + 1, end) === end ? out.subarray(0, 0) : null;
   for (;;) {
+    let c = buf[i];
     let neg = false;
-    if (buf[i] === 0x2d) {
+    if (c === 0x2d) {
       neg = true;
-      i++;
+      c = buf[++i];
     }
-    const digits = i;
+    if (c < 0x30 || c > 0x39) return null;
     let v = 0;
-    while (i < end) {
-      const c = buf[i];
-      if (c < 0x30 || c > 0x39) break;
+    while (c >= 0x30 && c <= 0x39) {
       v = v * 10 + (c - 0x30);
-      i++;
+      c = buf[++i];
     }
-    if (i === digits || v > 2147483647) return null;
+    if (v > 2147483647) return null;
     out[n++] = neg ? -v : v;
-    i = skipWs(buf, i, end);
-    if (buf[i] === 0x2c) {
-      i = skipWs(buf, i + 1, end);
+    if (c === 0x2c) {
+      c = buf[++i];
+      if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) i = skipWs(buf, i, end);
       continue;
     }
-    if (buf[i] === 0x5d) {
-      if (skipWs(buf, i + 1, end) !== end) return null;
-      return out.subarray(0, n);
+    if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) {
+      i = skipWs(buf, i, end);
+      c = buf[i];
+      if (c === 0x2c) {
+        i = skipWs(buf, i + 1, end);
+        continue;
+      }
     }
+    if (c === 0x5d && i < end) return skipWs(buf, i + 1, end) === end ? out.subarray(0, n) : null;
     return null;
   }
 }

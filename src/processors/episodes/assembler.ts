@@ -65,6 +65,8 @@ export class EpisodeAssembler {
       includeAgents: (options.capture?.include_agents ?? []).map(globToRegExp),
       excludeAgents: (options.capture?.exclude_agents ?? []).map(globToRegExp),
       read: options.read,
+      // Bodies up to 4 MiB are read into these while an episode closes; bigger ones get their own.
+      scratch: [Buffer.allocUnsafe(4 << 20), Buffer.allocUnsafe(4 << 20)],
     };
   }
 

@@ -1,5 +1,6 @@
 import type { CreditConfig } from '../../config/schema';
-import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
+import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
+import { looksLikeIntArray, startsWithConcat } from '../capture/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
 import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../capture/extract';
@@ -31,6 +32,8 @@ export interface TransitionOptions {
   excludeAgents: RegExp[];
   /** Reads journaled bodies (captured calls); without it only calls with inline facts are complete. */
   read?: BodyReader;
+  /** Two reusable buffers for reading bodies while an episode is built (saves allocation per call). */
+  scratch?: [Buffer, Buffer];
 }
 
 const NO_BODIES: BodyReader = () => {
@@ -51,20 +54,23 @@ export function captured(agentName: string | null, options: Pick<TransitionOptio
 export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options: TransitionOptions): ClosedEpisode {
   const read = options.read ?? NO_BODIES;
   const sorted = [...facts.calls].sort((a, b) => a.seq - b.seq);
-  // Extract in seq order; continuity is checked on the way, so at most two calls' ids are alive.
+  // Extract in seq order; continuity is checked on the way, so at most two calls' bodies are alive.
   const all: CallFacts[] = [];
   const continues = new Set<number>();
-  let previous: ArrayLike<number> | null = null;
+  let previous: Ids | null = null;
+  // Two scratch buffers in turn: the current call's body and the previous one's (for continuity).
+  const scratch = [options.scratch?.[0], options.scratch?.[1]];
+  let turn = 0;
   for (const call of sorted) {
-    const { facts: f, responseBytes } = extractFacts(call, read);
+    const { facts: f, responseBytes } = extractFacts(call, read, scratch[turn]);
+    turn ^= 1;
     all.push(f);
+    dropInvalidRanges(f, responseBytes);
     if (!captured(f.correlation.agentName, options)) continue;
     const first = f.choices[0];
-    const prompt = resolveIds(first?.promptTokenIds ?? f.promptTokenIds, responseBytes);
-    if (previous !== null && prompt !== null && startsWith(prompt, previous)) continues.add(f.seq);
-    const response = resolveIds(first?.responseTokenIds ?? null, responseBytes);
-    previous = prompt && response ? concatIds(prompt, response) : null;
-    dropInvalidRanges(f, responseBytes);
+    const current: Ids = { body: responseBytes, prompt: first?.promptTokenIds ?? f.promptTokenIds, response: first?.responseTokenIds ?? null };
+    if (previous !== null && continuesFrom(current, previous)) continues.add(f.seq);
+    previous = current.prompt !== null && current.response !== null ? current : null;
   }
   const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));
   // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
@@ -156,12 +162,32 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
 
 /** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */
 function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
-  const valid = (ids: CallFacts['promptTokenIds']) => (ids === null || Array.isArray(ids) || resolveIds(ids, response) !== null ? ids : null);
+  const valid = (ids: CallFacts['promptTokenIds']) => (ids === null || Array.isArray(ids) || (response !== null && looksLikeIntArray(response, ids.start, ids.end)) ? ids : null);
   f.promptTokenIds = valid(f.promptTokenIds);
   for (const c of f.choices) {
     c.promptTokenIds = valid(c.promptTokenIds);
     c.responseTokenIds = valid(c.responseTokenIds);
   }
+}
+
+/** A call's first prompt and answer ids and the response body their ranges point into. */
+interface Ids {
+  body: Buffer | null;
+  prompt: TokenIds | null;
+  response: TokenIds | null;
+}
+
+/** Whether `cur`'s prompt starts with `prev`'s prompt and answer: by bytes when the text decides, else by numbers. */
+function continuesFrom(cur: Ids, prev: Ids): boolean {
+  if (cur.prompt === null || prev.prompt === null || prev.response === null) return false;
+  if (!Array.isArray(cur.prompt) && !Array.isArray(prev.prompt) && !Array.isArray(prev.response) && cur.body && prev.body) {
+    const byBytes = startsWithConcat(cur.body, cur.prompt.start, cur.prompt.end, prev.body, [prev.prompt.start, prev.prompt.end], [prev.response.start, prev.response.end]);
+    if (byBytes !== null) return byBytes;
+  }
+  const prompt = resolveIds(cur.prompt, cur.body);
+  const p = resolveIds(prev.prompt, prev.body);
+  const r = resolveIds(prev.response, prev.body);
+  return prompt !== null && p !== null && r !== null && startsWith(prompt, concatIds(p, r));
 }
 
 function concatIds(a: ArrayLike<number>, b: ArrayLike<number>): Int32Array {

@@ -1,5 +1,5 @@
 import type { Api } from '../../pipeline/records';
-import { findMembers, skipWs } from '../../processors/capture/json-scan';
+import { findMembers, skipWs, topLevelKeys } from '../../processors/capture/json-scan';
 
 /** Flavor-specific fields that make a model server return token ids and logprobs (DESIGN §2.5). */
 const FIELDS: Record<'vllm' | 'sglang', Partial<Record<Api, Record<string, string>>>> = {
@@ -22,8 +22,8 @@ export interface Injection {
  * Adds the flavor's fields that the request lacks, by inserting them textually after the body's
  * opening `{` so every other byte (number spellings, key order, unknown fields) stays as sent.
  * Whether a field is present is found by scanning for its member name, not by parsing the body
- * (prompts are big); only when the name occurs somewhere is the body parsed to see whether it is
- * a top-level member. Returns null when nothing applies or the body is not a JSON object
+ * (prompts are big); only when the name occurs somewhere are the top-level members walked to see
+ * whether it is one of them. Returns null when nothing applies or the body is not a JSON object
  * (forwarded untouched).
  */
 export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, body: Buffer): Injection | null {
@@ -32,16 +32,16 @@ export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, bod
   if (!fields) return null;
   const open = skipWs(body, 0);
   if (body[open] !== 0x7b /* { */) return null;
-  let parsed: Record<string, unknown> | null = null;
+  let present: Set<string> | null = null;
   const missing: string[] = [];
   for (const k of Object.keys(fields)) {
     if (findMembers(body, k).length === 0) {
       missing.push(k);
       continue;
     }
-    parsed ??= parseObject(body);
-    if (parsed === null) return null;
-    if (parsed[k] === undefined) missing.push(k);
+    present ??= topLevelKeys(body);
+    if (present === null) return null;
+    if (!present.has(k)) missing.push(k);
   }
   if (missing.length === 0) return null;
   const empty = body[skipWs(body, open + 1)] === 0x7d; /* } */
@@ -50,13 +50,4 @@ export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, bod
     body: Buffer.concat([body.subarray(0, open + 1), Buffer.from(insertion), body.subarray(open + 1)]),
     injected: missing,
   };
-}
-
-function parseObject(body: Buffer): Record<string, unknown> | null {
-  try {
-    const v: unknown = JSON.parse(body.toString('utf8'));
-    return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : null;
-  } catch {
-    return null;
-  }
 }

@@ -1,4 +1,4 @@
-import type { ChoiceCapture, TokenIds, ToolCallRequest } from '../../../pipeline/records';
+import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../../pipeline/records';
 
 /** What an API adapter extracts from one call. */
 export interface Extracted {
@@ -35,10 +35,19 @@ export function intList(v: unknown): number[] | null {
  */
 export const IDS_MARKER = '\u0000ids:';
 
+/** A byte range of token ids made from a marker (never from JSON a server sent). */
+class IdsSpan implements IdsRange {
+  constructor(
+    readonly start: number,
+    readonly end: number,
+  ) {}
+}
+
 export function intArray(v: unknown): TokenIds | null {
+  if (v instanceof IdsSpan) return v;
   if (typeof v === 'string' && v.startsWith(IDS_MARKER)) {
     const [start, end] = v.slice(IDS_MARKER.length).split(':').map(Number);
-    return { start, end };
+    return new IdsSpan(start, end);
   }
   return intList(v);
 }

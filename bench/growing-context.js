@@ -1,0 +1,120 @@
+'use strict';
+// "Growing context": R agents in parallel, each resending its whole history for T turns, ~8 KiB of
+// user/tool text added per turn, every episode open until all turns are done. Same workload for
+// every target; the agents ask for token ids themselves, so every target moves the same bytes and
+// the difference is the capture's cost. After the run the sidecar's transitions are checked
+// against what the model server returned (ids recomputed from each recorded request).
+const fs = require('node:fs');
+const http = require('node:http');
+const path = require('node:path');
+const { promptIds, answerIds } = require('./agent-tokens');
+
+const TURN_BYTES = 8 * 1024;
+
+function post(agent, port, body, headers) {
+  return new Promise((resolve) => {
+    const start = performance.now();
+    const req = http.request({ host: '127.0.0.1', port, path: '/v1/chat/completions', method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': body.length, ...headers } }, (res) => {
+      const parts = [];
+      res.on('data', (c) => parts.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, ms: performance.now() - start, body: Buffer.concat(parts) }));
+      res.on('error', () => resolve({ status: 0, ms: performance.now() - start, body: null }));
+    });
+    req.on('error', () => resolve({ status: 0, ms: performance.now() - start, body: null }));
+    req.end(body);
+  });
+}
+
+/** The text an agent adds at turn t (a tool result or user message), ~8 KiB, different per agent. */
+function turnText(agent, turn) {
+  const line = `agent ${agent} turn ${turn}: tool output row with some numbers ${agent * 1000 + turn} and words. `;
+  return line.repeat(Math.ceil(TURN_BYTES / line.length)).slice(0, TURN_BYTES);
+}
+
+/** Runs the workload against one target; returns per-call latencies and errors. */
+async function runAgents({ port, agents, turns, prefix }) {
+  const lat = [];
+  let errors = 0;
+  await Promise.all(
+    Array.from({ length: agents }, async (_, a) => {
+      const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+      const messages = [{ role: 'system', content: 'You are a coding agent. Use the tools.' }];
+      for (let t = 0; t < turns; t++) {
+        messages.push({ role: t === 0 ? 'user' : 'tool', content: turnText(a, t) });
+        const body = Buffer.from(JSON.stringify({ model: 'bench-policy', messages, return_token_ids: true, logprobs: true, max_tokens: 128 }));
+        const r = await post(agent, port, body, { 'x-rollout-id': `${prefix}-${a}` });
+        if (r.status !== 200) {
+          errors++;
+          break;
+        }
+        lat.push(r.ms);
+        const answer = JSON.parse(r.body.toString('utf8')).choices[0].message.content;
+        messages.push({ role: 'assistant', content: answer });
+      }
+      agent.destroy();
+    }),
+  );
+  lat.sort((x, y) => x - y);
+  return { calls: lat.length, errors, p50: lat[Math.floor(lat.length / 2)], p99: lat[Math.min(lat.length - 1, Math.floor(lat.length * 0.99))], lastPromptBytes: TURN_BYTES * turns };
+}
+
+/** Checks every transition of the run against the ids the server gave (recomputed from the request). */
+function verifyTransitions(dataDir, prefix, expectCalls) {
+  const dir = path.join(dataDir, 'transitions');
+  let checked = 0;
+  let wrong = 0;
+  let continues = 0;
+  let bytes = 0;
+  const problems = [];
+  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir) : []) {
+    for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
+      if (!line) continue;
+      bytes += line.length + 1;
+      const t = JSON.parse(line);
+      if (!t.rollout_id.startsWith(prefix)) continue;
+      checked++;
+      const wantPrompt = promptIds(t.request.messages);
+      const wantAnswer = answerIds(t.response.choices[0].message.content);
+      const ok = same(t.prompt_token_ids, wantPrompt) && same(t.response_token_ids, wantAnswer) && Array.isArray(t.response_logprobs) && t.response_logprobs.length === wantAnswer.length && !('prompt_token_ids' in t.response) && !('token_ids' in t.response.choices[0]);
+      if (!ok) {
+        wrong++;
+        if (problems.length < 3) problems.push(t.transition_id);
+      }
+      if (t.continues_previous) continues++;
+    }
+  }
+  return { expected: expectCalls, checked, wrong, continues_previous: continues, avg_transition_bytes: checked ? bytes / checked : 0, problems };
+}
+
+function same(a, b) {
+  if (!Array.isArray(a) || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidecarDataDir, endRollouts }) {
+  const out = { agents, turns, turn_bytes: TURN_BYTES, targets: {} };
+  for (let r = 0; r < rounds; r++) {
+    const order = r % 2 === 0 ? targets : [...targets].reverse();
+    for (const t of order) {
+      const prefix = `gc${r}-${t.name}`;
+      const before = t.pid ? proc(t.pid) : null;
+      let peak = before ? before.rss : NaN;
+      const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 25) : null;
+      const res = await runAgents({ port: t.port, agents, turns, prefix });
+      const loadCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
+      // The sidecar then closes every episode and exports it: that is capture work too.
+      let exportS = 0;
+      if (t.name === 'sidecar') exportS = await endRollouts(prefix, agents);
+      const totalCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
+      if (timer) clearInterval(timer);
+      if (t.pid) peak = Math.max(peak, proc(t.pid).rss);
+      const x = (out.targets[t.name] ??= { rounds: [] });
+      x.rounds.push({ ...res, cpu_us_per_call_load: (loadCpu / res.calls) * 1e6, cpu_us_per_call: (totalCpu / res.calls) * 1e6, peak_rss_mib: peak / 2 ** 20, export_s: exportS });
+      if (t.name === 'sidecar') (x.verify ??= []).push(verifyTransitions(sidecarDataDir, prefix, res.calls));
+    }
+  }
+  return out;
+}
+
+module.exports = { benchGrowingContext };

@@ -1,0 +1,114 @@
+import fc from 'fast-check';
+import { findMembers, isJson, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/processors/capture/json-scan';
+
+/** Fixed seed: CI runs the same cases every time; change it to explore. */
+const RUN = { seed: 20261123, numRuns: 400 };
+
+/** JSON text with random white space between tokens (what servers and agents may send). */
+function spaced(value: unknown, ws: string[]): string {
+  let k = 0;
+  const w = () => ws[k++ % ws.length];
+  const go = (v: unknown): string => {
+    if (Array.isArray(v)) return `[${w()}${v.map((x) => go(x)).join(`${w()},${w()}`)}${w()}]`;
+    if (v !== null && typeof v === 'object') return `{${w()}${Object.entries(v).map(([key, x]) => `${JSON.stringify(key)}${w()}:${w()}${go(x)}`).join(`${w()},${w()}`)}${w()}}`;
+    return JSON.stringify(v);
+  };
+  return go(value);
+}
+
+const whitespace = fc.array(fc.constantFrom('', ' ', '\n', '\t', '\r\n'), { minLength: 1, maxLength: 5 });
+/** Keys that collide with the ones the capture looks for, and hostile ones (quotes, backslashes). */
+const key = fc.oneof(fc.constantFrom('prompt_token_ids', 'token_ids', 'logprobs', 'model', 'a\\"token_ids', 'x"'), fc.string({ maxLength: 6 }));
+const value = fc.letrec((tie) => ({
+  leaf: fc.oneof(fc.integer(), fc.double({ noNaN: true, noDefaultInfinity: true }), fc.boolean(), fc.constant(null), fc.string({ maxLength: 8 }), fc.constantFrom('"prompt_token_ids":[1,2]', '\\', '"token_ids"')),
+  arr: fc.array(tie('node'), { maxLength: 4 }),
+  obj: fc.dictionary(key, tie('node'), { maxKeys: 4 }),
+  node: fc.oneof({ depthSize: 'small' }, tie('leaf'), tie('arr'), tie('obj')),
+})).node;
+
+/** Every member named `name`, at any depth, by walking the parsed value (document order). */
+function membersOf(v: unknown, name: string, out: unknown[] = []): unknown[] {
+  if (Array.isArray(v)) v.forEach((x) => membersOf(x, name, out));
+  else if (v !== null && typeof v === 'object') {
+    for (const [k, x] of Object.entries(v)) {
+      if (k === name) out.push(x);
+      membersOf(x, name, out);
+    }
+  }
+  return out;
+}
+
+describe('structural JSON scanning agrees with JSON.parse', () => {
+  it('skips every well-formed value exactly, whatever the white space', () => {
+    fc.assert(
+      fc.property(value, whitespace, (v, ws) => {
+        const text = spaced(v, ws);
+        const buf = Buffer.from(` ${text} `);
+        expect(isJson(buf)).toBe(true);
+        expect(skipValue(buf, 0)).toBe(1 + Buffer.byteLength(text));
+      }),
+      RUN,
+    );
+  });
+
+  it('finds exactly the members of a name, never text inside strings that looks like one', () => {
+    fc.assert(
+      fc.property(value, whitespace, fc.constantFrom('prompt_token_ids', 'token_ids', 'logprobs'), (v, ws, name) => {
+        const buf = Buffer.from(spaced(v, ws));
+        const found = findMembers(buf, name).map((m) => JSON.parse(buf.toString('utf8', m.valueStart, m.valueEnd)) as unknown);
+        // Nested members of the same name inside a found value are skipped with it.
+        const expected = membersOf(v, name);
+        expect(expected).toEqual(expect.arrayContaining(found));
+        expect(found.length).toBeGreaterThanOrEqual(Math.min(1, expected.length));
+      }),
+      RUN,
+    );
+  });
+
+  it('cuts a member out and leaves a document equal to the value without it', () => {
+    const others = fc.dictionary(fc.string({ maxLength: 6 }).filter((k) => k !== 'token_ids'), value.filter((v) => membersOf(v, 'token_ids').length === 0), { maxKeys: 4 });
+    fc.assert(
+      fc.property(others, value, fc.nat(), whitespace, (rest, ids, at, ws) => {
+        const entries = Object.entries(rest);
+        entries.splice(at % (entries.length + 1), 0, ['token_ids', ids]);
+        const doc = Object.fromEntries(entries);
+        const buf = Buffer.from(spaced(doc, ws));
+        expect(topLevelKeys(buf)).toEqual(new Set(Object.keys(doc)));
+        const [m] = findMembers(buf, 'token_ids');
+        const [s, e] = memberCut(buf, m);
+        expect(JSON.parse(Buffer.concat([buf.subarray(0, s), buf.subarray(e)]).toString('utf8'))).toEqual(JSON.parse(JSON.stringify(rest)));
+      }),
+      RUN,
+    );
+  });
+
+  it('reads integer arrays as JSON.parse does and refuses anything else', () => {
+    fc.assert(
+      fc.property(fc.array(fc.integer({ min: -(2 ** 31) + 1, max: 2 ** 31 - 1 }), { maxLength: 50 }), whitespace, (ids, ws) => {
+        const buf = Buffer.from(spaced(ids, ws));
+        expect(Array.from(readIntArray(buf, 0, buf.length) ?? [-1])).toEqual(ids.length === 0 ? [] : ids);
+      }),
+      RUN,
+    );
+    for (const bad of ['[1.5]', '[1,]', '["1"]', '[1e3]', '[null]', '[2147483648]', '{}', '[1 2]']) expect(readIntArray(Buffer.from(bad), 0, bad.length)).toBeNull();
+  });
+
+  it('decides prefix continuity by bytes only when the text settles it, and then as the numbers do', () => {
+    const ints = fc.array(fc.integer({ min: 0, max: 300 }), { minLength: 1, maxLength: 12 });
+    fc.assert(
+      fc.property(ints, ints, ints, fc.boolean(), (a, b, extra, spacedOut) => {
+        const prev = Buffer.from(`${JSON.stringify(a)}${JSON.stringify(b)}`);
+        const cont = [...a, ...b, ...extra];
+        const cur = Buffer.from(spacedOut ? cont.join(', ').replace(/^/, '[').concat(']') : JSON.stringify(cont));
+        const aEnd = JSON.stringify(a).length;
+        const r = startsWithConcat(cur, 0, cur.length, prev, [0, aEnd], [aEnd, prev.length]);
+        if (r !== null) expect(r).toBe(true);
+        // A prompt that only shares a spelling prefix is not a continuation.
+        const other = Buffer.from(JSON.stringify([...a, ...b.slice(0, -1), b[b.length - 1] * 10 + 1, ...extra]));
+        const r2 = startsWithConcat(other, 0, other.length, prev, [0, aEnd], [aEnd, prev.length]);
+        expect(r2 === true).toBe(false);
+      }),
+      RUN,
+    );
+  });
+});
