@@ -72,7 +72,7 @@ def iter_groups(
 
     ``source`` arguments go to ``open_source``. A group counts as done when it is handed out.
     """
-    src = open_source(chunk_timeout_ms=timeout_ms, **source)
+    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source})
     try:
         yield from GroupReader(src, group_size, timeout_ms=timeout_ms, state_path=state_path, idle_exit_ms=idle_exit_ms, on_event=on_event)
     finally:
@@ -90,7 +90,7 @@ def iter_transitions(
 
     Offsets move past a transition when the next one is asked for (at least once across restarts).
     """
-    src = open_source(chunk_timeout_ms=timeout_ms, **source)
+    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source})
     try:
         yield from RecordReader(src, timeout_ms=timeout_ms, idle_exit_ms=idle_exit_ms, on_event=on_event).transitions()
     finally:
