@@ -72,4 +72,44 @@ describe('crash recovery (child process, SIGKILL)', () => {
       expect((await second.kill('SIGTERM')).code).toBe(0);
     }
   });
+
+  it('records a call cut mid-stream by a SIGKILL from its journaled bytes, as aborted, after the restart', async () => {
+    const slow = await startFakeModelServer({ flavor: 'vllm', chunkDelayMs: 150 });
+    const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-stream-'));
+    const env = { LIGHTNING_UPSTREAM_URL: slow.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: dataDir, LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'warn' };
+    const first = await startChildSidecar(env);
+    try {
+      const res = await fetch(`${first.origin}/rollout/cut-1/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream: true, messages: [{ role: 'user', content: 'tell me a long story' }] }) });
+      const reader = res.body!.getReader();
+      let got = '';
+      while (!got.includes('\n\n')) got += Buffer.from((await reader.read()).value!).toString();
+      // The first events reached the agent; the process dies before the stream ends.
+      await new Promise((r) => setTimeout(r, 100));
+      expect(await first.kill('SIGKILL')).toEqual({ code: null, signal: 'SIGKILL' });
+      await reader.read().catch(() => undefined);
+    } finally {
+      if (first.proc.exitCode === null && first.proc.signalCode === null) await first.kill('SIGKILL');
+    }
+    const second = await startChildSidecar(env);
+    try {
+      expect((await fetch(`${second.origin}/lightning/v1/rollouts/cut-1/end`, { method: 'POST', body: '{}' })).status).toBe(202);
+      const [t] = await until(() => {
+        const ts = read<Transition>(dataDir, 'transitions').filter((x) => x.rollout_id === 'cut-1');
+        return ts.length > 0 ? ts : null;
+      });
+      expect(t).toMatchObject({ transition_id: 'cut-1/0/0', status: 'aborted', streamed: true, truncated: true, error: expect.stringMatching(/recovered from the journal/) });
+      // What the agent got is in the record: the prompt's ids came in the first event.
+      expect(Array.isArray(t.prompt_token_ids) && t.prompt_token_ids.length).toBeGreaterThan(0);
+      expect((t.request as { messages: { content: string }[] }).messages[0].content).toBe('tell me a long story');
+      // Exactly once: a second restart does not record it again.
+      expect((await second.kill('SIGTERM')).code).toBe(0);
+      const third = await startChildSidecar(env);
+      await new Promise((r) => setTimeout(r, 300));
+      expect((await third.kill('SIGTERM')).code).toBe(0);
+      expect(read<Transition>(dataDir, 'transitions').filter((x) => x.rollout_id === 'cut-1')).toHaveLength(1);
+    } finally {
+      if (second.proc.exitCode === null && second.proc.signalCode === null) await second.kill('SIGTERM');
+      await slow.close();
+    }
+  });
 });

@@ -30,8 +30,22 @@ export function freePort(): Promise<number> {
   });
 }
 
-/** Runs the built sidecar (`dist/main.js run`) as a child process and waits until /readyz answers 200. */
+/**
+ * Runs the built sidecar (`dist/main.js run`) as a child process and waits until /readyz answers
+ * 200. A free port can be taken by someone else's outgoing connection before the child binds it:
+ * then it starts again on new ports (a few times).
+ */
 export async function startChildSidecar(env: Record<string, string>, args: string[] = []): Promise<ChildSidecar> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOnce(env, args);
+    } catch (err) {
+      if (attempt >= 3 || !/EADDRINUSE/.test((err as Error).message)) throw err;
+    }
+  }
+}
+
+async function startOnce(env: Record<string, string>, args: string[]): Promise<ChildSidecar> {
   const [proxy, telemetry, grpc, http] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const proc = spawn(process.execPath, [MAIN, 'run', ...args], {
     env: {
