@@ -2,19 +2,44 @@
  * `npm run demo`: the sidecar built from dist/, on its defaults, in front of a scripted
  * DEMO model server, with a small tool-using agent written with the real `openai` SDK.
  * Runs a GRPO-style group of rollouts, reports rewards, prints the transitions, exits 0.
+ *
+ * It reads the sidecar's output as any consumer does: NDJSON lines, parsed with JSON.parse
+ * (fields in docs/output-contract.md). The stand-in model server is the test suite's
+ * (examples/README.md says why).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import type { Tracer } from '@opentelemetry/api';
+import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
-import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
-import { startFakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
-import { inToolSpan } from '../support/tool-span';
+import { startFakeModelServer, type ReceivedRequest, type Turn } from '../../test/support/fake-model-server';
+
+/** The fields of a `lightning.transition.v1` line this demo prints. */
+interface Transition {
+  transition_id: string;
+  group_id: string | null;
+  api: string;
+  streamed: boolean;
+  prompt_token_ids: number[] | null;
+  response_token_ids: number[] | null;
+  response_logprobs: number[] | null;
+  continues_previous: boolean;
+  finish_reason: string | null;
+  tool_calls: { name: string | null; status: string | null }[];
+  intermediate_reward: number | null;
+  final_reward: number | null;
+  reward: number;
+  [field: string]: unknown;
+}
+
+/** The fields of a `lightning.episode.v1` line this demo reads. */
+interface EpisodeSummary {
+  group_id: string | null;
+}
 
 const ROOT = path.resolve(__dirname, '../../..');
 const DATA_DIR = path.join(ROOT, 'data');
@@ -64,7 +89,19 @@ function runTool(name: string, args: string): string {
  * (by `gen_ai.tool.call.id`) and turns its status into an intermediate (AIR) reward.
  */
 function tracedTool(tracer: Tracer, call: { id: string; name: string; args: string }): string {
-  return inToolSpan(tracer, call.name, call.id, () => runTool(call.name, call.args));
+  const attributes = { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': call.name, 'gen_ai.tool.call.id': call.id };
+  return tracer.startActiveSpan(`execute_tool ${call.name}`, { attributes }, (span) => {
+    try {
+      return runTool(call.name, call.args);
+    } catch (err) {
+      // A failed tool: status ERROR (and the exception) is what the sidecar reads as an error outcome.
+      span.recordException(err as Error);
+      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+      return `error: ${(err as Error).message}`;
+    } finally {
+      span.end();
+    }
+  });
 }
 
 /** The agent: plain openai SDK code; the only sidecar-specific thing is the base URL and headers. */
@@ -137,7 +174,7 @@ async function main(): Promise<void> {
 
   console.log('lightning-sidecar demo');
   console.log(`  DEMO MODEL: a scripted stand-in that answers like vLLM (token ids, logprobs, tool calls, SSE) at ${model.url}`);
-  console.log('  it is not a language model; its answers come from a script in test/demo/run-demo.ts\n');
+  console.log('  it is not a language model; its answers come from a script in examples/demo/run-demo.ts\n');
 
   const env = {
     ...process.env,
