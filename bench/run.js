@@ -224,7 +224,7 @@ async function main() {
     if (timer) clearInterval(timer);
     return { ...r, peak };
   });
-  results.scenarios.large_1mib_c2 = Object.fromEntries(Object.entries(large).map(([name, xs]) => [name, { p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), rps: summarize(xs, 'rps'), peak_rss_mib: summarize(xs.map((x) => ({ v: x.peak / 2 ** 20 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0) }]));
+  results.scenarios.large_1mib_c2 = Object.fromEntries(Object.entries(large).map(([name, xs]) => [name, { p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), rps: summarize(xs, 'rps'), peak_rss_mib: summarize(xs.map((x) => ({ v: x.peak / 2 ** 20 })), 'v'), cpu_us_per_req: summarize(xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0) }]));
 
   }
 

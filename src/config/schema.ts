@@ -189,8 +189,12 @@ export const kafkaExporterSchema = z
     encoding: z.enum(['json', 'protobuf']).default('json'),
     /** gzip is built into kafkajs; other codecs need extra packages and are not offered. */
     compression: z.enum(['gzip', 'none']).default('gzip'),
-    /** A record above this first loses its raw request/response bodies, then goes to dead-letter/. */
+    /** A record above this is sent as ordered chunks (docs/kafka-records.md); keep it at or below the broker's message.max.bytes. */
     max_message_bytes: positiveInt.default(1_000_000),
+    /** A record above this is not sent: it goes to dead-letter/ (counted). */
+    max_record_bytes: positiveInt.default(64 * MiB),
+    /** `delta`: a transition that continues the previous call carries only its new prompt ids (docs/kafka-records.md). */
+    prompt_ids: z.enum(['full', 'delta']).default('full'),
     /** Records per produce request, by encoded bytes. */
     max_batch_bytes: positiveInt.default(900_000),
     connection_timeout_ms: positiveInt.default(3_000),

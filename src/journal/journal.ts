@@ -97,13 +97,16 @@ export class Journal {
       const file = path.join(dir, name);
       const buf = readFileSync(file);
       const last = i === names.length - 1;
-      const bodies = new Map<number, [number, number]>();
+      // Listed before its frames are handed out: an episode closed during replay reads its
+      // calls' bodies from the frames already scanned.
+      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: buf.length, bodies: new Map(), readFd: null };
+      this.segments.push(segment);
       let at = 0;
       for (;;) {
         if (at === buf.length) break;
         const r = decodeFrame(buf, at);
         if (r.kind === 'frame') {
-          if (isBodyPayload(r.payload)) bodies.set(r.offset, [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES]);
+          if (isBodyPayload(r.payload)) segment.bodies.set(r.offset, [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES]);
           onRecord(r.offset, r.payload);
           report.records++;
           this.nextOffset = Math.max(this.nextOffset, r.offset + 1);
@@ -121,7 +124,7 @@ export class Journal {
         truncate(file, at);
         break;
       }
-      this.segments.push({ first: Number(SEGMENT.exec(name)![1]), file, bytes: Math.min(at, buf.length), bodies, readFd: null });
+      segment.bytes = Math.min(at, buf.length);
     }
     if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new Map(), readFd: null });
     this.nextOffset = Math.max(this.nextOffset, this.active().first);

@@ -98,7 +98,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     exportOversize: new Counter({
       name: 'lightning_sidecar_export_oversize_total',
-      help: 'Records above the Kafka message size, by what was done (bodies_dropped, dead_letter).',
+      help: 'Records above the Kafka message size, by what was done (chunked: sent in chunks; dead_letter: over max_record_bytes or refused by the broker).',
       labelNames: ['action'] as const,
       registers: [registry],
     }),

@@ -81,8 +81,12 @@ export function renderPrompt(messages: ChatMessage[]): number[] {
   for (const m of messages) {
     const role = typeof m.role === 'string' ? m.role : 'user';
     ids.push(IM_START, ROLE_IDS[role] ?? 8);
-    if (role === 'assistant') ids.push(...assistantTokens(m.content === null || m.content === undefined ? null : contentText(m.content), toolCallsOf(m)));
-    else ids.push(...tokenize(contentText(m.content)), IM_END);
+    // Appended one by one: a spread of a 256k-token message would overflow the call stack.
+    const add = (xs: number[]) => {
+      for (const x of xs) ids.push(x);
+    };
+    if (role === 'assistant') add(assistantTokens(m.content === null || m.content === undefined ? null : contentText(m.content), toolCallsOf(m)));
+    else add([...tokenize(contentText(m.content)), IM_END]);
   }
   ids.push(IM_START, ROLE_IDS.assistant);
   return ids;

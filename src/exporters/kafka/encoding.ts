@@ -2,6 +2,7 @@ import path from 'node:path';
 import protobuf from 'protobufjs';
 import type { EpisodeSummary, Transition, TransitionRecord } from '../../pipeline/records';
 import { TransitionWriter } from '../transition-json';
+import type { PromptIdsDelta } from './prompt-delta';
 
 export type Encoding = 'json' | 'protobuf';
 
@@ -13,8 +14,12 @@ function types(): { transition: protobuf.Type; episode: protobuf.Type } {
   return { transition: root.lookupType('lightning.v1.Transition'), episode: root.lookupType('lightning.v1.Episode') };
 }
 
-/** A transition as the exporter sends it: the JSON record, plus whether its bodies were dropped to fit. */
-export type OutgoingTransition = Transition & { bodies_dropped?: boolean };
+/**
+ * A transition as it is on the wire: the JSON record; with prompt deltas, `prompt_token_ids` is
+ * null and `prompt_token_ids_delta` says how to rebuild it. `bodies_dropped` only appears in
+ * records of versions that dropped bodies to fit a message (records are chunked now).
+ */
+export type OutgoingTransition = Transition & { bodies_dropped?: boolean; prompt_token_ids_delta?: PromptIdsDelta };
 
 const INLINE_ONLY = new TransitionWriter(() => {
   throw new Error('no journal to read bodies from');
@@ -24,7 +29,7 @@ const INLINE_ONLY = new TransitionWriter(() => {
  * Encodes a transition; `writer` resolves what is still in the journal (bodies, id ranges).
  * JSON copies those bytes as they are; protobuf decodes them into its fields.
  */
-export function encodeTransition(record: TransitionRecord | OutgoingTransition, encoding: Encoding, writer: TransitionWriter = INLINE_ONLY, extra?: { bodies_dropped?: boolean }): Buffer {
+export function encodeTransition(record: TransitionRecord | OutgoingTransition, encoding: Encoding, writer: TransitionWriter = INLINE_ONLY, extra?: { prompt_token_ids_delta?: PromptIdsDelta }): Buffer {
   if (encoding === 'json') return writer.json(record as TransitionRecord, extra);
   const t: OutgoingTransition = { ...writer.materialize(record as TransitionRecord), ...extra };
   const msg = {
@@ -40,6 +45,7 @@ export function encodeTransition(record: TransitionRecord | OutgoingTransition, 
     has_response_logprobs: t.response_logprobs !== null,
     tool_calls: t.tool_calls.map((c) => dropNulls(c)),
     bodies_dropped: t.bodies_dropped === true,
+    prompt_token_ids_delta: t.prompt_token_ids_delta,
   };
   const type = types().transition;
   return Buffer.from(type.encode(type.fromObject(msg)).finish());
@@ -66,6 +72,8 @@ export function decodeTransition(bytes: Buffer, encoding: Encoding): OutgoingTra
     join: c.join ?? null,
   }));
   if (o.bodies_dropped) out.bodies_dropped = true;
+  const d = o.prompt_token_ids_delta as { previous_transition_id: string; prefix_length: number; suffix: number[] } | undefined;
+  if (d) out.prompt_token_ids_delta = { previous_transition_id: d.previous_transition_id, prefix_length: d.prefix_length, suffix: d.suffix };
   return out as unknown as OutgoingTransition;
 }
 

@@ -7,11 +7,13 @@ import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { NO_JOURNAL, type Exporter } from '../exporter';
 import { TransitionWriter } from '../transition-json';
+import { chunkMessages } from './chunks';
 import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
+import { DeltaTracker } from './prompt-delta';
 import type { OutMessage, Producer, SendResult } from './producer';
 
-/** Bytes Kafka adds around a record (batch and record headers), kept out of max_message_bytes. */
-const RECORD_OVERHEAD = 512;
+/** Bytes Kafka adds around a record (batch, record and chunk headers), kept out of max_message_bytes. */
+const RECORD_OVERHEAD = 1024;
 
 export class ExportError extends Error {
   constructor(
@@ -30,17 +32,28 @@ export interface KafkaExporterDeps {
   deadLetterDir: string;
 }
 
+interface Pending {
+  msg: OutMessage;
+  /** The record the message (or chunk) belongs to, for dead-lettering. */
+  record: () => unknown;
+  recordId: string;
+}
+
 /**
  * Transitions to `topic`, episode summaries to `episodes_topic`, keyed by rollout id so one
- * rollout's records stay ordered on one partition. An export resolves only when the broker
- * acknowledged everything (acks=all); otherwise it rejects and the pipeline retries from the
- * journal. Starts without Kafka: connection is attempted on each export until it succeeds.
+ * rollout's records stay ordered on one partition. A record bigger than `max_message_bytes` is
+ * sent as ordered chunks (docs/kafka-records.md); only one over `max_record_bytes`, or one the
+ * broker refuses for good, goes to dead-letter/. Messages are sent in produce requests of up to
+ * `max_batch_bytes`, one after another, as they are encoded (memory holds one batch). An export
+ * resolves only when the broker acknowledged everything (acks=all); otherwise it rejects and the
+ * pipeline retries from the journal. Starts without Kafka: connection is attempted on each
+ * export until it succeeds.
  */
 export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExporterDeps): Exporter & { readonly connected: boolean } {
   const log = deps.logger.child('exporter.kafka');
   const m = deps.metrics;
   const contentType = CONTENT_TYPE[config.encoding];
-  const limit = config.max_message_bytes - RECORD_OVERHEAD;
+  const chunkBytes = Math.max(1024, config.max_message_bytes - RECORD_OVERHEAD);
 
   function headers(schema: string, t: { rollout_id: string; group_id: string | null }): Record<string, string> {
     const h: Record<string, string> = { 'content-type': contentType, 'lightning-schema': schema, 'rollout-id': t.rollout_id };
@@ -48,56 +61,66 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     return h;
   }
 
-  /** Encodes a transition to fit: whole, else without raw bodies (token ids stay), else null. */
-  function fit(t: TransitionRecord, writer: TransitionWriter): Buffer | null {
-    const whole = encodeTransition(t, config.encoding, writer);
-    if (whole.length <= limit) return whole;
-    const smaller = encodeTransition({ ...t, request: null, response: null }, config.encoding, writer, { bodies_dropped: true });
-    m.exportOversize.inc({ action: smaller.length <= limit ? 'bodies_dropped' : 'dead_letter' });
-    return smaller.length <= limit ? smaller : null;
-  }
-
   async function deadLetter(kind: string, record: unknown, reason: string): Promise<void> {
     await mkdir(deps.deadLetterDir, { recursive: true });
     await appendFile(path.join(deps.deadLetterDir, `${kind}.ndjson`), JSON.stringify({ reason, record }) + '\n');
-    log.once(`dead_letter:${reason}`, 'warn', 'records too large for Kafka are written to dead-letter/', { dir: deps.deadLetterDir, reason });
+    log.once(`dead_letter:${reason}`, 'warn', 'records Kafka cannot take are written to dead-letter/', { dir: deps.deadLetterDir, reason });
   }
 
-  /** Sends in chunks of at most max_batch_bytes; a refusal for size splits the chunk. */
-  async function sendAll(topic: string, messages: { msg: OutMessage; record: unknown }[], kind: string): Promise<void> {
-    let chunk: typeof messages = [];
-    let bytes = 0;
-    const flush = async (): Promise<void> => {
-      if (chunk.length > 0) await sendChunk(topic, chunk, kind);
-      chunk = [];
-      bytes = 0;
-    };
-    for (const item of messages) {
-      if (bytes + item.msg.value.length > config.max_batch_bytes) await flush();
-      chunk.push(item);
-      bytes += item.msg.value.length;
+  /** Collects messages and sends a produce request whenever max_batch_bytes is reached. */
+  class Batcher {
+    private items: Pending[] = [];
+    private bytes = 0;
+    /** Records that were dead-lettered part way: their remaining chunks are not sent. */
+    private readonly abandoned = new Set<string>();
+
+    constructor(
+      private readonly topic: string,
+      private readonly kind: string,
+    ) {}
+
+    async add(items: Pending[]): Promise<void> {
+      for (const item of items) {
+        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.flush();
+        this.items.push(item);
+        this.bytes += item.msg.value.length;
+      }
     }
-    await flush();
-  }
 
-  async function sendChunk(topic: string, chunk: { msg: OutMessage; record: unknown }[], kind: string): Promise<void> {
-    const result: SendResult = await deps.producer.send(topic, chunk.map((c) => c.msg));
-    if (result.status === 'success') return;
-    if (result.status === 'failure' && result.tooLarge) {
-      if (chunk.length === 1) {
-        m.exportOversize.inc({ action: 'dead_letter' });
-        await deadLetter(kind, chunk[0].record, `broker refused the size: ${result.error.message}`);
+    async flush(): Promise<void> {
+      const items = this.items.filter((i) => !this.abandoned.has(i.recordId));
+      this.items = [];
+      this.bytes = 0;
+      if (items.length > 0) await this.send(items);
+    }
+
+    private async send(items: Pending[]): Promise<void> {
+      const result: SendResult = await deps.producer.send(this.topic, items.map((c) => c.msg));
+      if (result.status === 'success') return;
+      if (result.status === 'failure' && result.tooLarge) {
+        if (items.length === 1) {
+          // The broker's own limit is below max_message_bytes: this record cannot go to Kafka as configured.
+          m.exportOversize.inc({ action: 'dead_letter' });
+          this.abandoned.add(items[0].recordId);
+          await deadLetter(this.kind, items[0].record(), `broker refused the size: ${result.error.message} (lower exporters.kafka.max_message_bytes to the broker's limit)`);
+          return;
+        }
+        const half = Math.ceil(items.length / 2);
+        await this.send(items.slice(0, half));
+        await this.send(items.slice(half).filter((i) => !this.abandoned.has(i.recordId)));
         return;
       }
-      const half = Math.ceil(chunk.length / 2);
-      await sendChunk(topic, chunk.slice(0, half), kind);
-      await sendChunk(topic, chunk.slice(half), kind);
-      return;
+      const retryable = result.status === 'retryable';
+      m.exportErrors.inc({ exporter: 'kafka', kind: retryable ? 'retryable' : 'permanent' });
+      if (!retryable) log.once(`permanent:${result.error.message}`, 'error', `exporter kafka: ${result.error.message}; records stay in the journal and are retried`, { topic: this.topic });
+      throw new ExportError(`exporter kafka: ${result.error.message}`, retryable, result.error);
     }
-    const retryable = result.status === 'retryable';
-    m.exportErrors.inc({ exporter: 'kafka', kind: retryable ? 'retryable' : 'permanent' });
-    if (!retryable) log.once(`permanent:${result.error.message}`, 'error', `exporter kafka: ${result.error.message}; records stay in the journal and are retried`, { topic });
-    throw new ExportError(`exporter kafka: ${result.error.message}`, retryable, result.error);
+  }
+
+  /** The record's messages (chunked when big), or null when it is over max_record_bytes. */
+  function messagesOf(key: string, value: Buffer, h: Record<string, string>, recordId: string, record: () => unknown): Pending[] {
+    if (value.length > chunkBytes) m.exportOversize.inc({ action: 'chunked' });
+    return chunkMessages(key, value, h, recordId, chunkBytes).map((msg) => ({ msg, record, recordId }));
   }
 
   const exporter = {
@@ -113,7 +136,6 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       );
     },
     async export(batch: ClosedEpisode[], read = NO_JOURNAL): Promise<void> {
-      const writer = new TransitionWriter(read);
       if (!deps.producer.connected) {
         try {
           await deps.producer.connect();
@@ -122,20 +144,30 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
           throw new ExportError(`exporter kafka: cannot connect to ${config.brokers.join(',')}: ${(err as Error).message}`, true, err as Error);
         }
       }
-      const transitions: { msg: OutMessage; record: unknown }[] = [];
+      const writer = new TransitionWriter(read);
+      const transitions = new Batcher(config.topic, 'transitions');
       for (const c of batch) {
+        const deltas = config.prompt_ids === 'delta' ? new DeltaTracker(writer) : null;
         for (const t of c.transitions) {
-          const value = fit(t, writer);
-          if (value === null) {
-            await deadLetter('transitions', writer.materialize(t), `larger than max_message_bytes (${config.max_message_bytes}) even without bodies`);
+          const delta = deltas?.next(t) ?? null;
+          const value = delta ? encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: delta }) : encodeTransition(t, config.encoding, writer);
+          const h = headers('lightning.transition.v1', t);
+          if (delta) h['lightning-prompt-ids'] = 'delta';
+          if (value.length > config.max_record_bytes) {
+            m.exportOversize.inc({ action: 'dead_letter' });
+            await deadLetter('transitions', writer.materialize(t), `larger than max_record_bytes (${value.length} > ${config.max_record_bytes})`);
             continue;
           }
-          transitions.push({ msg: { key: t.rollout_id, value, headers: headers('lightning.transition.v1', t) }, record: t });
+          await transitions.add(messagesOf(t.rollout_id, value, h, t.transition_id, () => writer.materialize(t)));
         }
       }
-      await sendAll(config.topic, transitions, 'transitions');
-      const episodes = batch.map((c) => ({ msg: { key: c.episode.rollout_id, value: encodeEpisode(c.episode, config.encoding), headers: headers('lightning.episode.v1', c.episode) }, record: c.episode }));
-      await sendAll(config.episodes_topic, episodes, 'episodes');
+      await transitions.flush();
+      const episodes = new Batcher(config.episodes_topic, 'episodes');
+      for (const c of batch) {
+        const e = c.episode;
+        await episodes.add(messagesOf(e.rollout_id, encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e));
+      }
+      await episodes.flush();
     },
     shutdown: once(async () => {
       await deps.producer.disconnect();

@@ -1,7 +1,10 @@
 import type { Api } from '../../pipeline/records';
 import { findMembers, skipWs, topLevelKeys } from '../../processors/capture/json-scan';
 
-/** Flavor-specific fields that make a model server return token ids and logprobs (DESIGN §2.5). */
+/**
+ * Flavor-specific fields that make a model server return token ids and logprobs. Sent only to a
+ * server known to be vLLM or SGLang (configured or detected), never to others.
+ */
 const FIELDS: Record<'vllm' | 'sglang', Partial<Record<Api, Record<string, string>>>> = {
   vllm: {
     'chat.completions': { return_token_ids: 'true', logprobs: 'true' },
@@ -50,4 +53,90 @@ export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, bod
     body: Buffer.concat([body.subarray(0, open + 1), Buffer.from(insertion), body.subarray(open + 1)]),
     injected: missing,
   };
+}
+
+/** The fields the sidecar adds for this flavor and API, or null when it adds none. */
+export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api): Record<string, string> | null {
+  return flavor === 'openai' ? null : (FIELDS[flavor][api] ?? null);
+}
+
+/**
+ * Adds fields to a streamed JSON request body without holding it: the fields are written right
+ * after the opening `{`, and every later byte passes as it comes. A member the agent sets itself
+ * comes later in the body and wins (JSON parsers of the servers this is used with keep the last
+ * of duplicate names). Only the first bytes are held, until the first one after `{` shows whether
+ * the object is empty (no comma then). Member names the agent sends are spotted on the way (also
+ * across chunk boundaries) so `injected` lists only what the agent did not ask for itself.
+ */
+export class StreamInjector {
+  private head: Buffer[] = [];
+  private headBytes = 0;
+  /** Null while undecided; then whether the fields were written. */
+  private inserting: boolean | null = null;
+  private insertion = Buffer.alloc(0);
+  private tail = Buffer.alloc(0);
+  private readonly needles: [string, Buffer][];
+  private readonly seen = new Set<string>();
+
+  constructor(private readonly fields: Record<string, string>) {
+    this.needles = Object.keys(fields).map((k) => [k, Buffer.from(`"${k}"`)]);
+  }
+
+  get decided(): boolean {
+    return this.inserting !== null;
+  }
+
+  /** Bytes added to the body (for content-length); valid once decided. */
+  get extraBytes(): number {
+    return this.insertion.length;
+  }
+
+  /** Fields written that the agent did not set itself (so far). */
+  injected(): string[] {
+    return this.inserting ? Object.keys(this.fields).filter((k) => !this.seen.has(k)) : [];
+  }
+
+  /** Takes a chunk of the agent's body; returns what to send upstream now (empty while undecided). */
+  push(chunk: Buffer): Buffer[] {
+    this.spot(chunk);
+    if (this.inserting !== null) return [chunk];
+    this.head.push(chunk);
+    this.headBytes += chunk.length;
+    const head = this.head.length === 1 ? this.head[0] : Buffer.concat(this.head);
+    const open = skipWs(head, 0);
+    if (open === head.length) return [];
+    if (head[open] !== 0x7b /* { */) return this.decide(false, head, 0);
+    const next = skipWs(head, open + 1);
+    if (next === head.length && this.headBytes < 64 * 1024) return [];
+    return this.decide(true, head, open + 1, head[next] === 0x7d /* } */);
+  }
+
+  /** The body ended: whatever is still held. */
+  end(): Buffer[] {
+    if (this.inserting !== null) return [];
+    const head = Buffer.concat(this.head);
+    const open = skipWs(head, 0);
+    // A body that is only `{` and white space is not JSON: sent as it came.
+    return this.decide(false, head, open);
+  }
+
+  private decide(insert: boolean, head: Buffer, at: number, empty = false): Buffer[] {
+    this.inserting = insert;
+    this.head = [];
+    if (!insert) return head.length > 0 ? [head] : [];
+    const text = Object.entries(this.fields).map(([k, v]) => `"${k}":${v}`).join(',') + (empty ? '' : ',');
+    this.insertion = Buffer.from(text);
+    return [Buffer.concat([head.subarray(0, at), this.insertion, head.subarray(at)])];
+  }
+
+  /** Notes member names of the added fields in the agent's bytes, across chunk boundaries. */
+  private spot(chunk: Buffer): void {
+    if (this.seen.size === this.needles.length) return;
+    const keep = 32;
+    // The chunk itself, and the seam with the previous one (a name split across two chunks).
+    const seam = this.tail.length > 0 ? Buffer.concat([this.tail, chunk.subarray(0, keep)]) : null;
+    for (const [k, needle] of this.needles) if (!this.seen.has(k) && (chunk.indexOf(needle) >= 0 || (seam !== null && seam.indexOf(needle) >= 0))) this.seen.add(k);
+    const joined = Buffer.concat([this.tail, chunk.subarray(Math.max(0, chunk.length - keep))]);
+    this.tail = joined.subarray(Math.max(0, joined.length - keep));
+  }
 }

@@ -14,7 +14,7 @@ import { CallCapture } from './capture';
 import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
 import { sendProxyError } from './errors';
 import { forwardHeaders, rawHeader } from './forward-headers';
-import { injectFields } from './inject';
+import { fieldsFor, injectFields, StreamInjector } from './inject';
 
 export interface ProxyDeps {
   logger: Logger;
@@ -180,8 +180,12 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   function forward(req: IncomingMessage, res: ServerResponse, path: string, api: Api | null, capture: CallCapture | null, t0: number): Promise<void> {
     return new Promise<void>((resolve) => {
       const flavor = config.upstream_flavor;
-      // The body is held whole only to add fields upstream or to redact it before journaling.
-      const mustBuffer = capture !== null && (flavor !== 'openai' || !!deps.redact) && !req.headers['content-encoding'];
+      const encoded = !!req.headers['content-encoding'];
+      // The body is held whole only to redact it before journaling; fields for the model server
+      // are added to the stream as it passes.
+      const mustBuffer = capture !== null && !!deps.redact && !encoded;
+      const fields = capture !== null && !mustBuffer && !encoded ? fieldsFor(flavor, capture.api) : null;
+      const injector = fields ? new StreamInjector(fields) : null;
       let settled = false;
       let rejected = false;
       let upstreamT0 = 0;
@@ -332,20 +336,49 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
           ureq.end(body);
         });
       } else {
-        const r = dispatch(forwardHeaders(req.rawHeaders, { host: upstream.host }, DROP_ALWAYS));
-        ureq = r;
+        // With an injector, the upstream request starts once the body's first bytes show where the
+        // fields go (its content-length grows by what is added).
+        const open = (): http.ClientRequest => {
+          const declared = req.headers['content-length'];
+          const extra = injector?.extraBytes ?? 0;
+          const headers =
+            extra > 0 && declared !== undefined
+              ? forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(Number(declared) + extra) }, DROP_WHEN_REWRITTEN)
+              : forwardHeaders(req.rawHeaders, { host: upstream.host }, DROP_ALWAYS);
+          ureq = dispatch(headers);
+          return ureq;
+        };
+        let r: http.ClientRequest | null = injector ? null : open();
+        const send = (parts: Buffer[]): void => {
+          let ok = true;
+          for (const part of parts) {
+            if (part.length === 0) continue;
+            capture?.request(part);
+            ok = r!.write(part);
+          }
+          if (!ok) {
+            req.pause();
+            r!.once('drain', () => req.resume());
+          }
+        };
         req.on('data', (chunk: Buffer) => {
           if (rejected) return;
           received += chunk.length;
           if (received > config.max_request_bytes) return overLimit();
-          capture?.request(chunk);
-          if (!r.write(chunk)) {
-            req.pause();
-            r.once('drain', () => req.resume());
-          }
+          if (!injector) return send([chunk]);
+          const out = injector.push(chunk);
+          if (r === null && injector.decided) r = open();
+          if (r !== null) send(out);
         });
         req.on('end', () => {
-          if (!rejected) r.end();
+          if (rejected) return;
+          if (injector) {
+            const out = injector.end();
+            r ??= open();
+            send(out);
+            capture!.injected = injector.injected();
+          }
+          r!.end();
         });
       }
     });

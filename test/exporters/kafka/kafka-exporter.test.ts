@@ -10,6 +10,8 @@ import { buildEpisode } from '../../../src/processors/rewards/transitions';
 import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
+import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
+import type { Transition } from '../../../src/pipeline/records';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
   return buildEpisode(
@@ -71,18 +73,58 @@ describe('kafka exporter', () => {
     expect(producer.sent[1].messages[0].headers['lightning-schema']).toBe('lightning.episode.v1');
   });
 
-  it('drops raw bodies of a record above max_message_bytes (token ids stay), and dead-letters one still too large', async () => {
-    const { producer, exporter, deadLetterDir } = setup({ max_message_bytes: 3000 });
-    await exporter.export([episode('big', 1, 5000)]);
-    const t = JSON.parse(producer.sent[0].messages[0].value.toString());
-    expect(t).toMatchObject({ bodies_dropped: true, request: null, response: null, prompt_token_ids: [1, 2], response_token_ids: [3] });
-    const tiny = setup({ max_message_bytes: 600 });
-    await tiny.exporter.export([episode('huge', 1, 50)]);
-    expect(tiny.producer.sent.map((s) => s.topic)).toEqual(['lightning.episodes']);
-    const dl = readFileSync(path.join(tiny.deadLetterDir, 'transitions.ndjson'), 'utf8').trim().split('\n');
-    expect(dl).toHaveLength(1);
-    expect(JSON.parse(dl[0])).toMatchObject({ reason: expect.stringContaining('max_message_bytes'), record: { transition_id: 'huge/0/0' } });
+  it('sends a record above max_message_bytes as ordered chunks that reassemble to it exactly; dead-letters only over max_record_bytes', async () => {
+    const { producer, exporter, deadLetterDir, metrics } = setup({ max_message_bytes: 3000, max_batch_bytes: 5000 });
+    const ep = episode('big', 2, 9000);
+    await exporter.export([ep]);
+    const messages = producer.sent.filter((s) => s.topic === 'lightning.transitions').flatMap((s) => s.messages);
+    expect(messages.length).toBeGreaterThan(4);
+    expect(messages.every((m) => m.key === 'big' && m.value.length <= 3000)).toBe(true);
+    // Chunks of one record are consecutive and in index order; each says what it belongs to.
+    const first = messages.filter((m) => m.headers['lightning-record-id'] === 'big/0/0');
+    expect(first.map((m) => m.headers['lightning-chunk-index'])).toEqual(first.map((_, i) => String(i)));
+    expect(first[0].headers).toMatchObject({ 'lightning-chunk': 'v1', 'lightning-chunk-count': String(first.length), 'lightning-schema': 'lightning.transition.v1', 'rollout-id': 'big', 'group-id': 'grp' });
+    // Interleaved and duplicated on the wire, they still reassemble to the exact records.
+    const r = new ChunkReassembler({ timeoutMs: 1000, maxBytes: 1 << 20 });
+    const wire = [...messages.slice(0, 2), ...messages.slice(0, 1), ...messages.slice(2)];
+    const whole = wire.flatMap((msg, offset) => {
+      const out = r.add({ topic: 't', partition: 0, offset }, msg.headers, msg.value, 0);
+      return out.kind === 'record' ? [JSON.parse(out.record.value.toString()) as Transition] : [];
+    });
+    expect(whole.map((t) => t.transition_id)).toEqual(['big/0/0', 'big/0/1']);
+    expect(whole[1].request).toEqual({ messages: [{ role: 'user', content: 'b'.repeat(9000) }] });
+    expect(whole[1]).toMatchObject({ prompt_token_ids: [1, 2], response_token_ids: [3] });
     expect(existsSync(deadLetterDir)).toBe(false);
+    expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_export_oversize_total')).toContain('action="chunked"} 2');
+
+    const capped = setup({ max_message_bytes: 3000, max_record_bytes: 8000 });
+    await capped.exporter.export([episode('huge', 1, 9000)]);
+    expect(capped.producer.sent.map((s) => s.topic)).toEqual(['lightning.episodes']);
+    const dl = readFileSync(path.join(capped.deadLetterDir, 'transitions.ndjson'), 'utf8').trim().split('\n');
+    expect(dl).toHaveLength(1);
+    expect(JSON.parse(dl[0])).toMatchObject({ reason: expect.stringContaining('max_record_bytes'), record: { transition_id: 'huge/0/0' } });
+  });
+
+  it('with prompt_ids: delta, sends only the new prompt ids of a call that continues the previous one', async () => {
+    const calls = [
+      callRecord('d', 0, 10, { promptTokenIds: [1, 2], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [3, 4], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
+      callRecord('d', 1, 11, { promptTokenIds: [1, 2, 3, 4, 5, 6], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [7], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
+      callRecord('d', 2, 12, { promptTokenIds: [9, 9], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [8], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
+    ];
+    const ep = buildEpisode({ rolloutId: 'd', attemptId: '0', groupId: null, calls, toolSpans: [], rewards: [], finalReward: null, startedAt: 0, endedAt: 20 }, 'completed', { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] });
+    for (const encoding of ['json', 'protobuf'] as const) {
+      const { producer, exporter } = setup({ prompt_ids: 'delta', encoding });
+      await exporter.export([ep]);
+      const [m0, m1, m2] = producer.sent[0].messages;
+      const [t0, t1, t2] = [m0, m1, m2].map((m) => decodeTransition(m.value, encoding));
+      expect(t0.prompt_token_ids).toEqual([1, 2]);
+      expect(m0.headers['lightning-prompt-ids']).toBeUndefined();
+      expect(t1.prompt_token_ids).toBeNull();
+      expect(t1.prompt_token_ids_delta).toEqual({ previous_transition_id: 'd/0/0', prefix_length: 4, suffix: [5, 6] });
+      expect(m1.headers['lightning-prompt-ids']).toBe('delta');
+      // A call that starts over carries its full prompt.
+      expect(t2).toMatchObject({ prompt_token_ids: [9, 9], continues_previous: false });
+    }
   });
 
   it('splits a batch the broker refuses for size, and dead-letters a single record it still refuses', async () => {
