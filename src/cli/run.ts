@@ -1,3 +1,4 @@
+import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import { loadConfig } from '../config/load';
 import { createApp } from '../pipeline/app';
 import { createLogger } from '../telemetry/logger';
@@ -36,8 +37,7 @@ export const runCommand: Command = {
       otlpGrpc: app.otlp && otlp.grpc.enabled ? boundAddress(otlp.grpc.endpoint, app.otlp.grpcPort()) : null,
       otlpHttp: app.otlp && otlp.http.enabled ? boundAddress(otlp.http.endpoint, app.otlp.httpPort()) : null,
       telemetry: boundAddress(config.service.telemetry.endpoint, app.telemetry.port()),
-      // Upstream auto-detection, once the proxy reports what it found, goes here.
-      upstream: { url: proxy.upstream_url, flavor: proxy.upstream_flavor, detected: null },
+      upstream: { url: proxy.upstream_url, flavor: proxy.upstream_flavor, detected: describeUpstream(app.proxy.upstream()) },
     });
     logger.info(msg, fields);
     return new Promise<number>((resolve) => {
@@ -62,3 +62,10 @@ export const runCommand: Command = {
     });
   },
 };
+
+/** What auto-detection found, for the start-up line (null when the flavor is configured). */
+function describeUpstream(u: FlavorState): string | null {
+  if (u.source === 'config') return null;
+  if (u.source === 'unknown') return `not identified (${u.evidence}); no fields added for token ids`;
+  return `${u.flavor}${u.serverVersion ? ` ${u.serverVersion}` : ''}`;
+}

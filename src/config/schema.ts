@@ -30,7 +30,12 @@ export const llmProxySchema = z
       .url('must be an absolute http(s) URL')
       .refine((v) => /^https?:\/\//.test(v), 'must start with http:// or https://')
       .default('http://127.0.0.1:8000/v1'),
-    upstream_flavor: z.enum(['openai', 'vllm', 'sglang']).default('openai'),
+    /** `auto` identifies vLLM / SGLang by their own endpoints; `openai` never adds fields; `vllm` / `sglang` force it. */
+    upstream_flavor: z.enum(['auto', 'openai', 'vllm', 'sglang']).default('auto'),
+    /** APIs translated to chat completions (for token ids) when the model server is vLLM or SGLang. */
+    translate: z.array(z.enum(['responses', 'anthropic.messages'])).default(['responses', 'anthropic.messages']),
+    /** Strip the fields the sidecar asked for (token ids, logprobs) from what the agent receives, unless it asked itself. */
+    strip_injected: z.boolean().default(true),
     /** Socket idle time towards the upstream (waiting for headers or between body bytes). */
     upstream_timeout_ms: positiveInt.default(600_000),
     /** A client must send its request headers within this time (slowloris). */

@@ -48,15 +48,19 @@ export function frameHeader(offset: number, parts: readonly Buffer[], payloadByt
 
 /**
  * Body frames carry raw bytes of a proxied call:
- *   u8 0x00 (records are JSON and start with `{`) | u8 kind (1 request, 2 response) | u64 BE call id | bytes
+ *   u8 0x00 (records are JSON and start with `{`) | u8 kind | u64 BE call id | bytes
+ * Kinds: 1 request and 2 response as exchanged with the model server; 3 and 4 the request and
+ * response as the agent sent and received them, when they differ (translated calls).
  */
-export type BodyKind = 'request' | 'response';
+export type BodyKind = 'request' | 'response' | 'agent_request' | 'agent_response';
+const KIND_CODE: Record<BodyKind, number> = { request: 1, response: 2, agent_request: 3, agent_response: 4 };
+const KIND_OF: BodyKind[] = ['request', 'request', 'response', 'agent_request', 'agent_response'];
 export const BODY_HEADER_BYTES = 10;
 
 export function bodyHeader(callId: number, kind: BodyKind): Buffer {
   const h = Buffer.allocUnsafe(BODY_HEADER_BYTES);
   h[0] = 0;
-  h[1] = kind === 'request' ? 1 : 2;
+  h[1] = KIND_CODE[kind];
   h.writeBigUInt64BE(BigInt(callId), 2);
   return h;
 }
@@ -67,5 +71,5 @@ export function isBodyPayload(payload: Buffer): boolean {
 
 /** The call id and kind of a body frame's payload. */
 export function readBodyHeader(payload: Buffer): { callId: number; kind: BodyKind } {
-  return { callId: Number(payload.readBigUInt64BE(2)), kind: payload[1] === 1 ? 'request' : 'response' };
+  return { callId: Number(payload.readBigUInt64BE(2)), kind: KIND_OF[payload[1]] ?? 'response' };
 }

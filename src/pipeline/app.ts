@@ -1,3 +1,4 @@
+import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import path from 'node:path';
 import type { Config } from '../config/schema';
 import { createControlRoute } from '../control/control-route';
@@ -119,6 +120,7 @@ export function createApp(config: Config, deps: AppDeps) {
     checks: [
       { name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') },
       { name: 'journal', check: () => pipeline.journal.writable() },
+      { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
       ...(kafka
         ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }]
         : []),
@@ -176,4 +178,11 @@ function kafkaProducerOptions(k: Config['exporters']['kafka']): KafkajsProducerO
     sasl: k.sasl,
     tls: k.tls ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify } : undefined,
   };
+}
+
+/** /readyz detail about the model server: null when fields for token ids are being added. */
+function upstreamCheck(u: FlavorState): string | null {
+  if (u.rejected) return `the model server refused an added field (${u.rejected}); no token ids are requested`;
+  if (u.flavor === 'openai') return u.source === 'unknown' ? `not identified (${u.evidence}); no token ids are requested` : `${u.source === 'config' ? 'configured' : 'detected'} as openai; no token ids are requested`;
+  return null;
 }

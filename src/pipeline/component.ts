@@ -37,9 +37,11 @@ export interface CaptureSink {
   /** Registers a call; returns its id (for its body frames), or null when it cannot be recorded. */
   callStarted(record: CallStartRecord): number | null;
   /** Appends request or response bytes; returns the frame's offset, or null when refused. */
-  body(callId: number, kind: 'request' | 'response', bytes: Buffer): number | null;
+  body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer): number | null;
   callEnded(record: CallRecord): void;
   flush(): void;
+  /** Reads journaled body frames back (written through first); throws when they are gone. */
+  read(frames: readonly number[]): Buffer;
 }
 
 /** Runs `fn` once; later calls get the first call's promise (shutdown idempotence). */

@@ -243,7 +243,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     callStarted(record: CallStartRecord): number | null {
       return submitCapture(record);
     },
-    body(callId: number, kind: 'request' | 'response', bytes: Buffer): number | null {
+    body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer): number | null {
       try {
         return journal.appendBody(callId, kind, bytes);
       } catch (err) {
@@ -259,6 +259,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     },
     flush(): void {
       journal.flushNow();
+    },
+    read(frames: readonly number[]): Buffer {
+      journal.flushNow();
+      return journal.readBodies(frames);
     },
   };
 
@@ -285,7 +289,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
    * it streamed) is recorded as aborted with what its body frames hold, so whatever the agent got
    * is not lost. Calls with no response bytes never answered anything and are forgotten.
    */
-  function recoverUnended(unended: Map<number, { start: CallStartRecord; bodies: { request: number[]; response: number[] } }>): void {
+  function recoverUnended(unended: Map<number, { start: CallStartRecord; bodies: Record<'request' | 'response' | 'agent_request' | 'agent_response', number[]> }>): void {
     for (const [callId, { start, bodies }] of unended) {
       if (bodies.response.length === 0) continue;
       let streamed = true;
@@ -340,7 +344,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     async start(): Promise<void> {
       assembler.replaying = true;
       // Calls started but not ended in the journal, with their body frames (a process killed mid-call).
-      const unended = new Map<number, { start: CallStartRecord; bodies: { request: number[]; response: number[] } }>();
+      const unended = new Map<number, { start: CallStartRecord; bodies: Record<'request' | 'response' | 'agent_request' | 'agent_response', number[]> }>();
       recovery = await journal.open((offset, payload) => {
         if (isBodyPayload(payload)) {
           const { callId, kind } = readBodyHeader(payload);
@@ -358,7 +362,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
           if (record.type === 'call_start' || record.type === 'call') {
             deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
           }
-          if (record.type === 'call_start') unended.set(offset, { start: record, bodies: { request: [], response: [] } });
+          if (record.type === 'call_start') unended.set(offset, { start: record, bodies: { request: [], response: [], agent_request: [], agent_response: [] } });
           else if (record.type === 'call' && record.callId !== undefined) unended.delete(record.callId);
           // While replaying only close markers close episodes, so each closed episode here has its marker.
           enqueue(applyRecord(record, offset), offset);

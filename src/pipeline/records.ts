@@ -48,10 +48,25 @@ export interface ChoiceCapture {
 
 /** Journal offsets of a call's body frames, in order, and how the response was encoded. */
 export interface CallBodies {
+  /** As sent to the model server. */
   request: number[];
+  /** As the model server answered. */
   response: number[];
   /** The response's content-encoding (the bodies are journaled as they passed). */
   encoding: string | null;
+  /** Translated calls: the request and response as the agent sent and received them. */
+  agentRequest?: number[];
+  agentResponse?: number[];
+}
+
+/**
+ * A call the sidecar translated for the model server: the call's `api` is what the agent spoke,
+ * `upstreamApi` what the model server was asked (its bodies are `request` / `response`).
+ */
+export interface Translation {
+  upstreamApi: Api;
+  /** Remarks of the translation (e.g. a tool call with malformed arguments). */
+  notes: string[];
 }
 
 export interface CallStartRecord {
@@ -80,6 +95,10 @@ export interface CallRecord {
   /** The journal offset of the call's start record: its body frames name it. */
   callId?: number;
   bodies?: CallBodies;
+  /** Set when the sidecar translated the call (Responses / Anthropic Messages → chat completions). */
+  translation?: Translation;
+  /** Why the call has no token ids although it was captured (e.g. a feature translation cannot map). */
+  tokenIdsMissing?: string;
   model?: string | null;
   /** Request body as sent upstream (parsed JSON), or null when it could not be parsed. */
   request?: unknown;
@@ -196,6 +215,10 @@ export interface Transition {
   latency_ms: number;
   ttft_ms: number | null;
   injected: string[];
+  /** Set when the sidecar translated the call: the API the model server was asked, and remarks. */
+  translation: { upstream_api: Api; notes: string[] } | null;
+  /** Why `prompt_token_ids` is null although the call was captured (e.g. a feature translation cannot map). */
+  token_ids_missing: string | null;
 }
 
 /** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */

@@ -108,6 +108,24 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       buckets: [0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600],
       registers: [registry],
     }),
+    upstreamFlavor: new Gauge({
+      name: 'lightning_sidecar_upstream_flavor',
+      help: 'What the model server is taken to be (1 on the current series): flavor, how it was decided (config, detected, unknown), and whether fields for token ids are added.',
+      labelNames: ['flavor', 'source', 'adding_fields'] as const,
+      registers: [registry],
+    }),
+    injectionRefused: new Counter({
+      name: 'lightning_sidecar_injection_refused_total',
+      help: 'Calls the model server refused because of a field the sidecar added (each is sent again without it).',
+      labelNames: ['field'] as const,
+      registers: [registry],
+    }),
+    translatedCalls: new Counter({
+      name: 'lightning_sidecar_translated_calls_total',
+      help: 'Responses API and Anthropic Messages calls: translated to chat completions for token ids, or passed through (reason).',
+      labelNames: ['api', 'result'] as const,
+      registers: [registry],
+    }),
     kafkaConnected: new Gauge({
       name: 'lightning_sidecar_kafka_connected',
       help: '1 when the Kafka producer is connected, 0 otherwise (absent with the file exporter).',

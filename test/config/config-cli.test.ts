@@ -28,7 +28,7 @@ async function cli(args: string[], env: Record<string, string> = {}): Promise<{ 
 describe('configuration', () => {
   it('has the documented defaults', () => {
     const c = loadConfig({ env: {} });
-    expect(c.receivers.llm_proxy).toMatchObject({ endpoint: '127.0.0.1:4000', upstream_url: 'http://127.0.0.1:8000/v1', upstream_flavor: 'openai' });
+    expect(c.receivers.llm_proxy).toMatchObject({ endpoint: '127.0.0.1:4000', upstream_url: 'http://127.0.0.1:8000/v1', upstream_flavor: 'auto', translate: ['responses', 'anthropic.messages'], strip_injected: true });
     expect(c.receivers.otlp.protocols.grpc.endpoint).toBe('127.0.0.1:4317');
     expect(c.receivers.otlp.protocols.http.endpoint).toBe('127.0.0.1:4318');
     expect(c.service).toMatchObject({ exporter: 'file', data_dir: './data', telemetry: { endpoint: '0.0.0.0:9464' } });

@@ -117,7 +117,7 @@ describe('delivery to Kafka (test broker)', () => {
     }
   });
 
-  it('sends an oversized transition without its raw bodies (token ids kept, flagged) instead of retrying it forever', async () => {
+  it('sends a transition above the message limit as chunks the broker takes, bodies and token ids whole', async () => {
     const broker = new KafkaTestBroker({ maxMessageBytes: 200_000 });
     await broker.start();
     const sidecar = await startSidecar(upstream.url, kafkaOverrides(broker, { max_message_bytes: 150_000 }));
@@ -125,12 +125,16 @@ describe('delivery to Kafka (test broker)', () => {
       const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/huge/v1`, apiKey: 'k', maxRetries: 0 });
       await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x'.repeat(400_000) }] });
       await fetch(`${sidecar.origin}/lightning/v1/rollouts/huge/reward`, { method: 'POST', body: '{"value":1}' });
-      await until('the transition in Kafka', () => ids(broker).length === 1);
-      const t = JSON.parse(broker.records('lightning.transitions')[0].value!.toString());
-      expect(t).toMatchObject({ transition_id: 'huge/0/0', bodies_dropped: true, request: null, response: null });
+      await until('the episode in Kafka', () => broker.records('lightning.episodes').length === 1);
+      const chunks = broker.records('lightning.transitions');
+      expect(chunks.length).toBeGreaterThan(2);
+      expect(chunks.every((c) => c.value!.length <= 150_000 && c.headers['lightning-record-id'] === 'huge/0/0')).toBe(true);
+      const t = JSON.parse(Buffer.concat(chunks.map((c) => c.value!)).toString());
+      expect(t.transition_id).toBe('huge/0/0');
+      expect(t.request.messages[0].content).toBe('x'.repeat(400_000));
       expect(t.prompt_token_ids.length).toBeGreaterThan(3);
       const m = await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_export_oversize_total');
-      expect(m).toContain('action="bodies_dropped"} 1');
+      expect(m).toContain('action="chunked"} 1');
     } finally {
       await sidecar.stop();
       await broker.close();

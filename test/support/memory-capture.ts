@@ -19,6 +19,7 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
     },
     callEnded: (r) => void ended.push(r),
     flush: () => {},
+    read: (offsets) => read(offsets),
   };
   const read: BodyReader = (offsets) => Buffer.concat(offsets.map((o) => frames.get(o)!));
   return { sink, read, started, ended };

@@ -28,7 +28,9 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-test-'));
   const base = {
     receivers: {
-      llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstreamUrl },
+      // Tests name the flavor they exercise; the product default (auto) probes the upstream, which
+      // would show up among the fake server's requests.
+      llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstreamUrl, upstream_flavor: 'openai' },
       otlp: { protocols: { grpc: { endpoint: '127.0.0.1:0' }, http: { endpoint: '127.0.0.1:0' } } },
     },
     processors: { episodes: { tool_span_wait_ms: 0, tick_interval_ms: 20 } },

@@ -57,11 +57,14 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
   } catch (err) {
     parseError = `response body unreadable from the journal: ${(err as Error).message}`;
   }
+  // A translated call: ids come from the model server's answer (upstream API); the transition
+  // keeps what the agent sent and received.
+  const upstreamApi = call.translation?.upstreamApi ?? call.api;
   if (decoded !== null) {
-    const lifted = call.api === 'chat.completions' || call.api === 'completions';
+    const lifted = upstreamApi === 'chat.completions' || upstreamApi === 'completions';
     if (call.streamed) {
       const patched = patchIds(decoded, ['prompt_token_ids']);
-      extracted = extractStream(call.api, patched.text);
+      extracted = extractStream(upstreamApi, patched.text);
       response = lifted ? withoutLiftedMembers(extracted.response) : extracted.response;
     } else {
       const patched = patchIds(decoded, ['prompt_token_ids', 'token_ids']);
@@ -72,7 +75,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         parseError = 'response body is not JSON';
       }
       if (parseError === null) {
-        extracted = extractBody(call.api, value);
+        extracted = extractBody(upstreamApi, value);
         const used = usedRanges(extracted);
         const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded!, m));
         if (lifted) for (const m of findMembers(decoded, 'logprobs')) if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
@@ -96,7 +99,11 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     status = 'error';
     error = parseError;
   }
-  const request: RawBody | null = bodies.request.length > 0 ? { raw: 'journal', offsets: bodies.request, encoding: null, cuts: [] } : null;
+  let request: RawBody | null = bodies.request.length > 0 ? { raw: 'journal', offsets: bodies.request, encoding: null, cuts: [] } : null;
+  if (call.translation && bodies.agentRequest) {
+    request = bodies.agentRequest.length > 0 ? { raw: 'journal', offsets: bodies.agentRequest, encoding: null, cuts: [] } : null;
+    response = agentResponse(call, bodies.agentResponse ?? [], read);
+  }
   const facts: CallFacts = {
     ...call,
     status,
@@ -109,6 +116,17 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     response,
   };
   return { facts, responseBytes: decoded };
+}
+
+/** What a translated call's agent received: its JSON as it is, or its stream assembled. */
+function agentResponse(call: CallRecord, offsets: number[], read: BodyReader): unknown {
+  if (offsets.length === 0) return null;
+  if (!call.streamed) return { raw: 'journal', offsets, encoding: null, cuts: [] } satisfies RawBody;
+  try {
+    return extractStream(call.api, read(offsets).toString('utf8')).response;
+  } catch {
+    return null;
+  }
 }
 
 /** The request's `model` (for answers that do not name it, such as errors). */

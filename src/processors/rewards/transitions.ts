@@ -134,6 +134,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         latency_ms: call.latencyMs,
         ttft_ms: call.ttftMs,
         injected: call.injected,
+        translation: call.translation ? { upstream_api: call.translation.upstreamApi, notes: call.translation.notes } : null,
+        token_ids_missing: promptIds === null && responseIds === null ? (call.tokenIdsMissing ?? null) : null,
       };
       if (call.bodies) t.source = call.bodies;
       transitions.push(t);

@@ -1,4 +1,5 @@
-import type { Api, CallRecord, Correlation } from '../../pipeline/records';
+import type { BodyKind } from '../../journal/frame';
+import type { Api, CallRecord, Correlation, Translation } from '../../pipeline/records';
 import type { CaptureSink } from '../../pipeline/component';
 
 /**
@@ -11,6 +12,12 @@ export class CallCapture {
   callId: number | null = null;
   readonly requestFrames: number[] = [];
   readonly responseFrames: number[] = [];
+  readonly agentRequestFrames: number[] = [];
+  readonly agentResponseFrames: number[] = [];
+  /** Set by a translated call. */
+  translation: Translation | null = null;
+  /** Why this call will have no token ids (set when the sidecar knows it). */
+  tokenIdsMissing: string | null = null;
   private captured = 0;
   truncated = false;
   responseStatus: number | null = null;
@@ -32,16 +39,28 @@ export class CallCapture {
     private readonly sink: CaptureSink,
   ) {}
 
+  /** Bytes sent to the model server. */
   request(chunk: Buffer): void {
     this.keep(chunk, 'request', this.requestFrames);
   }
 
+  /** Bytes the model server answered. */
   response(chunk: Buffer): void {
     this.chunks++;
     this.keep(chunk, 'response', this.responseFrames);
   }
 
-  private keep(chunk: Buffer, kind: 'request' | 'response', frames: number[]): void {
+  /** Translated calls: bytes the agent sent (before translation). */
+  agentRequest(chunk: Buffer): void {
+    this.keep(chunk, 'agent_request', this.agentRequestFrames);
+  }
+
+  /** Translated calls: bytes the agent received (after translation). */
+  agentResponse(chunk: Buffer): void {
+    this.keep(chunk, 'agent_response', this.agentResponseFrames);
+  }
+
+  private keep(chunk: Buffer, kind: BodyKind, frames: number[]): void {
     if (this.callId === null || this.truncated) return;
     if (this.captured + chunk.length > this.maxCaptureBytes) {
       this.truncated = true;
@@ -68,7 +87,14 @@ export class CallCapture {
       traceId: this.traceId,
       spanId: this.spanId,
       callId: this.callId ?? undefined,
-      bodies: { request: this.requestFrames, response: this.responseFrames, encoding: this.responseEncoding ?? null },
+      bodies: {
+        request: this.requestFrames,
+        response: this.responseFrames,
+        encoding: this.responseEncoding ?? null,
+        ...(this.translation ? { agentRequest: this.agentRequestFrames, agentResponse: this.agentResponseFrames } : {}),
+      },
+      ...(this.translation ? { translation: this.translation } : {}),
+      ...(this.tokenIdsMissing ? { tokenIdsMissing: this.tokenIdsMissing } : {}),
       streamed: this.streamed,
       status: outcome.status,
       httpStatus: this.responseStatus,

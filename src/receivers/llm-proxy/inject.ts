@@ -91,6 +91,14 @@ export class StreamInjector {
     return this.insertion.length;
   }
 
+  /** The body as the agent sent it, from the body as it was sent upstream. */
+  original(sent: Buffer): Buffer {
+    if (!this.inserting) return sent;
+    return Buffer.concat([sent.subarray(0, this.insertedAt), sent.subarray(this.insertedAt + this.insertion.length)]);
+  }
+
+  private insertedAt = 0;
+
   /** Fields written that the agent did not set itself (so far). */
   injected(): string[] {
     return this.inserting ? Object.keys(this.fields).filter((k) => !this.seen.has(k)) : [];
@@ -126,6 +134,7 @@ export class StreamInjector {
     if (!insert) return head.length > 0 ? [head] : [];
     const text = Object.entries(this.fields).map(([k, v]) => `"${k}":${v}`).join(',') + (empty ? '' : ',');
     this.insertion = Buffer.from(text);
+    this.insertedAt = at;
     return [Buffer.concat([head.subarray(0, at), this.insertion, head.subarray(at)])];
   }
 

@@ -14,7 +14,9 @@ import { CallCapture } from './capture';
 import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
 import { sendProxyError } from './errors';
 import { forwardHeaders, rawHeader } from './forward-headers';
+import { UpstreamFlavor } from './flavor';
 import { fieldsFor, injectFields, StreamInjector } from './inject';
+import { broughtMembers, nullMembers, SseStripper } from './strip';
 
 export interface ProxyDeps {
   logger: Logger;
@@ -32,6 +34,8 @@ export interface ProxyDeps {
   policyHeader?: string;
   /** Removes configured secret fields from a parsed request body before it is journaled. */
   redact?: ((body: unknown) => unknown) | null;
+  /** What the model server is (configured or detected); made from the config when absent. */
+  flavor?: UpstreamFlavor;
 }
 
 interface Upstream {
@@ -74,6 +78,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const m = deps.metrics;
   const upstream = parseUpstream(config.upstream_url);
   const now = deps.now ?? Date.now;
+  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, config.upstream_url, { logger: deps.logger, metrics: m });
   // requestTimeout 0: a whole request may take long (big bodies on slow links); slow or stalled
   // clients are cut by the header timeout and by the body idle timeout (guardBody) instead.
   const server = http.createServer(
@@ -179,7 +184,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
 
   function forward(req: IncomingMessage, res: ServerResponse, path: string, api: Api | null, capture: CallCapture | null, t0: number): Promise<void> {
     return new Promise<void>((resolve) => {
-      const flavor = config.upstream_flavor;
+      const flavor = flavors.current();
       const encoded = !!req.headers['content-encoding'];
       // The body is held whole only to redact it before journaling; fields for the model server
       // are added to the stream as it passes.
@@ -221,10 +226,33 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         return r;
       };
 
+      let retried = false;
+      /** Sends the agent's own body again, without the added fields (the server refused one). */
+      const retryWithout = (field: string, detail: string): boolean => {
+        if (retried || !capture || capture.callId === null || !injector) return false;
+        let original: Buffer;
+        try {
+          original = injector.original(deps.capture.read(capture.requestFrames));
+        } catch {
+          return false;
+        }
+        retried = true;
+        flavors.refused(field, detail);
+        capture.requestFrames.length = 0;
+        capture.request(original);
+        capture.injected = [];
+        ureq = dispatch(forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(original.length) }, DROP_WHEN_REWRITTEN));
+        ureq.end(original);
+        return true;
+      };
+
       const onResponse = (ures: IncomingMessage): void => {
         const tHead = performance.now();
         const status = ures.statusCode ?? 502;
         const streamed = (ures.headers['content-type'] ?? '').startsWith('text/event-stream');
+        const added = capture?.injected ?? [];
+        // A refusal of an added field is read whole (small, bounded) to decide on a retry.
+        if (added.length > 0 && !retried && (status === 400 || status === 422) && !streamed) return checkRefusal(ures, added);
         const out = forwardHeaders(ures.rawHeaders, streamed && !ures.headers['x-accel-buffering'] ? SSE_EXTRA : NONE);
         if (capture) {
           capture.responseStatus = status;
@@ -235,17 +263,28 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
             if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
           }
         }
-        res.writeHead(status, ures.statusMessage, out);
-        if (streamed) res.flushHeaders();
         if (api) {
           m.upstreamTtfb.observe({ api }, (tHead - upstreamT0) / 1000);
           m.proxyAdded.observe({ api }, (upstreamT0 - t0 + (performance.now() - tHead)) / 1000);
         }
+        // What the sidecar asked for on the agent's behalf stays with the sidecar: those members
+        // are given back as null (the journal keeps the server's bytes).
+        const strip = config.strip_injected && added.length > 0 && status < 300 && !ures.headers['content-encoding'] ? broughtMembers(added) : [];
+        if (strip.length > 0 && !streamed) return relayStrippedJson(ures, status, out, strip);
+        const sse = strip.length > 0 ? new SseStripper(strip) : null;
+        res.writeHead(status, ures.statusMessage, sse ? withoutLength(out) : out);
+        if (streamed) res.flushHeaders();
         // A captured answer is complete for the agent only once its record is in the journal: the
         // chunk that completes a content-length body (or the chunked terminator) is held until then.
-        const declared = capture ? Number(ures.headers['content-length']) : NaN;
+        const declared = capture && !sse ? Number(ures.headers['content-length']) : NaN;
         let passed = 0;
         let held: Buffer | undefined;
+        const write = (chunk: Buffer): void => {
+          if (!res.write(chunk)) {
+            ures.pause();
+            res.once('drain', () => ures.resume());
+          }
+        };
         ures.on('data', (chunk: Buffer) => {
           if (capture) {
             if (capture.firstByteAt === null) capture.firstByteAt = performance.now();
@@ -256,15 +295,60 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
               return;
             }
           }
-          if (!res.write(chunk)) {
-            ures.pause();
-            res.once('drain', () => ures.resume());
-          }
+          if (sse) for (const part of sse.push(chunk)) write(part);
+          else write(chunk);
         });
         ures.on('end', () => {
           if (streamed && api && capture) m.streamedChunks.inc({ api }, capture.chunks);
+          const tail = sse ? Buffer.concat(sse.end()) : held;
           settle('ok', null, `${Math.floor(status / 100)}xx`);
-          res.end(held);
+          res.end(tail);
+        });
+        ures.on('close', () => {
+          if (!ures.complete) upstreamBroke('upstream closed the response before its end');
+        });
+      };
+
+      /** A JSON answer with members given back as null: held whole, sent with its new length. */
+      const relayStrippedJson = (ures: IncomingMessage, status: number, out: string[], strip: string[]): void => {
+        const parts: Buffer[] = [];
+        ures.on('data', (chunk: Buffer) => {
+          if (capture!.firstByteAt === null) capture!.firstByteAt = performance.now();
+          capture!.response(chunk);
+          parts.push(chunk);
+        });
+        ures.on('end', () => {
+          const body = nullMembers(Buffer.concat(parts), strip);
+          settle('ok', null, `${Math.floor(status / 100)}xx`);
+          res.writeHead(status, ures.statusMessage, setLength(out, body.length));
+          res.end(body);
+        });
+        ures.on('close', () => {
+          if (!ures.complete) upstreamBroke('upstream closed the response before its end');
+        });
+      };
+
+      /** The server refused the call: if it names a field the sidecar added, send the call again without them. */
+      const checkRefusal = (ures: IncomingMessage, added: string[]): void => {
+        const parts: Buffer[] = [];
+        let bytes = 0;
+        ures.on('data', (chunk: Buffer) => {
+          bytes += chunk.length;
+          if (bytes <= 64 * 1024) parts.push(chunk);
+        });
+        ures.on('end', () => {
+          const body = Buffer.concat(parts);
+          const text = body.toString('utf8');
+          const field = added.find((f) => text.includes(f));
+          if (field && bytes <= 64 * 1024 && retryWithout(field, `${ures.statusCode}: ${text.slice(0, 200)}`)) return;
+          // Not about the added fields: the agent gets the server's answer as it is.
+          if (capture) {
+            capture.responseStatus = ures.statusCode ?? 502;
+            capture.response(body);
+          }
+          settle('ok', null, `${Math.floor((ures.statusCode ?? 502) / 100)}xx`);
+          res.writeHead(ures.statusCode ?? 502, ures.statusMessage, forwardHeaders(ures.rawHeaders, NONE));
+          res.end(body);
         });
         ures.on('close', () => {
           if (!ures.complete) upstreamBroke('upstream closed the response before its end');
@@ -283,6 +367,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
           ? `upstream did not answer within ${config.upstream_timeout_ms} ms (receivers.llm_proxy.upstream_timeout_ms)`
           : `upstream ${upstream.host} unreachable: ${err.code ?? err.message}`;
         if (capture) capture.responseStatus = code;
+        if (!timeout) flavors.unreachable();
         sendProxyError(res, code, timeout ? 'upstream_timeout' : 'upstream_unreachable', message, api);
         log.once(`upstream:${err.code ?? (timeout ? 'timeout' : 'error')}`, 'warn', 'upstream request failed', { code: err.code, timeout, upstream: upstream.host });
         settle('error', message, `${Math.floor(code / 100)}xx`);
@@ -437,6 +522,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         });
       });
       started = true;
+      await flavors.start();
       log.info('listening', { address: `${host}:${this.port()}`, upstream: `${upstream.host}${upstream.basePath}` });
     },
     port(): number {
@@ -446,10 +532,13 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     inFlight(): number {
       return inFlight.size;
     },
+    /** What is known about the model server. */
+    upstream: () => flavors.state(),
     /** Stops accepting; lets in-flight calls finish until the deadline, then cuts them. */
     shutdown(deadlineMs = 25_000): Promise<void> {
       shutdownOnce.p ??= (async () => {
         if (!started) return;
+        flavors.shutdown();
         server.close();
         server.closeIdleConnections();
         const deadline = new Promise<void>((r) => setTimeout(r, deadlineMs).unref());
@@ -478,6 +567,16 @@ const DROP_WHEN_REWRITTEN = new Set(['expect', 'content-length']);
 /** Asks buffering reverse proxies in front of us (nginx, ingress) not to hold SSE back. */
 const SSE_EXTRA = { 'x-accel-buffering': 'no' };
 const NONE = {};
+
+function withoutLength(headers: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < headers.length; i += 2) if (headers[i].toLowerCase() !== 'content-length') out.push(headers[i], headers[i + 1]);
+  return out;
+}
+
+function setLength(headers: string[], length: number): string[] {
+  return [...withoutLength(headers), 'content-length', String(length)];
+}
 
 export function splitAddress(addr: string): [string, number] {
   const i = addr.lastIndexOf(':');

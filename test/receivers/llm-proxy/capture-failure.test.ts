@@ -31,6 +31,9 @@ describe('capture failures', () => {
         flush: () => {
           throw new Error('pipeline exploded on flush');
         },
+        read: () => {
+          throw new Error('pipeline exploded on read');
+        },
       },
     });
     await proxy.start();
