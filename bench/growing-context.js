@@ -117,4 +117,4 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
   return out;
 }
 
-module.exports = { benchGrowingContext };
+module.exports = { benchGrowingContext, runAgents };

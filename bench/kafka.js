@@ -51,7 +51,7 @@ async function drive(port, body, rollouts, calls, prefix) {
   return total;
 }
 
-async function benchKafka({ modelPort, startSidecar, stop, quick, body }) {
+async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick, body }) {
   const { startKafkaTestBroker } = require(BROKER);
   const out = {};
   const rollouts = quick ? 50 : 250;
@@ -73,6 +73,43 @@ async function benchKafka({ modelPort, startSidecar, stop, quick, body }) {
     const bytes = broker.records('lightning.transitions').reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
     out.drain = { transitions: total, delivered: count(), complete, transitions_per_s: count() / s, avg_record_bytes: bytes / Math.max(1, count()), acks: -1 };
     await stop(sc.proc);
+
+    // The client it is built on, alone: a kafkajs idempotent producer (acks=-1, same compression)
+    // sending the same messages (values, keys, headers) to the same broker, all in one send.
+    const messages = broker.records('lightning.transitions').map((r) => ({ key: r.key, value: r.value, headers: r.headers }));
+    const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
+    const kafka = new Kafka({ brokers: broker.brokers, logLevel: logLevel.NOTHING, clientId: 'bench-bare' });
+    const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
+    await producer.connect();
+    const b0 = performance.now();
+    await producer.send({ topic: 'bench.bare', acks: -1, compression: CompressionTypes.GZIP, messages });
+    const bs = (performance.now() - b0) / 1000;
+    await producer.disconnect();
+    out.bare_producer = { messages: messages.length, delivered: broker.records('bench.bare').length, messages_per_s: messages.length / bs, acks: -1 };
+    out.drain_vs_bare = out.drain.transitions_per_s / out.bare_producer.messages_per_s;
+    await broker.close();
+  }
+
+  // Bytes a growing-context episode puts on Kafka, full prompts vs prompt deltas.
+  if (agentModelPort) {
+    const { runAgents } = require('./growing-context');
+    const broker = await startKafkaTestBroker();
+    const agents = quick ? 4 : 8;
+    const turns = quick ? 12 : 24;
+    out.growing_bytes = { agents, turns };
+    for (const mode of ['full', 'delta']) {
+      const topic = `growing.${mode}`;
+      const sc = await startSidecar(agentModelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000', LIGHTNING_CONFIG: writeConfig(`exporters:\n  kafka:\n    topic: ${topic}\n    prompt_ids: ${mode}\n`) });
+      await runAgents({ port: sc.port, agents, turns, prefix: `gb-${mode}` });
+      for (let a = 0; a < agents; a++) await post(sc.port, `/lightning/v1/rollouts/gb-${mode}-${a}/end`, '{}');
+      const records = () => broker.records(topic);
+      // Whole records = unchunked messages + last chunks; bytes = every message's value.
+      const whole = () => records().filter((r) => !r.headers['lightning-chunk'] || r.headers['lightning-chunk-index'] === String(Number(r.headers['lightning-chunk-count']) - 1)).length;
+      await until(() => whole() >= agents * turns, 120_000);
+      const bytes = records().reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
+      out.growing_bytes[mode] = { transitions: whole(), messages: records().length, bytes_per_transition: bytes / Math.max(1, whole()), bytes_per_episode: bytes / agents };
+      await stop(sc.proc);
+    }
     await broker.close();
   }
 
@@ -108,10 +145,14 @@ async function benchKafka({ modelPort, startSidecar, stop, quick, body }) {
 }
 
 function writeFsyncConfig(fsync) {
+  return writeConfig(`service:\n  journal:\n    fsync: ${fsync === 'always' || fsync === 'never' ? fsync : Number(fsync)}\n`);
+}
+
+function writeConfig(yaml) {
   const fs = require('node:fs');
   const os = require('node:os');
   const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-cfg-')), 'config.yaml');
-  fs.writeFileSync(file, `service:\n  journal:\n    fsync: ${fsync === 'always' || fsync === 'never' ? fsync : Number(fsync)}\n`);
+  fs.writeFileSync(file, yaml);
   return file;
 }
 

@@ -274,7 +274,10 @@ async function main() {
   // 5. Kafka export against the test broker.
   if (want('kafka')) {
   log('kafka');
-  results.scenarios.kafka = await require('./kafka').benchKafka({ modelPort: model.port, startSidecar, stop, quick: QUICK, proc, closedLoop, body: CHAT });
+  const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
+  children.push(agentModel.proc);
+  results.scenarios.kafka = await require('./kafka').benchKafka({ modelPort: model.port, agentModelPort: agentModel.port, startSidecar, stop, quick: QUICK, proc, closedLoop, body: CHAT });
+  await stop(agentModel.proc);
   }
 
   results.finished_at = new Date().toISOString();
