@@ -25,7 +25,7 @@ export interface DeliveredMarker {
   /** Every episode whose close marker is at or below this offset is delivered. */
   upTo: number;
 }
-export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' }> | SpanObservation | EpisodeClosedMarker | DeliveredMarker;
+export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' } | { type: 'agent_span' }> | SpanObservation | EpisodeClosedMarker | DeliveredMarker;
 
 interface Queued {
   closed: ClosedEpisode;

@@ -173,7 +173,20 @@ export interface ToolSpanRecord {
   at: number;
 }
 
-export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord | PolicyRecord;
+/** A GenAI agent span (`invoke_agent`): LLM calls of its trace inside its time span ran as that agent. */
+export interface AgentSpanRecord {
+  type: 'agent_span';
+  rolloutId: string;
+  attemptId: string;
+  traceId: string;
+  spanId: string;
+  agentName: string;
+  startedAt: number;
+  endedAt: number;
+  at: number;
+}
+
+export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord | AgentSpanRecord | PolicyRecord;
 
 /** DESIGN §4.4 transition, JSON shape. */
 export interface Transition {

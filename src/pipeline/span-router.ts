@@ -27,13 +27,16 @@ export interface SpanObservation {
   endedAt: number;
   /** From the span's own or its resource's attributes; null = find it by trace id. */
   rollout: { rolloutId: string; attemptId: string } | null;
-  what: { kind: 'tool'; tool: ToolSpanFacts } | { kind: 'reward'; reward: RewardFacts };
+  what: { kind: 'tool'; tool: ToolSpanFacts } | { kind: 'reward'; reward: RewardFacts } | { kind: 'agent'; agent: { name: string } };
   attributes: Record<string, string | number | boolean>;
   at: number;
 }
 
 /** Turns an attributed observation into the records the assembler takes. */
 export function spanRecords(o: SpanObservation, rollout: { rolloutId: string; attemptId: string }): PipelineRecord[] {
+  if (o.what.kind === 'agent') {
+    return [{ type: 'agent_span', rolloutId: rollout.rolloutId, attemptId: rollout.attemptId, traceId: o.traceId, spanId: o.spanId, agentName: o.what.agent.name, startedAt: o.startedAt, endedAt: o.endedAt, at: o.at }];
+  }
   if (o.what.kind === 'tool') {
     const t = o.what.tool;
     return [

@@ -1,5 +1,5 @@
 import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig } from '../../config/schema';
-import type { CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../pipeline/records';
+import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../pipeline/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
 import type { BodyReader } from '../capture/extract';
@@ -22,6 +22,7 @@ interface OpenEpisode {
   groupId: string | null;
   calls: CallRecord[];
   toolSpans: ToolSpanRecord[];
+  agentSpans: AgentSpanRecord[];
   inFlight: Set<number>;
   rewards: { name: string; value: number; final: boolean }[];
   finalReward: number | null;
@@ -129,6 +130,13 @@ export class EpisodeAssembler {
         this.closeIfDue(key, ep, event.at, closed);
         return closed;
       }
+      case 'agent_span': {
+        const key = keyOf(event.rolloutId, event.attemptId);
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) return closed;
+        const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
+        if (!ep.agentSpans.some((s) => s.spanId === event.spanId)) ep.agentSpans.push(event);
+        return closed;
+      }
       case 'reward':
       case 'end': {
         const key = keyOf(event.rolloutId, event.attemptId);
@@ -204,6 +212,7 @@ export class EpisodeAssembler {
         groupId: null,
         calls: [],
         toolSpans: [],
+        agentSpans: [],
         inFlight: new Set(),
         rewards: [],
         finalReward: null,
@@ -249,6 +258,7 @@ export class EpisodeAssembler {
         groupId: ep.groupId,
         calls: ep.calls,
         toolSpans: ep.toolSpans,
+        agentSpans: ep.agentSpans,
         rewards: ep.rewards,
         finalReward: ep.finalReward ?? ep.provisionalFinal,
         startedAt: ep.startedAt,

@@ -1,5 +1,5 @@
 import type { CreditConfig } from '../../config/schema';
-import type { CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
+import type { AgentSpanRecord, CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
 import { looksLikeIntArray, startsWithConcat } from '../capture/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
@@ -13,6 +13,8 @@ export interface EpisodeFacts {
   groupId: string | null;
   calls: CallRecord[];
   toolSpans: ToolSpanRecord[];
+  /** GenAI agent spans of the rollout: name the agent of calls that did not name it themselves. */
+  agentSpans?: AgentSpanRecord[];
   rewards: { name: string; value: number; final: boolean }[];
   finalReward: number | null;
   startedAt: number;
@@ -64,6 +66,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   for (const call of sorted) {
     const { facts: f, responseBytes } = extractFacts(call, read, scratch[turn]);
     turn ^= 1;
+    const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
+    if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
     all.push(f);
     dropInvalidRanges(f, responseBytes);
     if (!captured(f.correlation.agentName, options)) continue;
@@ -160,6 +164,20 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     transitions,
     firstOffset: facts.firstOffset ?? 0,
   };
+}
+
+/**
+ * The agent a call ran as, from the agent spans of its trace: the innermost (latest started)
+ * one whose time span holds the call. Headers and baggage name the agent first.
+ */
+function agentOf(call: CallRecord, spans: readonly AgentSpanRecord[]): string | null {
+  let best: AgentSpanRecord | null = null;
+  for (const s of spans) {
+    // A few ms of slack: the agent's clock and the sidecar's are read at different moments.
+    if (call.traceId === null || s.traceId !== call.traceId || s.startedAt > call.startedAt + 5 || s.endedAt < call.endedAt - 5) continue;
+    if (!best || s.startedAt > best.startedAt) best = s;
+  }
+  return best?.agentName ?? null;
 }
 
 /** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */

@@ -25,7 +25,10 @@ export interface RewardInfo {
   provisional: boolean;
 }
 
-export type SpanClass = { kind: 'tool'; tool: ToolSpanInfo } | { kind: 'reward'; reward: RewardInfo } | { kind: 'other' };
+export type SpanClass = { kind: 'tool'; tool: ToolSpanInfo } | { kind: 'reward'; reward: RewardInfo } | { kind: 'agent'; agent: { name: string } } | { kind: 'other' };
+
+/** GenAI agent spans (`invoke_agent` / `create_agent`): the agent whose LLM calls run inside them. */
+const AGENT_OPERATIONS = new Set(['invoke_agent', 'create_agent']);
 
 const str = (v: AttributeValue | undefined): string | null => (typeof v === 'string' && v !== '' ? v : typeof v === 'number' || typeof v === 'boolean' ? String(v) : null);
 
@@ -179,5 +182,7 @@ export function classifySpan(span: Span, options: { maxPayloadChars?: number } =
   if (span.attributes['lightning.reward'] !== undefined) return { kind: 'reward', reward: lightningReward(span) };
   const convention = toolConvention(span);
   if (convention) return { kind: 'tool', tool: toolInfo(span, convention, options.maxPayloadChars ?? 4096) };
+  const agent = span.attributes['gen_ai.agent.name'];
+  if (typeof agent === 'string' && agent !== '' && AGENT_OPERATIONS.has(span.attributes['gen_ai.operation.name'] as string)) return { kind: 'agent', agent: { name: agent.slice(0, 128) } };
   return { kind: 'other' };
 }

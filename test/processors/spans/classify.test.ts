@@ -69,7 +69,6 @@ describe('tool span conventions (reference §4.6)', () => {
   it.each([
     ['an OpenAI chat span', span('chat gpt-4o', { 'gen_ai.operation.name': 'chat', 'gen_ai.request.model': 'gpt-4o' })],
     ['an HTTP client span', span('POST', { 'http.request.method': 'POST', 'url.full': 'http://127.0.0.1:4000/v1/chat/completions' }, { kind: 3 })],
-    ['an invoke_agent span', span('invoke_agent writer', { 'gen_ai.operation.name': 'invoke_agent', 'gen_ai.agent.name': 'writer' })],
     ['a Traceloop workflow', span('run.workflow', { 'traceloop.span.kind': 'workflow' })],
   ])('classifies %s as other', (_name, s) => {
     expect(classifySpan(s).kind).toBe('other');
