@@ -1,7 +1,9 @@
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync, cpSync, mkdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import semver from 'semver';
 import YAML from 'yaml';
 import { ENV_KEYS, loadConfig } from '../../src/config/load';
 import type { Config } from '../../src/config/schema';
@@ -305,7 +307,7 @@ describe('the rendered sidecar, run for real', () => {
   });
 });
 
-describe('deploy/Dockerfile (not built here: no container engine on this machine)', () => {
+describe('deploy/Dockerfile (built and run by deploy/image-smoke.sh in .ci/run)', () => {
   const text = readFileSync(path.join(ROOT, 'deploy/Dockerfile'), 'utf8');
   const lines = text.split('\n').filter((l) => l.trim() && !l.trim().startsWith('#'));
   const final = lines.slice(lines.map((l) => l.startsWith('FROM ')).lastIndexOf(true));
@@ -332,5 +334,62 @@ describe('deploy/Dockerfile (not built here: no container engine on this machine
     // The entry point exists in the build output and the protos it loads at run time are copied.
     expect(text).toMatch(/ENTRYPOINT \["node", "dist\/main.js"\]/);
     expect(final.some((l) => l.startsWith('COPY proto'))).toBe(true);
+  });
+
+  it('builds every stage FROM ${BASE_IMAGE}, whose default is the official slim image of the oldest Node the package allows', () => {
+    const firstFrom = lines.findIndex((l) => l.startsWith('FROM '));
+    const arg = lines.slice(0, firstFrom).find((l) => l.startsWith('ARG BASE_IMAGE='));
+    expect(arg).toBeDefined();
+    for (const l of lines.filter((x) => x.startsWith('FROM '))) expect(l).toMatch(/^FROM \$\{BASE_IMAGE\}( AS \w+)?$/);
+    // deploy/image-smoke.sh assembles the same Node major and Debian suite from this default.
+    const [, major] = arg!.match(/^ARG BASE_IMAGE=node:(\d+)-[a-z]+-slim$/)!;
+    const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8'));
+    expect(Number(major)).toBe(semver.minVersion(pkg.engines.node)!.major);
+  });
+
+  it('is smoke-tested by CI: .ci/run runs deploy/image-smoke.sh', () => {
+    const ci = readFileSync(path.join(ROOT, '.ci/run'), 'utf8');
+    expect(ci.split('\n').some((l) => !l.trim().startsWith('#') && l.includes('deploy/image-smoke.sh'))).toBe(true);
+  });
+});
+
+describe("the image smoke test's checks (deploy/image-smoke/), against the built sidecar", () => {
+  const SMOKE = path.join(ROOT, 'deploy/image-smoke');
+  let upstream: ChildProcess;
+  let sidecar: ChildSidecar;
+  let dataDir: string;
+
+  beforeAll(async () => {
+    upstream = spawn(process.execPath, [path.join(SMOKE, 'fake-model-server.mjs'), '--lifetime-ms', '60000'], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const [line] = (await once(upstream.stdout!, 'data')) as [Buffer];
+    const { port } = JSON.parse(line.toString('utf8'));
+    dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-image-checks-'));
+    sidecar = await startChildSidecar({ LIGHTNING_DATA_DIR: dataDir, LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${port}/v1` });
+  });
+  afterAll(async () => {
+    await sidecar?.kill();
+    upstream?.kill();
+  });
+
+  function check(env: Record<string, string>): Promise<{ code: number | null; out: string }> {
+    return new Promise((resolve) => {
+      execFile(process.execPath, [path.join(SMOKE, 'check.mjs')], { env: { ...process.env, ...env }, timeout: 30_000 }, (err, stdout) =>
+        resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, out: stdout }),
+      );
+    });
+  }
+
+  it('pass on a working sidecar: probes, a proxied call, a final reward, its transition in the data directory', async () => {
+    const { code, out } = await check({ PROXY_ORIGIN: sidecar.origin, TELEMETRY_ORIGIN: sidecar.telemetryOrigin, DATA_DIR: dataDir, TIMEOUT_MS: '20000' });
+    expect({ code, out }).toEqual({ code: 0, out: expect.stringMatching(/check: ok {3}transition image-smoke-\d+\/0\/0 .*final_reward 1\n$/) });
+    expect(out.match(/^check: ok/gm)).toHaveLength(5);
+  });
+
+  it('fail, within their deadline, when the transition never reaches the data directory', async () => {
+    const elsewhere = mkdtempSync(path.join(os.tmpdir(), 'lightning-image-checks-empty-'));
+    mkdirSync(path.join(elsewhere, 'transitions'));
+    const { code, out } = await check({ PROXY_ORIGIN: sidecar.origin, TELEMETRY_ORIGIN: sidecar.telemetryOrigin, DATA_DIR: elsewhere, TIMEOUT_MS: '1500' });
+    expect(code).toBe(1);
+    expect(out).toMatch(/check: FAIL a transition of image-smoke-\d+ in .*: timed out/);
   });
 });
