@@ -43,7 +43,7 @@ export const groupsCommand: Command = {
     const out = values.out as string | undefined;
     const toTopic = values['to-topic'] as string | undefined;
     if (out !== undefined && toTopic !== undefined) throw new UsageError('groups: --out and --to-topic exclude each other', spec);
-    const config = kafkaCommandConfig(values as { config?: string; brokers?: string }, io);
+    const config = kafkaCommandConfig(values, io);
     const brokers = config.exporters.kafka.brokers;
     if (brokers.length === 0) throw new UsageError('groups: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)', spec);
     const statePath = (values.state as string | undefined) ?? (out ? `${out}.state` : 'lightning-groups.state');

@@ -3,7 +3,7 @@ import { loadConfig } from '../config/load';
 import type { Config } from '../config/schema';
 import { decodeEpisode, decodeTransition, type Encoding } from '../exporters/kafka/encoding';
 import { createKafkaClient, kafkaClientOptions } from '../exporters/kafka/kafkajs-producer';
-import type { EpisodeSummary } from '../pipeline/records';
+import type { EpisodeSummary } from '../model/records';
 import { createLogger, type Logger } from '../telemetry/logger';
 import { headerValue, type WholeRecord } from '../trainer/chunk-reassembly';
 import type { WireTransition } from '../trainer/prompt-delta';
@@ -37,7 +37,7 @@ export function encodingOf(record: WholeRecord): Encoding {
 }
 
 export function decodeTransitionRecord(record: WholeRecord): WireTransition {
-  return decodeTransition(record.value, encodingOf(record)) as WireTransition;
+  return decodeTransition(record.value, encodingOf(record));
 }
 
 export function decodeEpisodeRecord(record: WholeRecord): EpisodeSummary {

@@ -1,6 +1,6 @@
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import { loadConfig } from '../config/load';
-import { createApp } from '../pipeline/app';
+import { createApp } from '../service/app';
 import { createLogger } from '../telemetry/logger';
 import type { Command, CommandSpec } from './command';
 import { boundAddress, startupLine } from './startup-line';

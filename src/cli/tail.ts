@@ -3,7 +3,7 @@ import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { loadConfig } from '../config/load';
-import type { Transition } from '../pipeline/records';
+import type { Transition } from '../model/records';
 import { ChunkReassembler } from '../trainer/chunk-reassembly';
 import type { WireTransition } from '../trainer/prompt-delta';
 import { UsageError, type CliIo, type Command, type CommandSpec, type ParsedValues } from './command';
@@ -107,7 +107,7 @@ function waitAndFollow(dir: string, io: CliIo, json: boolean, seen = new Map<str
  * trainer's offsets) printing transitions as they arrive, whole or reassembled from chunks.
  */
 async function tailKafka(values: ParsedValues, io: CliIo): Promise<number> {
-  const config = kafkaCommandConfig(values as { config?: string; brokers?: string; topic?: string }, io);
+  const config = kafkaCommandConfig(values, io);
   const { brokers, topic } = config.exporters.kafka;
   if (brokers.length === 0) throw new UsageError('tail --kafka: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)', spec);
   const json = values.json === true;

@@ -3,7 +3,7 @@ import { parseDocument } from 'yaml';
 import type { z } from 'zod';
 import { configSchema, type Config } from './schema';
 
-/** Env vars of DESIGN §4.1 and the config key each one overrides. */
+/** Env vars and the config key each one overrides (docs/configuration.md). */
 export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => unknown }> = {
   LIGHTNING_UPSTREAM_URL: { path: ['receivers', 'llm_proxy', 'upstream_url'] },
   LIGHTNING_UPSTREAM_FLAVOR: { path: ['receivers', 'llm_proxy', 'upstream_flavor'] },

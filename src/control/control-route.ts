@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { bearerAuth } from '../receivers/auth';
+import { bearerAuth } from '../security/auth';
 import type { Metrics } from '../telemetry/metrics';
 import { ControlMessageError, parseControlMessage, type Controller } from './controller';
 

@@ -1,5 +1,6 @@
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
+import type { GateResult } from '../model/component';
 
 /** A control message (JSON on the control topic or `POST /lightning/v1/control`). */
 export type ControlMessage = { type: 'policy'; version: string } | { type: 'pause'; reason: string; until_ms: number | null } | { type: 'resume' };
@@ -30,7 +31,7 @@ export function parseControlMessage(value: unknown): ControlMessage {
       if (typeof reason !== 'string' || reason.length > 256) throw new ControlMessageError('reason', 'must be a string of at most 256 characters');
       const until = v.until_ms ?? null;
       if (until !== null && (typeof until !== 'number' || !Number.isFinite(until) || until <= 0)) throw new ControlMessageError('until_ms', 'must be a Unix time in milliseconds');
-      return { type: 'pause', reason, until_ms: until as number | null };
+      return { type: 'pause', reason, until_ms: until };
     }
     case 'resume':
       return { type: 'resume' };
@@ -48,7 +49,6 @@ export interface ControllerOptions {
   staticVersion: string | null;
 }
 
-export type GateResult = { go: true } | { go: false; retryAfterS: number; reason: string };
 
 interface Held {
   resolve: (r: GateResult) => void;

@@ -1,6 +1,6 @@
-import type { Component } from '../pipeline/component';
-import type { ClosedEpisode } from '../pipeline/records';
-import type { BodyReader } from '../processors/capture/extract';
+import type { Component } from '../model/component';
+import type { ClosedEpisode } from '../model/records';
+import type { BodyReader } from '../formats/extract';
 
 /**
  * An exporter takes closed episodes; it resolves once they are delivered (and rejects otherwise).

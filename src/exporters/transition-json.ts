@@ -1,6 +1,6 @@
-import type { RawBody, TokenIds, Transition, TransitionRecord } from '../pipeline/records';
-import { decode, type BodyReader } from '../processors/capture/extract';
-import { isJson, readIntArray } from '../processors/capture/json-scan';
+import type { RawBody, TokenIds, Transition, TransitionRecord } from '../model/records';
+import { decode, type BodyReader } from '../formats/extract';
+import { isJson, readIntArray } from '../formats/json-scan';
 
 /**
  * Writes transitions as JSON with their big parts copied from the journal as they are: the

@@ -52,7 +52,9 @@ export function frameHeader(offset: number, parts: readonly Buffer[], payloadByt
  * Kinds: 1 request and 2 response as exchanged with the model server; 3 and 4 the request and
  * response as the agent sent and received them, when they differ (translated calls).
  */
-export type BodyKind = 'request' | 'response' | 'agent_request' | 'agent_response';
+import type { BodyKind } from '../model/records';
+
+export type { BodyKind };
 const KIND_CODE: Record<BodyKind, number> = { request: 1, response: 2, agent_request: 3, agent_response: 4 };
 const KIND_OF: BodyKind[] = ['request', 'request', 'response', 'agent_request', 'agent_response'];
 export const BODY_HEADER_BYTES = 10;

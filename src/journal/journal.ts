@@ -1,7 +1,7 @@
 import { closeSync, fdatasync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, writeSync, writevSync } from 'node:fs';
 import { unlink } from 'node:fs/promises';
 import path from 'node:path';
-import { RefusedError } from '../pipeline/component';
+import { RefusedError } from '../model/component';
 import type { Logger } from '../telemetry/logger';
 import { BODY_HEADER_BYTES, bodyHeader, decodeFrame, frameHeader, HEADER_BYTES, isBodyPayload, type BodyKind } from './frame';
 

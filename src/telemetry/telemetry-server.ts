@@ -1,7 +1,7 @@
 import http from 'node:http';
 import type { Logger } from './logger';
 import type { Metrics } from './metrics';
-import { splitAddress } from '../receivers/llm-proxy/proxy';
+import { splitAddress } from '../config/address';
 
 export interface ReadinessCheck {
   name: string;

@@ -1,4 +1,4 @@
-import type { EpisodeSummary, Transition } from '../pipeline/records';
+import type { EpisodeSummary, Transition } from '../model/records';
 import { rebuildPrompt, withFullPrompt, type WireTransition } from './prompt-delta';
 
 /** Where a record came from, for offset commits (commit only below what is still pending). */

@@ -1,4 +1,4 @@
-import type { Transition } from '../pipeline/records';
+import type { Transition } from '../model/records';
 
 /**
  * `exporters.kafka.prompt_ids: delta` (docs/kafka-records.md): a transition that continues the

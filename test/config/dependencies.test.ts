@@ -1,3 +1,4 @@
+import { builtinModules } from 'node:module';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import semver from 'semver';
@@ -33,7 +34,7 @@ describe('package.json', () => {
   });
 
   it('declares every package src/ imports as a runtime dependency', () => {
-    const builtins = new Set(require('node:module').builtinModules as string[]);
+    const builtins = new Set(builtinModules);
     const undeclared = [...importedPackages()].filter((name) => !(name in pkg.dependencies) && !builtins.has(name));
     expect(undeclared).toEqual([]);
   });

@@ -20,7 +20,7 @@ afterEach(async () => {
 const endRollout = (id: string, attempt = '0') =>
   fetch(`${sidecar.origin}/lightning/v1/rollouts/${id}/end`, { method: 'POST', body: JSON.stringify({ attempt_id: attempt }) });
 
-describe('correlation of proxied calls to rollouts (DESIGN §4.2)', () => {
+describe('correlation of proxied calls to rollouts', () => {
   beforeEach(() => setup('vllm'));
 
   const ask = (client: OpenAI, headers: Record<string, string> = {}) =>

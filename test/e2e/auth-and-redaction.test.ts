@@ -3,7 +3,7 @@ import path from 'node:path';
 import { OTLPTraceExporter as GrpcExporter } from '@opentelemetry/exporter-trace-otlp-grpc';
 import { OTLPTraceExporter as ProtoExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { resourceFromAttributes } from '@opentelemetry/resources';
-import { BasicTracerProvider, SimpleSpanProcessor, type SpanExporter } from '@opentelemetry/sdk-trace-base';
+import { BasicTracerProvider, type SpanExporter } from '@opentelemetry/sdk-trace-base';
 import { Metadata } from '@grpc/grpc-js';
 import OpenAI from 'openai';
 import { ConfigError, loadConfig } from '../../src/config/load';

@@ -6,7 +6,7 @@ import { resourceFromAttributes } from '@opentelemetry/resources';
 import { NodeSDK } from '@opentelemetry/sdk-node';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
-import type { Transition } from '../../src/pipeline/records';
+import type { Transition } from '../../src/model/records';
 import { resetOtelGlobals } from '../support/otel-globals';
 import { inToolSpan } from '../support/tool-span';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';

@@ -2,7 +2,7 @@ import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import type { EpisodeSummary, Transition } from '../../src/model/records';
 import { startChildSidecar } from '../support/child-sidecar';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 

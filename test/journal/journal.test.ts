@@ -2,7 +2,7 @@ import { appendFileSync, mkdtempSync, readdirSync, readFileSync, statSync, trunc
 import os from 'node:os';
 import path from 'node:path';
 import { Journal, type JournalOptions } from '../../src/journal/journal';
-import { RefusedError } from '../../src/pipeline/component';
+import { RefusedError } from '../../src/model/component';
 import { silentLogger } from '../../src/telemetry/logger';
 
 const tmp = () => mkdtempSync(path.join(os.tmpdir(), 'lightning-journal-'));

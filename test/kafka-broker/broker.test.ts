@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { CompressionTypes, Kafka, logLevel } from 'kafkajs';
@@ -117,7 +118,7 @@ describe('Kafka test broker with kafkajs', () => {
 
 const kcat = (() => {
   try {
-    require('node:child_process').execFileSync('kcat', ['-V'], { stdio: 'ignore' });
+    execFileSync('kcat', ['-V'], { stdio: 'ignore' });
     return true;
   } catch {
     return false;

@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startChildSidecar, type ChildSidecar } from '../support/child-sidecar';
@@ -62,7 +62,7 @@ function fdCount(pid: number): number {
 
 function rssMiB(pid: number): number {
   try {
-    const status = require('node:fs').readFileSync(`/proc/${pid}/status`, 'utf8') as string;
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8');
     return Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0) / 1024;
   } catch {
     return -1;
@@ -326,16 +326,14 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
 
 function dirBytes(dir: string): number {
   try {
-    const fs = require('node:fs') as typeof import('node:fs');
-    return fs.readdirSync(dir).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
+    return readdirSync(dir).reduce((n, f) => n + statSync(path.join(dir, f)).size, 0);
   } catch {
     return 0;
   }
 }
 
 function writeConfig(dir: string, maxBytes: number): string {
-  const fs = require('node:fs') as typeof import('node:fs');
   const file = path.join(dir, '..', `${path.basename(dir)}.yaml`);
-  fs.writeFileSync(file, `service:\n  journal:\n    max_bytes: ${maxBytes}\n    segment_bytes: ${Math.max(65536, Math.floor(maxBytes / 16))}\n`);
+  writeFileSync(file, `service:\n  journal:\n    max_bytes: ${maxBytes}\n    segment_bytes: ${Math.max(65536, Math.floor(maxBytes / 16))}\n`);
   return file;
 }

@@ -1,4 +1,4 @@
-import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import type { EpisodeSummary, Transition } from '../../src/model/records';
 import { GroupAssembler, type GroupEvent } from '../../src/trainer/groups';
 
 const pos = (offset: number, topic = 't') => ({ topic, partition: 0, offset });

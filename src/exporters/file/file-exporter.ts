@@ -1,16 +1,16 @@
 import path from 'node:path';
 import { NO_JOURNAL, type Exporter } from '../exporter';
 import { TransitionWriter } from '../transition-json';
-import type { ClosedEpisode } from '../../pipeline/records';
+import type { ClosedEpisode } from '../../model/records';
 import { NdjsonWriter } from './ndjson-writer';
-import { once } from '../../pipeline/component';
+import { once } from '../../model/component';
 
 export interface FileExporterOptions {
   dir: string;
   maxFileBytes: number;
 }
 
-/** The embedded default: `{dir}/transitions/*.ndjson` and `{dir}/episodes/*.ndjson` (DESIGN §4.4). */
+/** The embedded default: `{dir}/transitions/*.ndjson` and `{dir}/episodes/*.ndjson` (docs/output-contract.md). */
 export function createFileExporter(options: FileExporterOptions): Exporter & { files(): { transitions: string | null; episodes: string | null } } {
   const transitions = new NdjsonWriter(path.join(options.dir, 'transitions'), 'transitions', options.maxFileBytes);
   const episodes = new NdjsonWriter(path.join(options.dir, 'episodes'), 'episodes', options.maxFileBytes);

@@ -1,6 +1,6 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import type { EpisodeSummary, Transition, TransitionRecord } from '../../pipeline/records';
+import type { EpisodeSummary, Transition, TransitionRecord } from '../../model/records';
 import { TransitionWriter } from '../transition-json';
 import type { PromptIdsDelta } from './prompt-delta';
 
@@ -30,8 +30,8 @@ const INLINE_ONLY = new TransitionWriter(() => {
  * JSON copies those bytes as they are; protobuf decodes them into its fields.
  */
 export function encodeTransition(record: TransitionRecord | OutgoingTransition, encoding: Encoding, writer: TransitionWriter = INLINE_ONLY, extra?: { prompt_token_ids_delta?: PromptIdsDelta }): Buffer {
-  if (encoding === 'json') return writer.json(record as TransitionRecord, extra);
-  const t: OutgoingTransition = { ...writer.materialize(record as TransitionRecord), ...extra };
+  if (encoding === 'json') return writer.json(record, extra);
+  const t: OutgoingTransition = { ...writer.materialize(record), ...extra };
   const msg = {
     ...dropNulls(t),
     request_json: JSON.stringify(t.request ?? null),

@@ -1,8 +1,8 @@
 import { appendFile, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { KafkaExporterConfig } from '../../config/schema';
-import { once } from '../../pipeline/component';
-import type { ClosedEpisode, TransitionRecord } from '../../pipeline/records';
+import { once } from '../../model/component';
+import type { ClosedEpisode } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { NO_JOURNAL, type Exporter } from '../exporter';

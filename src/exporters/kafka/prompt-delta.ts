@@ -1,4 +1,4 @@
-import type { TransitionRecord } from '../../pipeline/records';
+import type { TransitionRecord } from '../../model/records';
 import type { TransitionWriter } from '../transition-json';
 
 /** What a delta transition carries instead of its full prompt ids (docs/kafka-records.md). */

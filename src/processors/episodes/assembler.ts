@@ -1,8 +1,8 @@
 import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig } from '../../config/schema';
-import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../pipeline/records';
+import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../model/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
-import type { BodyReader } from '../capture/extract';
+import type { BodyReader } from '../../formats/extract';
 import { buildEpisode, type TransitionOptions } from '../rewards/transitions';
 
 export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };

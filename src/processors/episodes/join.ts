@@ -1,4 +1,4 @@
-import type { CallRecord, ToolSpanRecord } from '../../pipeline/records';
+import type { CallRecord, ToolSpanRecord } from '../../model/records';
 
 export type JoinMethod = 'tool_call_id' | 'trace_and_name' | 'trace_and_arguments' | 'tool_result';
 
@@ -21,7 +21,7 @@ export interface Joined {
 export const requestKey = (seq: number, choice: number, index: number): string => `${seq}:${choice}:${index}`;
 
 /**
- * Joins tool spans to the tool calls that asked for them (DESIGN §4.3), each span and each
+ * Joins tool spans to the tool calls that asked for them (docs/frameworks.md), each span and each
  * requested call used at most once, in three passes:
  *  1. the span's tool call id equals a `tool_calls[].id` of a response;
  *  2. same trace and same tool name: the nearest call that ended before the span started;
@@ -142,6 +142,6 @@ function normalizedJson(s: string | null): string | null {
 
 function sortKeys(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sortKeys);
-  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v as object).sort().map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
+  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v).sort().map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
   return v;
 }

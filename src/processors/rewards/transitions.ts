@@ -1,9 +1,9 @@
 import type { CreditConfig } from '../../config/schema';
-import type { AgentSpanRecord, CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../pipeline/records';
-import { looksLikeIntArray, startsWithConcat } from '../capture/json-scan';
+import type { AgentSpanRecord, CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../model/records';
+import { looksLikeIntArray, startsWithConcat } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
-import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../capture/extract';
+import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../../formats/extract';
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 

@@ -1,4 +1,4 @@
-import type { AttributeValue, Span } from '../../pipeline/span';
+import type { AttributeValue, Span } from '../../model/span';
 
 export interface RolloutAttribution {
   rolloutId: string | null;
@@ -27,7 +27,7 @@ const ROLLOUT = ['lightning.rollout_id', 'agentlightning.rollout_id'];
 const ATTEMPT = ['lightning.attempt_id', 'agentlightning.attempt_id'];
 const GROUP = ['lightning.group_id', 'agentlightning.group_id'];
 
-/** DESIGN §4.2 step 4: the span's attributes, then its resource's; ids validated like everywhere else. */
+/** Correlation from a span (docs/frameworks.md): its attributes, then its resource's; ids validated like everywhere else. */
 export function spanAttribution(span: Span): RolloutAttribution {
   for (const [attrs, source] of [
     [span.attributes, 'span'],
@@ -39,7 +39,7 @@ export function spanAttribution(span: Span): RolloutAttribution {
         rolloutId,
         attemptId: pick(attrs, ATTEMPT),
         groupId: pick(attrs, GROUP),
-        agentName: typeof attrs['gen_ai.agent.name'] === 'string' ? (attrs['gen_ai.agent.name'] as string).slice(0, 128) : null,
+        agentName: typeof attrs['gen_ai.agent.name'] === 'string' ? (attrs['gen_ai.agent.name']).slice(0, 128) : null,
         source,
       };
     }

@@ -1,4 +1,4 @@
-import type { AttributeValue, Span } from '../../pipeline/span';
+import type { AttributeValue, Span } from '../../model/span';
 
 export type ToolOutcome = 'ok' | 'error';
 

@@ -1,6 +1,5 @@
-import type { BodyKind } from '../../journal/frame';
-import type { Api, CallRecord, Correlation, Translation } from '../../pipeline/records';
-import type { CaptureSink } from '../../pipeline/component';
+import type { Api, BodyKind, CallRecord, Correlation, Translation } from '../../model/records';
+import type { CaptureSink } from '../../model/component';
 
 /**
  * What the hot path keeps for one recorded call: metadata and the journal offsets of its body

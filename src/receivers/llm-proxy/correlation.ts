@@ -1,8 +1,8 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { Correlation } from '../../pipeline/records';
+import type { Correlation } from '../../model/records';
 
-/** DESIGN §4.2: ids are 1–128 chars of [A-Za-z0-9._:-]. */
+/** Ids (docs/frameworks.md) are 1–128 chars of [A-Za-z0-9._:-]. */
 export const ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 
 export class CorrelationError extends Error {
@@ -77,7 +77,7 @@ function header(headers: IncomingHttpHeaders, name: string): string | undefined 
 const BAGGAGE_KEYS = ['lightning.rollout_id', 'lightning.attempt_id', 'lightning.group_id', 'lightning.agent_name'] as const;
 
 /**
- * Resolves the rollout of a proxied call, field by field, in DESIGN §4.2 precedence:
+ * Resolves the rollout of a proxied call, field by field, in this precedence (docs/frameworks.md):
  * path prefix, then `x-*` headers, then baggage, then the trace id, then a fresh id.
  * Throws CorrelationError for an id that is present but malformed.
  */

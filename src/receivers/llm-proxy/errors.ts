@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import type { Api } from '../../pipeline/records';
+import type { Api } from '../../model/records';
 
 /**
  * The sidecar's own errors (never an upstream's, which pass through unchanged), in the error

@@ -1,5 +1,5 @@
-import type { Api } from '../../pipeline/records';
-import { findMembers, skipWs, topLevelKeys } from '../../processors/capture/json-scan';
+import type { Api } from '../../model/records';
+import { findMembers, skipWs, topLevelKeys } from '../../formats/json-scan';
 
 /**
  * Flavor-specific fields that make a model server return token ids and logprobs. Sent only to a

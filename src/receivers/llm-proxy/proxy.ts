@@ -2,18 +2,19 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import { performance } from 'node:perf_hooks';
 import type { Socket } from 'node:net';
-import type { GateResult } from '../../control/controller';
+import type { GateResult } from '../../model/component';
+import { splitAddress } from '../../config/address';
 import type { LlmProxyConfig } from '../../config/schema';
-import type { CaptureSink } from '../../pipeline/component';
-import type { Api } from '../../pipeline/records';
-import type { SequenceCounter } from '../../pipeline/sequence';
+import type { CaptureSink } from '../../model/component';
+import type { Api } from '../../model/records';
+import type { SequenceCounter } from '../../model/sequence';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
-import { recordedApi } from './adapters';
+import { recordedApi } from '../../formats/adapters';
 import { CallCapture } from './capture';
 import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
 import { sendProxyError } from './errors';
-import { forwardHeaders, rawHeader } from './forward-headers';
+import { forwardHeaders } from './forward-headers';
 import { UpstreamFlavor } from './flavor';
 import { fieldsFor, injectFields, StreamInjector } from './inject';
 import { broughtMembers, nullMembers, SseStripper } from './strip';
@@ -26,7 +27,7 @@ export interface ProxyDeps {
   /** Routes served by the sidecar itself on this port (rollout API); true when handled. */
   localRoutes?: (req: IncomingMessage, res: ServerResponse) => boolean;
   now?: () => number;
-  /** The trainer's pause: null = go now; else wait for the answer (issue #9). */
+  /** The trainer's pause: null = go now; else wait for the answer. */
   gate?: () => Promise<GateResult> | null;
   /** The policy version new calls are made with (control channel or config). */
   policyVersion?: () => string | null;
@@ -576,9 +577,4 @@ function withoutLength(headers: string[]): string[] {
 
 function setLength(headers: string[], length: number): string[] {
   return [...withoutLength(headers), 'content-length', String(length)];
-}
-
-export function splitAddress(addr: string): [string, number] {
-  const i = addr.lastIndexOf(':');
-  return [addr.slice(0, i).replace(/^\[|\]$/g, ''), Number(addr.slice(i + 1))];
 }

@@ -1,4 +1,4 @@
-import { findMembers } from '../../processors/capture/json-scan';
+import { findMembers } from '../../formats/json-scan';
 
 /** Members of a model server's answer that each added field brings, to give back as null. */
 const BROUGHT: Record<string, string[]> = {

@@ -135,14 +135,18 @@ function pathOf(url: string): string {
 export const nodeGet: ProbeFetch = (url, { timeoutMs, headers, maxBodyBytes }) =>
   new Promise((resolve) => {
     let settled = false;
-    let timer: NodeJS.Timeout | undefined;
+    let req: http.ClientRequest | undefined;
+    const timer = setTimeout(() => {
+      req?.destroy();
+      done({ status: 0, body: '', error: `no answer within ${timeoutMs} ms` });
+    }, timeoutMs);
+    timer.unref();
     const done = (r: ProbeResult) => {
       if (settled) return;
       settled = true;
-      if (timer) clearTimeout(timer);
+      clearTimeout(timer);
       resolve(r);
     };
-    let req: http.ClientRequest;
     try {
       const mod = url.startsWith('https:') ? https : http;
       req = mod.get(url, { headers }, (res) => {
@@ -151,7 +155,7 @@ export const nodeGet: ProbeFetch = (url, { timeoutMs, headers, maxBodyBytes }) =
         res.on('data', (c: Buffer) => {
           size += c.length;
           if (size > maxBodyBytes) {
-            req.destroy();
+            req?.destroy();
             done({ status: res.statusCode ?? 0, body: '', error: `answer larger than ${maxBodyBytes} bytes` });
             return;
           }
@@ -165,9 +169,4 @@ export const nodeGet: ProbeFetch = (url, { timeoutMs, headers, maxBodyBytes }) =
       return;
     }
     req.on('error', (err: NodeJS.ErrnoException) => done({ status: 0, body: '', error: err.code ?? err.message }));
-    timer = setTimeout(() => {
-      req.destroy();
-      done({ status: 0, body: '', error: `no answer within ${timeoutMs} ms` });
-    }, timeoutMs);
-    timer.unref();
   });

@@ -1,6 +1,6 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import type { Attributes, AttributeValue, Span, SpanEvent, SpanLink } from '../../pipeline/span';
+import type { Attributes, AttributeValue, Span, SpanEvent, SpanLink } from '../../model/span';
 
 let root: protobuf.Root | null = null;
 
@@ -33,7 +33,7 @@ export function decodeProtobuf(bytes: Uint8Array): Decoded {
   let obj: Record<string, unknown>;
   try {
     const t = type('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
-    obj = t.toObject(t.decode(bytes), { longs: String, enums: Number, defaults: false, arrays: true }) as Record<string, unknown>;
+    obj = t.toObject(t.decode(bytes), { longs: String, enums: Number, defaults: false, arrays: true });
   } catch (err) {
     throw new DecodeError(`not an ExportTraceServiceRequest: ${(err as Error).message}`);
   }

@@ -1,10 +1,10 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import { createGunzip, createInflate } from 'node:zlib';
 import * as grpc from '@grpc/grpc-js';
-import type { Span } from '../../pipeline/span';
-import { bearerAuth } from '../auth';
+import type { Span } from '../../model/span';
+import { bearerAuth } from '../../security/auth';
 import type { Logger } from '../../telemetry/logger';
-import { splitAddress } from '../llm-proxy/proxy';
+import { splitAddress } from '../../config/address';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
 
 export type SpanSinkResult = { status: 'accepted' } | { status: 'refused'; retryAfterMs: number; reason: string };

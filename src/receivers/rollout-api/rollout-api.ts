@@ -1,9 +1,9 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { RefusedError, type RecordSink } from '../../pipeline/component';
-import type { EndRecord, RewardRecord } from '../../pipeline/records';
+import { RefusedError, type RecordSink } from '../../model/component';
+import type { EndRecord, RewardRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
-import { bearerAuth } from '../auth';
+import { bearerAuth } from '../../security/auth';
 import { ID_PATTERN } from '../llm-proxy/correlation';
 import { parseEndBody, parseEventsBody, parseRewardBody, BodyError } from './bodies';
 
@@ -18,7 +18,7 @@ const REWARD = /^\/lightning\/v1\/rollouts\/([^/?]+)\/(reward|end)(?:\?.*)?$/;
 const AGL_EVENTS = /^\/api\/rollouts\/([^/?]+)\/attempt\/([^/?]+)\/events(?:\?.*)?$/;
 
 /**
- * Reward and end reports (DESIGN §4.3), served on the proxy port next to the proxied routes.
+ * Reward and end reports (docs/frameworks.md), served on the proxy port next to the proxied routes.
  * 202 once the pipeline accepted the record; 400 naming the field for a bad body; 503 +
  * Retry-After when the pipeline refuses.
  */

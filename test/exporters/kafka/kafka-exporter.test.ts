@@ -11,7 +11,7 @@ import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
 import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
-import type { Transition } from '../../../src/pipeline/records';
+import type { Transition } from '../../../src/model/records';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
   return buildEpisode(

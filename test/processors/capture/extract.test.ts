@@ -1,7 +1,7 @@
-import { extractFacts, resolveIds } from '../../../src/processors/capture/extract';
-import { extractBody, extractStream } from '../../../src/receivers/llm-proxy/adapters';
+import { extractFacts, resolveIds } from '../../../src/formats/extract';
+import { extractBody, extractStream } from '../../../src/formats/adapters';
 import { TransitionWriter } from '../../../src/exporters/transition-json';
-import type { Api, CallRecord, TransitionRecord } from '../../../src/pipeline/records';
+import type { Api, CallRecord, TransitionRecord } from '../../../src/model/records';
 import { buildChat, buildCompletions, type Generation } from '../../support/fake-responses';
 import { callRecord } from '../../support/records';
 

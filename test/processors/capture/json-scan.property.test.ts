@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { findMembers, isJson, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/processors/capture/json-scan';
+import { findMembers, isJson, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/formats/json-scan';
 
 /** Fixed seed: CI runs the same cases every time; change it to explore. */
 const RUN = { seed: 20261123, numRuns: 400 };

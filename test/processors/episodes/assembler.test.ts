@@ -1,5 +1,5 @@
 import { EpisodeAssembler } from '../../../src/processors/episodes/assembler';
-import type { CallRecord, Correlation } from '../../../src/pipeline/records';
+import type { CallRecord, Correlation } from '../../../src/model/records';
 
 const episodes = { idle_timeout_ms: 1000, tool_span_wait_ms: 100, max_open_episodes: 3, tick_interval_ms: 10 };
 const make = (mode: 'identical' | 'last' | 'discounted' = 'identical') => new EpisodeAssembler({ episodes, credit: { mode, gamma: 0.5 } });

@@ -1,6 +1,6 @@
 import { buildEpisode } from '../../../src/processors/rewards/transitions';
 import { classifySpan } from '../../../src/processors/spans/classify';
-import type { AgentSpanRecord } from '../../../src/pipeline/records';
+import type { AgentSpanRecord } from '../../../src/model/records';
 import { globToRegExp } from '../../../src/processors/air/glob';
 import { callRecord, corr } from '../../support/records';
 

@@ -1,4 +1,4 @@
-import type { Attributes, Span } from '../../../src/pipeline/span';
+import type { Attributes, Span } from '../../../src/model/span';
 import { classifySpan, spanAttribution } from '../../../src/processors/spans';
 
 function span(name: string, attributes: Attributes = {}, extra: Partial<Span> = {}): Span {

@@ -1,5 +1,5 @@
 import { loadConfig } from '../../../src/config/load';
-import { SequenceCounter } from '../../../src/pipeline/sequence';
+import { SequenceCounter } from '../../../src/model/sequence';
 import { createLlmProxy } from '../../../src/receivers/llm-proxy/proxy';
 import { createLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';

@@ -1,7 +1,7 @@
-import { extractFacts } from '../../../src/processors/capture/extract';
+import { extractFacts } from '../../../src/formats/extract';
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
 import { memoryCapture } from '../../support/memory-capture';
-import { parseSse, sseJsonPayloads } from '../../../src/receivers/llm-proxy/sse';
+import { parseSse, sseJsonPayloads } from '../../../src/formats/sse';
 
 describe('SSE parsing', () => {
   it('handles LF, CRLF and CR line ends, comments, event names and multi-line data', () => {

@@ -7,7 +7,7 @@ import { OTLPTraceExporter as ProtoExporter } from '@opentelemetry/exporter-trac
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor, type SpanExporter } from '@opentelemetry/sdk-trace-base';
 import * as grpc from '@grpc/grpc-js';
-import type { Span } from '../../../src/pipeline/span';
+import type { Span } from '../../../src/model/span';
 import { decodeStatus, otlpRoot } from '../../../src/receivers/otlp/decode';
 import { createOtlpReceiver, type OtlpReceiver, type SpanSinkResult } from '../../../src/receivers/otlp/receiver';
 import { silentLogger } from '../../../src/telemetry/logger';

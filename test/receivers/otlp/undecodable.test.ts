@@ -1,6 +1,6 @@
 import http from 'node:http';
 import * as grpc from '@grpc/grpc-js';
-import type { Span } from '../../../src/pipeline/span';
+import type { Span } from '../../../src/model/span';
 import { decodeJson, DecodeError, decodeStatus, otlpRoot } from '../../../src/receivers/otlp/decode';
 import { createOtlpReceiver, type OtlpReceiver } from '../../../src/receivers/otlp/receiver';
 import { silentLogger } from '../../../src/telemetry/logger';

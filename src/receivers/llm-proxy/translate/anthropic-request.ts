@@ -78,7 +78,7 @@ function translate(body: unknown): AnthropicRequestTranslation {
   const stopSequences: string[] = [];
   if (isSet(body.stop_sequences)) {
     if (!Array.isArray(body.stop_sequences) || !body.stop_sequences.every((s) => typeof s === 'string')) throw new Unmappable('stop_sequences');
-    stopSequences.push(...(body.stop_sequences as string[]));
+    stopSequences.push(...(body.stop_sequences));
     if (stopSequences.length > 0) chat.stop = stopSequences;
   }
   const tools = isSet(body.tools) ? toolsOf(body.tools) : [];

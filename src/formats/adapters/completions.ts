@@ -1,4 +1,4 @@
-import type { ChoiceCapture } from '../../../pipeline/records';
+import type { ChoiceCapture } from '../../model/records';
 import { emptyChoice, intArray, intList, isObject, logprobList, str, type Extracted, type Json } from './shape';
 
 /** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */

@@ -6,7 +6,7 @@
 
 export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages';
 
-/** Which rollout a record belongs to (DESIGN §4.2). */
+/** Which rollout a record belongs to (docs/frameworks.md). */
 export interface Correlation {
   rolloutId: string;
   attemptId: string;
@@ -45,6 +45,9 @@ export interface ChoiceCapture {
   promptTokenIds: TokenIds | null;
   toolCalls: ToolCallRequest[];
 }
+
+/** Which bytes of a call a journal body frame holds (model server side, or agent side when translated). */
+export type BodyKind = 'request' | 'response' | 'agent_request' | 'agent_response';
 
 /** Journal offsets of a call's body frames, in order, and how the response was encoded. */
 export interface CallBodies {
@@ -188,7 +191,7 @@ export interface AgentSpanRecord {
 
 export type PipelineRecord = CallStartRecord | CallRecord | RewardRecord | EndRecord | ToolSpanRecord | AgentSpanRecord | PolicyRecord;
 
-/** DESIGN §4.4 transition, JSON shape. */
+/** A transition, JSON shape (docs/output-contract.md). */
 export interface Transition {
   schema: 'lightning.transition.v1';
   transition_id: string;

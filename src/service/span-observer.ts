@@ -1,5 +1,5 @@
 import { classifySpan, spanAttribution } from '../processors/spans';
-import type { Attributes, Span } from './span';
+import type { Attributes, Span } from '../model/span';
 import type { SpanObservation } from './span-router';
 
 const MAX_ATTRIBUTES = 64;

@@ -1,4 +1,4 @@
-import type { PipelineRecord } from './records';
+import type { PipelineRecord } from '../model/records';
 
 /** What span classification found in a tool span (see processors/spans). */
 export interface ToolSpanFacts {

@@ -1,4 +1,4 @@
-import type { ChoiceCapture, TokenIds } from '../../../pipeline/records';
+import type { ChoiceCapture, TokenIds } from '../../model/records';
 import { emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
@@ -113,7 +113,7 @@ function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
     if (k === 'tool_calls') {
       if (Array.isArray(v)) for (const tc of v) if (isObject(tc)) mergeToolCall(acc.toolCalls, tc);
     } else if (typeof v === 'string' && typeof acc.message[k] === 'string' && k !== 'role') {
-      acc.message[k] = (acc.message[k] as string) + v;
+      acc.message[k] = (acc.message[k]) + v;
     } else if (v !== null || !(k in acc.message)) {
       acc.message[k] = v;
     }

@@ -1,7 +1,7 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
-import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../../pipeline/records';
-import { extractBody, extractStream, type Extracted } from '../../receivers/llm-proxy/adapters';
-import { IDS_MARKER } from '../../receivers/llm-proxy/adapters/shape';
+import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
+import { extractBody, extractStream, type Extracted } from './adapters';
+import { IDS_MARKER } from './adapters/shape';
 import { findMembers, memberCut, readIntArray, type Member } from './json-scan';
 
 /**
@@ -77,7 +77,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       if (parseError === null) {
         extracted = extractBody(upstreamApi, value);
         const used = usedRanges(extracted);
-        const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded!, m));
+        const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded, m));
         if (lifted) for (const m of findMembers(decoded, 'logprobs')) if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
         const rawBody: RawBody = { raw: 'journal', offsets: bodies.response, encoding: bodies.encoding, cuts: mergeCuts(cut) };
         response = rawBody;

@@ -1,4 +1,4 @@
-import type { Api } from '../../../pipeline/records';
+import type { Api } from '../../model/records';
 import { sseJsonPayloads } from '../sse';
 import { assembleAnthropicStream, extractAnthropic } from './anthropic-messages';
 import { assembleChatStream, extractChat } from './chat-completions';

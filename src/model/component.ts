@@ -49,3 +49,6 @@ export function once<T>(fn: () => Promise<T>): () => Promise<T> {
   let p: Promise<T> | undefined;
   return () => (p ??= fn());
 }
+
+/** The trainer's pause, as the proxy sees it: go now, or an answer to give instead (429). */
+export type GateResult = { go: true } | { go: false; retryAfterS: number; reason: string };

@@ -1,4 +1,4 @@
-import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../../pipeline/records';
+import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../model/records';
 
 /** What an API adapter extracts from one call. */
 export interface Extracted {
@@ -31,7 +31,7 @@ export function intList(v: unknown): number[] | null {
 
 /**
  * Big id arrays are cut out of a body before it is parsed and replaced by a marker string naming
- * their byte range (see processors/capture/extract.ts); this reads either form.
+ * their byte range (see formats/extract.ts); this reads either form.
  */
 export const IDS_MARKER = '\u0000ids:';
 

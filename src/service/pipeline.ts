@@ -7,9 +7,9 @@ import { Journal, type RecoveryReport } from '../journal/journal';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
-import { once, RefusedError, type CaptureSink } from './component';
-import type { CallRecord, CallStartRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from './records';
-import type { SequenceCounter } from './sequence';
+import { once, RefusedError, type CaptureSink } from '../model/component';
+import type { CallRecord, CallStartRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from '../model/records';
+import type { SequenceCounter } from '../model/sequence';
 import { spanRecords, TraceRouter, type SpanObservation } from './span-router';
 
 /** Journal markers: where an episode closed, and how far delivery got. */
@@ -337,7 +337,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       try {
         return submit(record);
       } catch (err) {
-        return Promise.reject(err);
+        return Promise.reject(err instanceof Error ? err : new Error(String(err)));
       }
     },
     recovery: () => recovery,

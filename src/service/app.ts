@@ -13,15 +13,15 @@ import type { Kafka } from 'kafkajs';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
 import { compileRedaction } from '../processors/capture/redact';
 import { createOtlpReceiver, type SpanSinkResult } from '../receivers/otlp/receiver';
-import type { Span } from './span';
+import type { Span } from '../model/span';
 import { observeSpans } from './span-observer';
 import { createRolloutApi } from '../receivers/rollout-api/rollout-api';
 import type { Logger } from '../telemetry/logger';
 import { createMetrics, type Metrics } from '../telemetry/metrics';
 import { createTelemetryServer } from '../telemetry/telemetry-server';
-import { once, RefusedError } from './component';
+import { once, RefusedError } from '../model/component';
 import { createPipeline } from './pipeline';
-import { SequenceCounter } from './sequence';
+import { SequenceCounter } from '../model/sequence';
 
 export interface AppDeps {
   logger: Logger;
@@ -37,7 +37,7 @@ export interface AppDeps {
 
 /**
  * Builds the whole sidecar from config. Start order: exporter → pipeline → receivers → telemetry;
- * shutdown in reverse, each stage draining into one still alive (DESIGN §3).
+ * shutdown in reverse, each stage draining into one still alive (docs/architecture.md).
  */
 export function createApp(config: Config, deps: AppDeps) {
   const log = deps.logger;

@@ -1,0 +1,5 @@
+/** `host:port` (IPv6 hosts in brackets) → [host, port], as listeners take them. */
+export function splitAddress(addr: string): [string, number] {
+  const i = addr.lastIndexOf(':');
+  return [addr.slice(0, i).replace(/^\[|\]$/g, ''), Number(addr.slice(i + 1))];
+}
