@@ -1,8 +1,8 @@
 import fc from 'fast-check';
 import { ConfigError, loadConfig } from '../../src/config/load';
-import type { Api } from '../../src/pipeline/records';
-import { extractBody, extractStream } from '../../src/receivers/llm-proxy/adapters';
-import { parseSse } from '../../src/receivers/llm-proxy/sse';
+import type { Api } from '../../src/model/records';
+import { extractBody, extractStream } from '../../src/formats/adapters';
+import { parseSse } from '../../src/formats/sse';
 import { decodeJson, decodeProtobuf, DecodeError, otlpRoot } from '../../src/receivers/otlp/decode';
 
 /** Fixed seeds: CI runs the same cases every time; change the seed to explore. */

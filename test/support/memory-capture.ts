@@ -1,6 +1,6 @@
-import type { CaptureSink } from '../../src/pipeline/component';
-import type { CallRecord, CallStartRecord } from '../../src/pipeline/records';
-import type { BodyReader } from '../../src/processors/capture/extract';
+import type { CaptureSink } from '../../src/model/component';
+import type { CallRecord, CallStartRecord } from '../../src/model/records';
+import type { BodyReader } from '../../src/formats/extract';
 
 /** A capture sink that keeps body frames in memory, with the reader extraction needs. */
 export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started: CallStartRecord[]; ended: CallRecord[] } {

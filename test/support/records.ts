@@ -1,4 +1,4 @@
-import type { CallRecord, Correlation, ToolCallRequest, ToolSpanRecord } from '../../src/pipeline/records';
+import type { CallRecord, Correlation, ToolCallRequest, ToolSpanRecord } from '../../src/model/records';
 
 /** Builders for pipeline records in unit tests. */
 export const corr = (rolloutId: string, extra: Partial<Correlation> = {}): Correlation => ({

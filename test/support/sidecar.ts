@@ -2,8 +2,8 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
-import { createApp, type App } from '../../src/pipeline/app';
-import type { EpisodeSummary, Transition } from '../../src/pipeline/records';
+import { createApp, type App } from '../../src/service/app';
+import type { EpisodeSummary, Transition } from '../../src/model/records';
 import { createLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
 import { startFakeModelServer, type FakeModelServer } from './fake-model-server';
