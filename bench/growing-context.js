@@ -14,12 +14,22 @@ const TURN_BYTES = 8 * 1024;
 function post(agent, port, body, headers) {
   return new Promise((resolve) => {
     const start = performance.now();
-    const req = http.request({ host: '127.0.0.1', port, path: '/v1/chat/completions', method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': body.length, ...headers } }, (res) => {
-      const parts = [];
-      res.on('data', (c) => parts.push(c));
-      res.on('end', () => resolve({ status: res.statusCode, ms: performance.now() - start, body: Buffer.concat(parts) }));
-      res.on('error', () => resolve({ status: 0, ms: performance.now() - start, body: null }));
-    });
+    const req = http.request(
+      {
+        host: '127.0.0.1',
+        port,
+        path: '/v1/chat/completions',
+        method: 'POST',
+        agent,
+        headers: { 'content-type': 'application/json', 'content-length': body.length, ...headers },
+      },
+      (res) => {
+        const parts = [];
+        res.on('data', (c) => parts.push(c));
+        res.on('end', () => resolve({ status: res.statusCode, ms: performance.now() - start, body: Buffer.concat(parts) }));
+        res.on('error', () => resolve({ status: 0, ms: performance.now() - start, body: null }));
+      },
+    );
     req.on('error', () => resolve({ status: 0, ms: performance.now() - start, body: null }));
     req.end(body);
   });
@@ -55,7 +65,13 @@ async function runAgents({ port, agents, turns, prefix }) {
     }),
   );
   lat.sort((x, y) => x - y);
-  return { calls: lat.length, errors, p50: lat[Math.floor(lat.length / 2)], p99: lat[Math.min(lat.length - 1, Math.floor(lat.length * 0.99))], lastPromptBytes: TURN_BYTES * turns };
+  return {
+    calls: lat.length,
+    errors,
+    p50: lat[Math.floor(lat.length / 2)],
+    p99: lat[Math.min(lat.length - 1, Math.floor(lat.length * 0.99))],
+    lastPromptBytes: TURN_BYTES * turns,
+  };
 }
 
 /** Checks every transition of the run against the ids the server gave (recomputed from the request). */
@@ -75,7 +91,13 @@ function verifyTransitions(dataDir, prefix, expectCalls) {
       checked++;
       const wantPrompt = promptIds(t.request.messages);
       const wantAnswer = answerIds(t.response.choices[0].message.content);
-      const ok = same(t.prompt_token_ids, wantPrompt) && same(t.response_token_ids, wantAnswer) && Array.isArray(t.response_logprobs) && t.response_logprobs.length === wantAnswer.length && !('prompt_token_ids' in t.response) && !('token_ids' in t.response.choices[0]);
+      const ok =
+        same(t.prompt_token_ids, wantPrompt) &&
+        same(t.response_token_ids, wantAnswer) &&
+        Array.isArray(t.response_logprobs) &&
+        t.response_logprobs.length === wantAnswer.length &&
+        !('prompt_token_ids' in t.response) &&
+        !('token_ids' in t.response.choices[0]);
       if (!ok) {
         wrong++;
         if (problems.length < 3) problems.push(t.transition_id);
@@ -110,7 +132,13 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
       if (timer) clearInterval(timer);
       if (t.pid) peak = Math.max(peak, proc(t.pid).rss);
       const x = (out.targets[t.name] ??= { rounds: [] });
-      x.rounds.push({ ...res, cpu_us_per_call_load: (loadCpu / res.calls) * 1e6, cpu_us_per_call: (totalCpu / res.calls) * 1e6, peak_rss_mib: peak / 2 ** 20, export_s: exportS });
+      x.rounds.push({
+        ...res,
+        cpu_us_per_call_load: (loadCpu / res.calls) * 1e6,
+        cpu_us_per_call: (totalCpu / res.calls) * 1e6,
+        peak_rss_mib: peak / 2 ** 20,
+        export_s: exportS,
+      });
       if (t.name === 'sidecar') (x.verify ??= []).push(verifyTransitions(sidecarDataDir, prefix, res.calls));
     }
   }

@@ -9,10 +9,19 @@ const BROKER = path.join(__dirname, '../build/test/support/kafka-broker/index.js
 
 function post(port, pathName, body, headers = {}) {
   return new Promise((resolve) => {
-    const req = http.request({ host: '127.0.0.1', port, path: pathName, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers } }, (res) => {
-      res.resume();
-      res.on('end', () => resolve(res.statusCode));
-    });
+    const req = http.request(
+      {
+        host: '127.0.0.1',
+        port,
+        path: pathName,
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers },
+      },
+      (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode));
+      },
+    );
     req.on('error', () => resolve(0));
     req.end(body);
   });
@@ -60,7 +69,11 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   // Drain: transitions pile up in the journal while the broker refuses connections, then flow.
   {
     const broker = await startKafkaTestBroker();
-    const sc = await startSidecar(modelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000' });
+    const sc = await startSidecar(modelPort, {
+      LIGHTNING_EXPORTER: 'kafka',
+      LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+    });
     broker.refuseConnections(true);
     const total = await drive(sc.port, body, rollouts, calls, 'drain');
     await new Promise((r) => setTimeout(r, 500));
@@ -99,15 +112,27 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
     out.growing_bytes = { agents, turns };
     for (const mode of ['full', 'delta']) {
       const topic = `growing.${mode}`;
-      const sc = await startSidecar(agentModelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000', LIGHTNING_CONFIG: writeConfig(`exporters:\n  kafka:\n    topic: ${topic}\n    prompt_ids: ${mode}\n`) });
+      const sc = await startSidecar(agentModelPort, {
+        LIGHTNING_EXPORTER: 'kafka',
+        LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+        LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+        LIGHTNING_CONFIG: writeConfig(`exporters:\n  kafka:\n    topic: ${topic}\n    prompt_ids: ${mode}\n`),
+      });
       await runAgents({ port: sc.port, agents, turns, prefix: `gb-${mode}` });
       for (let a = 0; a < agents; a++) await post(sc.port, `/lightning/v1/rollouts/gb-${mode}-${a}/end`, '{}');
       const records = () => broker.records(topic);
       // Whole records = unchunked messages + last chunks; bytes = every message's value.
-      const whole = () => records().filter((r) => !r.headers['lightning-chunk'] || r.headers['lightning-chunk-index'] === String(Number(r.headers['lightning-chunk-count']) - 1)).length;
+      const whole = () =>
+        records().filter((r) => !r.headers['lightning-chunk'] || r.headers['lightning-chunk-index'] === String(Number(r.headers['lightning-chunk-count']) - 1))
+          .length;
       await until(() => whole() >= agents * turns, 120_000);
       const bytes = records().reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
-      out.growing_bytes[mode] = { transitions: whole(), messages: records().length, bytes_per_transition: bytes / Math.max(1, whole()), bytes_per_episode: bytes / agents };
+      out.growing_bytes[mode] = {
+        transitions: whole(),
+        messages: records().length,
+        bytes_per_transition: bytes / Math.max(1, whole()),
+        bytes_per_episode: bytes / agents,
+      };
       await stop(sc.proc);
     }
     await broker.close();
@@ -116,7 +141,12 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   // End to end (proxied calls → journal → Kafka) under each fsync policy.
   for (const fsync of ['always', '1000', 'never']) {
     const broker = await startKafkaTestBroker();
-    const sc = await startSidecar(modelPort, { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000', LIGHTNING_CONFIG: writeFsyncConfig(fsync) });
+    const sc = await startSidecar(modelPort, {
+      LIGHTNING_EXPORTER: 'kafka',
+      LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+      LIGHTNING_CONFIG: writeFsyncConfig(fsync),
+    });
     const t0 = performance.now();
     const total = await drive(sc.port, body, Math.round(rollouts / 2), calls, `e2e-${fsync}`);
     const complete = await until(() => broker.records('lightning.transitions').length >= total, 120_000);
@@ -136,7 +166,11 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
         lags.push(performance.now() - t);
       }
       lags.sort((a, b) => a - b);
-      out.reward_to_delivery_ms = { p50: lags[Math.floor(lags.length / 2)], p99: lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))], samples: lags.length };
+      out.reward_to_delivery_ms = {
+        p50: lags[Math.floor(lags.length / 2)],
+        p99: lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))],
+        samples: lags.length,
+      };
     }
     await stop(sc.proc);
     await broker.close();

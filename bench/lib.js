@@ -92,22 +92,25 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
     new Promise((resolve) => {
       const start = performance.now();
       let first = 0;
-      const req = http.request({ host: '127.0.0.1', port, path, method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': payload.length, ...headers } }, (res) => {
-        res.on('data', () => {
-          if (first === 0) first = performance.now();
-        });
-        res.on('end', () => {
-          const end = performance.now();
-          if (res.statusCode !== 200) errors++;
-          lat.push(end - start);
-          ttfb.push((first || end) - start);
-          resolve();
-        });
-        res.on('error', () => {
-          errors++;
-          resolve();
-        });
-      });
+      const req = http.request(
+        { host: '127.0.0.1', port, path, method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': payload.length, ...headers } },
+        (res) => {
+          res.on('data', () => {
+            if (first === 0) first = performance.now();
+          });
+          res.on('end', () => {
+            const end = performance.now();
+            if (res.statusCode !== 200) errors++;
+            lat.push(end - start);
+            ttfb.push((first || end) - start);
+            resolve();
+          });
+          res.on('error', () => {
+            errors++;
+            resolve();
+          });
+        },
+      );
       req.on('error', () => {
         errors++;
         resolve();
@@ -125,7 +128,16 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
     agent.destroy();
     lat.sort((a, b) => a - b);
     ttfb.sort((a, b) => a - b);
-    return { requests: lat.length, errors, elapsedMs, rps: (lat.length / elapsedMs) * 1000, p50: quantile(lat, 0.5), p99: quantile(lat, 0.99), ttfbP50: quantile(ttfb, 0.5), ttfbP99: quantile(ttfb, 0.99) };
+    return {
+      requests: lat.length,
+      errors,
+      elapsedMs,
+      rps: (lat.length / elapsedMs) * 1000,
+      p50: quantile(lat, 0.5),
+      p99: quantile(lat, 0.99),
+      ttfbP50: quantile(ttfb, 0.5),
+      ttfbP99: quantile(ttfb, 0.99),
+    };
   });
 }
 

@@ -33,12 +33,19 @@ function request(n) {
       start_time_unix_nano: String(now),
       end_time_unix_nano: String(now + 1_000_000n),
       attributes: tool
-        ? [str('gen_ai.operation.name', 'execute_tool'), str('gen_ai.tool.name', 'calculator'), str('gen_ai.tool.call.id', `call_${id}`), str('lightning.rollout_id', `otlp-${id % 100}`)]
+        ? [
+            str('gen_ai.operation.name', 'execute_tool'),
+            str('gen_ai.tool.name', 'calculator'),
+            str('gen_ai.tool.call.id', `call_${id}`),
+            str('lightning.rollout_id', `otlp-${id % 100}`),
+          ]
         : [str('http.request.method', 'GET'), str('url.full', 'https://search.example.com/api/search?q=x'), str('server.address', 'search.example.com')],
       status: { code: tool && i % 20 === 0 ? 2 : 1 },
     };
   });
-  const msg = Req.fromObject({ resource_spans: [{ resource: { attributes: [str('service.name', 'bench-agent')] }, scope_spans: [{ scope: { name: 'bench' }, spans }] }] });
+  const msg = Req.fromObject({
+    resource_spans: [{ resource: { attributes: [str('service.name', 'bench-agent')] }, scope_spans: [{ scope: { name: 'bench' }, spans }] }],
+  });
   return Buffer.from(Req.encode(msg).finish());
 }
 
@@ -47,12 +54,22 @@ function httpSender(port, gzip) {
   return (body) =>
     new Promise((resolve) => {
       const payload = gzip ? zlib.gzipSync(body) : body;
-      const req = http.request({ host: '127.0.0.1', port, path: '/v1/traces', method: 'POST', agent, headers: { 'content-type': 'application/x-protobuf', 'content-length': payload.length, ...(gzip ? { 'content-encoding': 'gzip' } : {}) } }, (res) => {
-        const parts = [];
-        res.on('data', (c) => parts.push(c));
-        // An empty (or partial_success-free) 200 is full acceptance.
-        res.on('end', () => resolve(res.statusCode === 200 && Buffer.concat(parts).length <= 2));
-      });
+      const req = http.request(
+        {
+          host: '127.0.0.1',
+          port,
+          path: '/v1/traces',
+          method: 'POST',
+          agent,
+          headers: { 'content-type': 'application/x-protobuf', 'content-length': payload.length, ...(gzip ? { 'content-encoding': 'gzip' } : {}) },
+        },
+        (res) => {
+          const parts = [];
+          res.on('data', (c) => parts.push(c));
+          // An empty (or partial_success-free) 200 is full acceptance.
+          res.on('end', () => resolve(res.statusCode === 200 && Buffer.concat(parts).length <= 2));
+        },
+      );
       req.on('error', () => resolve(false));
       req.end(payload);
     });
@@ -62,7 +79,15 @@ function grpcSender(port, gzip) {
   const client = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure(), gzip ? { 'grpc.default_compression_algorithm': 2 } : {});
   return (body) =>
     new Promise((resolve) => {
-      client.makeUnaryRequest('/opentelemetry.proto.collector.trace.v1.TraceService/Export', (b) => b, (b) => b, body, new grpc.Metadata(), {}, (err, res) => resolve(!err && (!res || res.length <= 2)));
+      client.makeUnaryRequest(
+        '/opentelemetry.proto.collector.trace.v1.TraceService/Export',
+        (b) => b,
+        (b) => b,
+        body,
+        new grpc.Metadata(),
+        {},
+        (err, res) => resolve(!err && (!res || res.length <= 2)),
+      );
     });
 }
 
@@ -87,7 +112,12 @@ async function benchOtlp({ sidecar, durationMs, quick, proc }) {
       );
       const s = (performance.now() - t0) / 1000;
       const after = proc(sidecar.proc.pid);
-      out[`${transport}${gzip ? '_gzip' : ''}_max`] = { spans_per_s: ok / s, lost_spans: lost, cpu_cores: (after.cpu - before.cpu) / s, rss_mib: after.rss / 2 ** 20 };
+      out[`${transport}${gzip ? '_gzip' : ''}_max`] = {
+        spans_per_s: ok / s,
+        lost_spans: lost,
+        cpu_cores: (after.cpu - before.cpu) / s,
+        rss_mib: after.rss / 2 ** 20,
+      };
     }
   }
   // Open loop: 10k spans/s offered (20 batches of 500 per second) over gRPC and HTTP.
@@ -109,7 +139,13 @@ async function benchOtlp({ sidecar, durationMs, quick, proc }) {
     await Promise.all(pending);
     const s = (performance.now() - t0) / 1000;
     const after = proc(sidecar.proc.pid);
-    out[`${transport}_10k`] = { offered_spans_per_s: 10_000, accepted_spans_per_s: ok / s, lost_spans: lost, cpu_pct_of_core: ((after.cpu - before.cpu) / s) * 100, rss_mib: after.rss / 2 ** 20 };
+    out[`${transport}_10k`] = {
+      offered_spans_per_s: 10_000,
+      accepted_spans_per_s: ok / s,
+      lost_spans: lost,
+      cpu_pct_of_core: ((after.cpu - before.cpu) / s) * 100,
+      rss_mib: after.rss / 2 ** 20,
+    };
   }
   return out;
 }

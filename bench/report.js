@@ -11,23 +11,33 @@ const range = (s, d = 2) => (s ? `${f(s.median, d)} (${f(s.min, d)}–${f(s.max,
 function markdown(r) {
   const L = [];
   L.push(`# lightning-sidecar benchmark${r.quick ? ' (quick mode: short, indicative only)' : ''}`, '');
-  L.push(`Machine: ${r.machine.cpu}, ${r.machine.cores} cores, ${r.machine.memory_gib} GiB, Node ${r.machine.node}, ${r.machine.os}. ${r.rounds} round(s) of ${r.duration_ms} ms per target, alternating order; medians with min–max over rounds. Run ${r.started_at}.`, '');
+  L.push(
+    `Machine: ${r.machine.cpu}, ${r.machine.cores} cores, ${r.machine.memory_gib} GiB, Node ${r.machine.node}, ${r.machine.os}. ${r.rounds} round(s) of ${r.duration_ms} ms per target, alternating order; medians with min–max over rounds. Run ${r.started_at}.`,
+    '',
+  );
   for (const conns of [1, 16]) {
     const s = r.scenarios[`json_c${conns}`];
     if (!s) continue;
     L.push(`## JSON (1 KiB response, 1 ms upstream), ${conns} connection${conns > 1 ? 's' : ''}`, '');
     L.push('| target | req/s | p50 ms | p99 ms | added p50 vs direct, ms | CPU µs/request | errors |', '|---|---|---|---|---|---|---|');
     for (const [name, x] of Object.entries(s)) {
-      L.push(`| ${name} | ${range(x.rps, 0)} | ${range(x.p50_ms, 3)} | ${range(x.p99_ms, 3)} | ${f(x.p50_ms.median - s.direct.p50_ms.median, 3)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_req, 0)} | ${x.errors}/${x.requests} |`);
+      L.push(
+        `| ${name} | ${range(x.rps, 0)} | ${range(x.p50_ms, 3)} | ${range(x.p99_ms, 3)} | ${f(x.p50_ms.median - s.direct.p50_ms.median, 3)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_req, 0)} | ${x.errors}/${x.requests} |`,
+      );
     }
     L.push('');
   }
   const sse = r.scenarios.sse_c4;
   if (sse) {
     L.push('## SSE (50 chunks, 1 ms apart), 4 connections', '');
-    L.push('| target | TTFB p50 ms | TTFB p99 ms | added TTFB p50, ms | total p50 ms | added total p50, ms | CPU µs/chunk | errors |', '|---|---|---|---|---|---|---|---|');
+    L.push(
+      '| target | TTFB p50 ms | TTFB p99 ms | added TTFB p50, ms | total p50 ms | added total p50, ms | CPU µs/chunk | errors |',
+      '|---|---|---|---|---|---|---|---|',
+    );
     for (const [name, x] of Object.entries(sse)) {
-      L.push(`| ${name} | ${range(x.ttfb_p50_ms, 3)} | ${range(x.ttfb_p99_ms, 3)} | ${f(x.ttfb_p50_ms.median - sse.direct.ttfb_p50_ms.median, 3)} | ${range(x.total_p50_ms, 2)} | ${f(x.total_p50_ms.median - sse.direct.total_p50_ms.median, 2)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_chunk, 1)} | ${x.errors}/${x.requests} |`);
+      L.push(
+        `| ${name} | ${range(x.ttfb_p50_ms, 3)} | ${range(x.ttfb_p99_ms, 3)} | ${f(x.ttfb_p50_ms.median - sse.direct.ttfb_p50_ms.median, 3)} | ${range(x.total_p50_ms, 2)} | ${f(x.total_p50_ms.median - sse.direct.total_p50_ms.median, 2)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_chunk, 1)} | ${x.errors}/${x.requests} |`,
+      );
     }
     L.push('');
   }
@@ -35,53 +45,98 @@ function markdown(r) {
   if (large) {
     L.push('## 1 MiB prompts, 2 connections', '');
     L.push('| target | p50 ms | p99 ms | added p50, ms | req/s | CPU µs/request | peak RSS MiB | errors |', '|---|---|---|---|---|---|---|---|');
-    for (const [name, x] of Object.entries(large)) L.push(`| ${name} | ${range(x.p50_ms)} | ${range(x.p99_ms)} | ${f(x.p50_ms.median - large.direct.p50_ms.median)} | ${range(x.rps, 0)} | ${name === 'direct' || !x.cpu_us_per_req ? '–' : range(x.cpu_us_per_req, 0)} | ${name === 'direct' ? '–' : range(x.peak_rss_mib, 0)} | ${x.errors} |`);
+    for (const [name, x] of Object.entries(large))
+      L.push(
+        `| ${name} | ${range(x.p50_ms)} | ${range(x.p99_ms)} | ${f(x.p50_ms.median - large.direct.p50_ms.median)} | ${range(x.rps, 0)} | ${name === 'direct' || !x.cpu_us_per_req ? '–' : range(x.cpu_us_per_req, 0)} | ${name === 'direct' ? '–' : range(x.peak_rss_mib, 0)} | ${x.errors} |`,
+      );
     L.push('');
   }
   const gc = r.scenarios.growing_context;
   if (gc) {
-    L.push(`## Growing context: ${gc.agents} agents × ${gc.turns} turns, +${gc.turn_bytes / 1024} KiB a turn (last prompt ~${Math.round((gc.agents && gc.turns * gc.turn_bytes) / 1024)} KiB)`, '');
-    L.push('Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export). Medians of per-round values, min–max over rounds.', '');
+    L.push(
+      `## Growing context: ${gc.agents} agents × ${gc.turns} turns, +${gc.turn_bytes / 1024} KiB a turn (last prompt ~${Math.round((gc.agents && gc.turns * gc.turn_bytes) / 1024)} KiB)`,
+      '',
+    );
+    L.push(
+      'Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export). Medians of per-round values, min–max over rounds.',
+      '',
+    );
     L.push('| target | added p50 ms | p99 ms | CPU µs/call (load) | CPU µs/call (load + export) | peak RSS MiB | errors |', '|---|---|---|---|---|---|---|');
     const med = (xs, k) => summarize(xs.map((x) => x[k]));
     const direct = med(gc.targets.direct.rounds, 'p50');
     for (const [name, x] of Object.entries(gc.targets)) {
       const p50 = med(x.rounds, 'p50');
-      L.push(`| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`);
+      L.push(
+        `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
+      );
     }
-    for (const v of gc.targets.sidecar?.verify ?? []) L.push('', `Checked: ${v.checked} of ${v.expected} transitions, ${v.wrong} with ids different from what the server returned, ${v.continues_previous} marked continues_previous.`);
+    for (const v of gc.targets.sidecar?.verify ?? [])
+      L.push(
+        '',
+        `Checked: ${v.checked} of ${v.expected} transitions, ${v.wrong} with ids different from what the server returned, ${v.continues_previous} marked continues_previous.`,
+      );
     L.push('');
   }
   const o = r.scenarios.otlp;
   if (o) {
     L.push('## OTLP ingest (batches of 512 spans, 10 % tool spans)', '');
     L.push('| transport | spans/s (closed loop, 4 senders) | lost spans | CPU cores | RSS MiB |', '|---|---|---|---|---|');
-    for (const k of ['grpc_max', 'grpc_gzip_max', 'http_max', 'http_gzip_max']) if (o[k]) L.push(`| ${k.replace('_max', '').replace('_', ' + ')} | ${f(o[k].spans_per_s, 0)} | ${o[k].lost_spans} | ${f(o[k].cpu_cores)} | ${f(o[k].rss_mib, 0)} |`);
+    for (const k of ['grpc_max', 'grpc_gzip_max', 'http_max', 'http_gzip_max'])
+      if (o[k])
+        L.push(
+          `| ${k.replace('_max', '').replace('_', ' + ')} | ${f(o[k].spans_per_s, 0)} | ${o[k].lost_spans} | ${f(o[k].cpu_cores)} | ${f(o[k].rss_mib, 0)} |`,
+        );
     L.push('', '| transport | offered spans/s | accepted spans/s | lost | CPU % of one core | RSS MiB |', '|---|---|---|---|---|---|');
-    for (const k of ['grpc_10k', 'http_10k']) if (o[k]) L.push(`| ${k.replace('_10k', '')} | ${o[k].offered_spans_per_s} | ${f(o[k].accepted_spans_per_s, 0)} | ${o[k].lost_spans} | ${f(o[k].cpu_pct_of_core, 1)} | ${f(o[k].rss_mib, 0)} |`);
+    for (const k of ['grpc_10k', 'http_10k'])
+      if (o[k])
+        L.push(
+          `| ${k.replace('_10k', '')} | ${o[k].offered_spans_per_s} | ${f(o[k].accepted_spans_per_s, 0)} | ${o[k].lost_spans} | ${f(o[k].cpu_pct_of_core, 1)} | ${f(o[k].rss_mib, 0)} |`,
+        );
     L.push('');
   }
   const k = r.scenarios.kafka;
   if (k) {
     L.push('## Kafka export (test broker, acks=-1)', '');
     L.push('| measurement | transitions | transitions/s | notes |', '|---|---|---|---|');
-    if (k.drain) L.push(`| journal → Kafka drain | ${k.drain.delivered}/${k.drain.transitions} | ${f(k.drain.transitions_per_s, 0)} | avg record ${f(k.drain.avg_record_bytes, 0)} B |`);
+    if (k.drain)
+      L.push(
+        `| journal → Kafka drain | ${k.drain.delivered}/${k.drain.transitions} | ${f(k.drain.transitions_per_s, 0)} | avg record ${f(k.drain.avg_record_bytes, 0)} B |`,
+      );
     for (const p of ['always', '1000', 'never']) {
       const e = k[`end_to_end_fsync_${p}`];
-      if (e) L.push(`| proxied calls → Kafka, fsync ${p} | ${e.transitions} | ${f(e.transitions_per_s, 0)} | bounded by the proxy and the 16-connection load |`);
+      if (e)
+        L.push(`| proxied calls → Kafka, fsync ${p} | ${e.transitions} | ${f(e.transitions_per_s, 0)} | bounded by the proxy and the 16-connection load |`);
     }
-    if (k.bare_producer) L.push(`| bare kafkajs idempotent producer, same messages, one send | ${k.bare_producer.delivered}/${k.bare_producer.messages} | ${f(k.bare_producer.messages_per_s, 0)} | drain / bare = ${f(k.drain_vs_bare)}× |`);
-    if (k.reward_to_delivery_ms) L.push(`| reward → transition in Kafka | ${k.reward_to_delivery_ms.samples} | – | p50 ${f(k.reward_to_delivery_ms.p50, 1)} ms, p99 ${f(k.reward_to_delivery_ms.p99, 1)} ms |`);
+    if (k.bare_producer)
+      L.push(
+        `| bare kafkajs idempotent producer, same messages, one send | ${k.bare_producer.delivered}/${k.bare_producer.messages} | ${f(k.bare_producer.messages_per_s, 0)} | drain / bare = ${f(k.drain_vs_bare)}× |`,
+      );
+    if (k.reward_to_delivery_ms)
+      L.push(
+        `| reward → transition in Kafka | ${k.reward_to_delivery_ms.samples} | – | p50 ${f(k.reward_to_delivery_ms.p50, 1)} ms, p99 ${f(k.reward_to_delivery_ms.p99, 1)} ms |`,
+      );
     L.push('');
   }
   const gb = r.scenarios.kafka?.growing_bytes;
   if (gb?.full && gb?.delta) {
-    L.push(`## Kafka bytes, growing context (${gb.agents} agents × ${gb.turns} turns)`, '', '| prompt_ids | transitions | messages | bytes per transition | bytes per episode |', '|---|---|---|---|---|');
-    for (const mode of ['full', 'delta']) L.push(`| ${mode} | ${gb[mode].transitions} | ${gb[mode].messages} | ${f(gb[mode].bytes_per_transition, 0)} | ${f(gb[mode].bytes_per_episode, 0)} |`);
+    L.push(
+      `## Kafka bytes, growing context (${gb.agents} agents × ${gb.turns} turns)`,
+      '',
+      '| prompt_ids | transitions | messages | bytes per transition | bytes per episode |',
+      '|---|---|---|---|---|',
+    );
+    for (const mode of ['full', 'delta'])
+      L.push(`| ${mode} | ${gb[mode].transitions} | ${gb[mode].messages} | ${f(gb[mode].bytes_per_transition, 0)} | ${f(gb[mode].bytes_per_episode, 0)} |`);
     L.push('');
   }
   const m = r.scenarios.memory;
-  if (m) L.push('## Memory', '', `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before).`, '');
+  if (m)
+    L.push(
+      '## Memory',
+      '',
+      `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before).`,
+      '',
+    );
   L.push(...bars(r), '');
   return L.join('\n') + '\n';
 }
@@ -95,19 +150,35 @@ function bars(r) {
   const row = (bar, measured, ok) => L.push(`| ${bar} | ${measured} | ${ok === null ? '–' : ok ? 'yes' : '**no**'} |`);
   if (j1) {
     const added = j1.sidecar.p50_ms.median - j1['bare-pipe'].p50_ms.median;
-    row('JSON c=1: added p50 within +0.1 ms of the bare pipe', `${f(added, 3)} ms over the bare pipe (sidecar ${f(j1.sidecar.p50_ms.median - j1.direct.p50_ms.median, 3)} ms over direct, bare pipe ${f(j1['bare-pipe'].p50_ms.median - j1.direct.p50_ms.median, 3)} ms)`, added <= 0.1);
+    row(
+      'JSON c=1: added p50 within +0.1 ms of the bare pipe',
+      `${f(added, 3)} ms over the bare pipe (sidecar ${f(j1.sidecar.p50_ms.median - j1.direct.p50_ms.median, 3)} ms over direct, bare pipe ${f(j1['bare-pipe'].p50_ms.median - j1.direct.p50_ms.median, 3)} ms)`,
+      added <= 0.1,
+    );
     const cpu = j1.sidecar.cpu_us_per_req.median / j1['bare-pipe'].cpu_us_per_req.median;
-    row('JSON c=1: CPU per request (capture on) ≤ 1.3× the bare pipe', `${f(cpu)}× (${f(j1.sidecar.cpu_us_per_req.median, 0)} vs ${f(j1['bare-pipe'].cpu_us_per_req.median, 0)} µs)`, cpu <= 1.3);
+    row(
+      'JSON c=1: CPU per request (capture on) ≤ 1.3× the bare pipe',
+      `${f(cpu)}× (${f(j1.sidecar.cpu_us_per_req.median, 0)} vs ${f(j1['bare-pipe'].cpu_us_per_req.median, 0)} µs)`,
+      cpu <= 1.3,
+    );
   }
   if (j16) {
     const ratio = j16.sidecar.rps.median / j16['bare-pipe'].rps.median;
-    row('JSON c=16: ≥ 0.9× the bare pipe’s req/s', `${f(ratio)}× (${f(j16.sidecar.rps.median, 0)} vs ${f(j16['bare-pipe'].rps.median, 0)} req/s)`, ratio >= 0.9);
+    row(
+      'JSON c=16: ≥ 0.9× the bare pipe’s req/s',
+      `${f(ratio)}× (${f(j16.sidecar.rps.median, 0)} vs ${f(j16['bare-pipe'].rps.median, 0)} req/s)`,
+      ratio >= 0.9,
+    );
   }
   if (sse) {
     const added = sse.sidecar.ttfb_p50_ms.median - sse['bare-pipe'].ttfb_p50_ms.median;
     row('SSE: added TTFB within +0.1 ms of the bare pipe', `${f(added, 3)} ms over the bare pipe`, added <= 0.1);
     const cpu = sse.sidecar.cpu_us_per_chunk.median / sse['bare-pipe'].cpu_us_per_chunk.median;
-    row('SSE: CPU per chunk ≤ 1.3× the bare pipe', `${f(cpu)}× (${f(sse.sidecar.cpu_us_per_chunk.median, 1)} vs ${f(sse['bare-pipe'].cpu_us_per_chunk.median, 1)} µs)`, cpu <= 1.3);
+    row(
+      'SSE: CPU per chunk ≤ 1.3× the bare pipe',
+      `${f(cpu)}× (${f(sse.sidecar.cpu_us_per_chunk.median, 1)} vs ${f(sse['bare-pipe'].cpu_us_per_chunk.median, 1)} µs)`,
+      cpu <= 1.3,
+    );
   }
   const gc = r.scenarios.growing_context;
   if (gc?.targets?.sidecar && gc.targets['bare-pipe']) {
@@ -115,15 +186,27 @@ function bars(r) {
     const direct = med('direct', 'p50');
     const side = med('sidecar', 'p50') - direct;
     const bare = med('bare-pipe', 'p50') - direct;
-    row(`Growing context (${gc.agents}×${gc.turns}): added p50 ≤ 2× the bare pipe's + 1 ms`, `${f(side, 2)} ms vs ${f(2 * bare + 1, 2)} ms allowed (bare pipe ${f(bare, 2)} ms)`, side <= 2 * bare + 1);
+    row(
+      `Growing context (${gc.agents}×${gc.turns}): added p50 ≤ 2× the bare pipe's + 1 ms`,
+      `${f(side, 2)} ms vs ${f(2 * bare + 1, 2)} ms allowed (bare pipe ${f(bare, 2)} ms)`,
+      side <= 2 * bare + 1,
+    );
     const load = med('sidecar', 'cpu_us_per_call_load') / med('bare-pipe', 'cpu_us_per_call_load');
     const all = med('sidecar', 'cpu_us_per_call') / med('bare-pipe', 'cpu_us_per_call');
-    row('Growing context: CPU per call ≤ 2× the bare pipe (capture and export included)', `${f(all)}× with export (${f(med('sidecar', 'cpu_us_per_call'), 0)} vs ${f(med('bare-pipe', 'cpu_us_per_call'), 0)} µs); ${f(load)}× during the calls alone`, all <= 2);
+    row(
+      'Growing context: CPU per call ≤ 2× the bare pipe (capture and export included)',
+      `${f(all)}× with export (${f(med('sidecar', 'cpu_us_per_call'), 0)} vs ${f(med('bare-pipe', 'cpu_us_per_call'), 0)} µs); ${f(load)}× during the calls alone`,
+      all <= 2,
+    );
     const peak = Math.max(...gc.targets.sidecar.rounds.map((x) => x.peak_rss_mib));
     row('Growing context: peak RSS ≤ 200 MiB with every episode open', `${f(peak, 0)} MiB`, peak <= 200);
     const v = gc.targets.sidecar.verify ?? [];
     const wrong = v.reduce((n, x) => n + x.wrong + (x.expected - x.checked), 0);
-    row('Growing context: every transition’s ids equal what the server returned', `${v.reduce((n, x) => n + x.checked, 0)} checked, ${wrong} wrong or missing`, v.length > 0 && wrong === 0);
+    row(
+      'Growing context: every transition’s ids equal what the server returned',
+      `${v.reduce((n, x) => n + x.checked, 0)} checked, ${wrong} wrong or missing`,
+      v.length > 0 && wrong === 0,
+    );
   }
   const large = r.scenarios.large_1mib_c2;
   if (large?.sidecar && large['bare-pipe']) {
@@ -137,14 +220,33 @@ function bars(r) {
     const worst = Math.max(o.grpc_10k.cpu_pct_of_core, o.http_10k?.cpu_pct_of_core ?? 0);
     const rss = Math.max(o.grpc_10k.rss_mib, o.http_10k?.rss_mib ?? 0);
     const lost = o.grpc_10k.lost_spans + (o.http_10k?.lost_spans ?? 0);
-    row('OTLP: 10k spans/s, zero loss, ≤ 25 % of a core, RSS ≤ 150 MiB', `lost ${lost}; CPU ${f(o.grpc_10k.cpu_pct_of_core, 1)} % (gRPC), ${f(o.http_10k?.cpu_pct_of_core, 1)} % (HTTP); RSS ${f(rss, 0)} MiB`, lost === 0 && worst <= 25 && rss <= 150);
+    row(
+      'OTLP: 10k spans/s, zero loss, ≤ 25 % of a core, RSS ≤ 150 MiB',
+      `lost ${lost}; CPU ${f(o.grpc_10k.cpu_pct_of_core, 1)} % (gRPC), ${f(o.http_10k?.cpu_pct_of_core, 1)} % (HTTP); RSS ${f(rss, 0)} MiB`,
+      lost === 0 && worst <= 25 && rss <= 150,
+    );
   }
   const k = r.scenarios.kafka;
-  if (k?.drain) row('Kafka: ≥ 20k transitions/s of 2 KiB, acks=all', `${f(k.drain.transitions_per_s, 0)}/s journal → test broker (avg ${f(k.drain.avg_record_bytes, 0)} B)`, k.drain.transitions_per_s >= 20_000);
-  if (k?.bare_producer) row('Kafka: drain ≥ 0.5× a bare kafkajs idempotent producer, same messages, same broker', `${f(k.drain_vs_bare)}× (${f(k.drain.transitions_per_s, 0)} vs ${f(k.bare_producer.messages_per_s, 0)} /s)`, k.drain_vs_bare >= 0.5);
+  if (k?.drain)
+    row(
+      'Kafka: ≥ 20k transitions/s of 2 KiB, acks=all',
+      `${f(k.drain.transitions_per_s, 0)}/s journal → test broker (avg ${f(k.drain.avg_record_bytes, 0)} B)`,
+      k.drain.transitions_per_s >= 20_000,
+    );
+  if (k?.bare_producer)
+    row(
+      'Kafka: drain ≥ 0.5× a bare kafkajs idempotent producer, same messages, same broker',
+      `${f(k.drain_vs_bare)}× (${f(k.drain.transitions_per_s, 0)} vs ${f(k.bare_producer.messages_per_s, 0)} /s)`,
+      k.drain_vs_bare >= 0.5,
+    );
   row('Kafka: zero loss across a broker outage and a SIGKILL', 'not a benchmark: test/e2e/kafka-delivery.test.ts (in npm test)', null);
   const m = r.scenarios.memory;
-  if (m) row('Memory: RSS ≤ 150 MiB with 1,000 open episodes × 20 calls', `${f(m.rss_mib, 0)} MiB with ${m.open_episodes} open episodes × ${m.calls_per_episode}`, m.episodes >= 1000 ? m.rss_mib <= 150 : null);
+  if (m)
+    row(
+      'Memory: RSS ≤ 150 MiB with 1,000 open episodes × 20 calls',
+      `${f(m.rss_mib, 0)} MiB with ${m.open_episodes} open episodes × ${m.calls_per_episode}`,
+      m.episodes >= 1000 ? m.rss_mib <= 150 : null,
+    );
   return L;
 }
 

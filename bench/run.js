@@ -23,7 +23,13 @@ const results = { machine: machine(), quick: QUICK, rounds: ROUNDS, duration_ms:
 
 function machine() {
   const cpus = os.cpus();
-  return { cpu: cpus[0]?.model ?? 'unknown', cores: cpus.length, memory_gib: Math.round(os.totalmem() / 2 ** 30), node: process.version, os: `${os.type()} ${os.release()}` };
+  return {
+    cpu: cpus[0]?.model ?? 'unknown',
+    cores: cpus.length,
+    memory_gib: Math.round(os.totalmem() / 2 ** 30),
+    node: process.version,
+    os: `${os.type()} ${os.release()}`,
+  };
 }
 
 function log(...a) {
@@ -35,7 +41,10 @@ async function startSidecar(upstreamPort, env = {}) {
   const dataDir = fs.mkdtempSync(path.join(tmp, 'sidecar-'));
   // BENCH_CPU_PROF=DIR: the sidecars write V8 CPU profiles there (node --cpu-prof) when they stop.
   // BENCH_NODE_FLAGS: more node flags for the sidecars (e.g. --trace-gc).
-  const prof = [...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(process.env.BENCH_CPU_PROF)] : []), ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean)];
+  const prof = [
+    ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(process.env.BENCH_CPU_PROF)] : []),
+    ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean),
+  ];
   const p = spawn(process.execPath, [...prof, path.join(ROOT, 'dist/main.js'), 'run'], {
     env: {
       PATH: process.env.PATH,
@@ -101,7 +110,11 @@ http { access_log off; client_body_temp_path ${dir}/body; proxy_temp_path ${dir}
       await fetch(`http://127.0.0.1:${port}/`, { method: 'POST', body: '{}' });
       const pid = Number(fs.readFileSync(`${dir}/nginx.pid`, 'utf8'));
       // CPU is read from the worker (the master only supervises).
-      const worker = Number(execFileSync('pgrep', ['-P', String(pid)], { encoding: 'utf8' }).trim().split('\n')[0]);
+      const worker = Number(
+        execFileSync('pgrep', ['-P', String(pid)], { encoding: 'utf8' })
+          .trim()
+          .split('\n')[0],
+      );
       return { proc: p, port, pid: worker || pid };
     } catch {
       await new Promise((r) => setTimeout(r, 50));
@@ -135,7 +148,16 @@ async function withCpu(pid, fn) {
 
 const GC_AGENTS = QUICK ? 4 : 8;
 const GC_TURNS = QUICK ? 12 : 24;
-const CHAT = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'system', content: 'You are a helpful agent.' }, { role: 'user', content: 'x'.repeat(900) }], max_tokens: 64 }));
+const CHAT = Buffer.from(
+  JSON.stringify({
+    model: 'bench-policy',
+    messages: [
+      { role: 'system', content: 'You are a helpful agent.' },
+      { role: 'user', content: 'x'.repeat(900) },
+    ],
+    max_tokens: 64,
+  }),
+);
 const CHAT_STREAM = Buffer.from(JSON.stringify({ model: 'bench-policy', stream: true, messages: [{ role: 'user', content: 'x'.repeat(900) }] }));
 
 async function main() {
@@ -167,10 +189,20 @@ async function main() {
     children.push(agentBare.proc);
     const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
     const endRollouts = async (prefix, agents) => {
-      const exported = async () => Number(/^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${gcSidecar.telemetry}/metrics`)).text())?.[1] ?? 0);
+      const exported = async () =>
+        Number(
+          /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(
+            await (await fetch(`http://127.0.0.1:${gcSidecar.telemetry}/metrics`)).text(),
+          )?.[1] ?? 0,
+        );
       const before = await exported();
       const t0 = performance.now();
-      for (let a = 0; a < agents; a++) await fetch(`http://127.0.0.1:${gcSidecar.port}/lightning/v1/rollouts/${prefix}-${a}/end`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+      for (let a = 0; a < agents; a++)
+        await fetch(`http://127.0.0.1:${gcSidecar.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: '{}',
+        });
       const until = Date.now() + 120_000;
       while ((await exported()) < before + agents * GC_TURNS && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
       return (performance.now() - t0) / 1000;
@@ -196,88 +228,159 @@ async function main() {
   // 1. JSON, 1 and 16 connections.
   for (const conns of want('json') ? [1, 16] : []) {
     log(`json c=${conns}`);
-    const s = await rounds(targets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })));
+    const s = await rounds(targets, (t) =>
+      withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })),
+    );
     results.scenarios[`json_c${conns}`] = Object.fromEntries(
-      Object.entries(s).map(([name, xs]) => [name, { rps: summarize(xs, 'rps'), p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), cpu_us_per_req: summarize(xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0), requests: xs.reduce((n, x) => n + x.requests, 0) }]),
+      Object.entries(s).map(([name, xs]) => [
+        name,
+        {
+          rps: summarize(xs, 'rps'),
+          p50_ms: summarize(xs, 'p50'),
+          p99_ms: summarize(xs, 'p99'),
+          cpu_us_per_req: summarize(
+            xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })),
+            'v',
+          ),
+          errors: xs.reduce((n, x) => n + x.errors, 0),
+          requests: xs.reduce((n, x) => n + x.requests, 0),
+        },
+      ]),
     );
   }
 
   // 2. SSE, 50 chunks 1 ms apart.
   const sseTargets = targets.filter((t) => t.name !== 'sidecar-nocapture');
   if (want('sse')) {
-  log('sse');
-  const sse = await rounds(sseTargets, (t) => withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })));
-  results.scenarios.sse_c4 = Object.fromEntries(
-    Object.entries(sse).map(([name, xs]) => [name, { ttfb_p50_ms: summarize(xs, 'ttfbP50'), ttfb_p99_ms: summarize(xs, 'ttfbP99'), total_p50_ms: summarize(xs, 'p50'), cpu_us_per_chunk: summarize(xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0), requests: xs.reduce((n, x) => n + x.requests, 0) }]),
-  );
-
+    log('sse');
+    const sse = await rounds(sseTargets, (t) =>
+      withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })),
+    );
+    results.scenarios.sse_c4 = Object.fromEntries(
+      Object.entries(sse).map(([name, xs]) => [
+        name,
+        {
+          ttfb_p50_ms: summarize(xs, 'ttfbP50'),
+          ttfb_p99_ms: summarize(xs, 'ttfbP99'),
+          total_p50_ms: summarize(xs, 'p50'),
+          cpu_us_per_chunk: summarize(
+            xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })),
+            'v',
+          ),
+          errors: xs.reduce((n, x) => n + x.errors, 0),
+          requests: xs.reduce((n, x) => n + x.requests, 0),
+        },
+      ]),
+    );
   }
 
   // 3. 1 MiB prompts.
   if (want('large')) {
-  log('large bodies');
-  const big = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'user', content: 'y'.repeat(1024 * 1024) }] }));
-  const large = await rounds(sseTargets, async (t) => {
-    let peak = t.pid ? proc(t.pid).rss : NaN;
-    const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 50) : null;
-    const r = await withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: big, conns: 2, durationMs: DUR, maxRequests: 2000 }));
-    if (timer) clearInterval(timer);
-    return { ...r, peak };
-  });
-  results.scenarios.large_1mib_c2 = Object.fromEntries(Object.entries(large).map(([name, xs]) => [name, { p50_ms: summarize(xs, 'p50'), p99_ms: summarize(xs, 'p99'), rps: summarize(xs, 'rps'), peak_rss_mib: summarize(xs.map((x) => ({ v: x.peak / 2 ** 20 })), 'v'), cpu_us_per_req: summarize(xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })), 'v'), errors: xs.reduce((n, x) => n + x.errors, 0) }]));
-
+    log('large bodies');
+    const big = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'user', content: 'y'.repeat(1024 * 1024) }] }));
+    const large = await rounds(sseTargets, async (t) => {
+      let peak = t.pid ? proc(t.pid).rss : NaN;
+      const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 50) : null;
+      const r = await withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: big, conns: 2, durationMs: DUR, maxRequests: 2000 }));
+      if (timer) clearInterval(timer);
+      return { ...r, peak };
+    });
+    results.scenarios.large_1mib_c2 = Object.fromEntries(
+      Object.entries(large).map(([name, xs]) => [
+        name,
+        {
+          p50_ms: summarize(xs, 'p50'),
+          p99_ms: summarize(xs, 'p99'),
+          rps: summarize(xs, 'rps'),
+          peak_rss_mib: summarize(
+            xs.map((x) => ({ v: x.peak / 2 ** 20 })),
+            'v',
+          ),
+          cpu_us_per_req: summarize(
+            xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })),
+            'v',
+          ),
+          errors: xs.reduce((n, x) => n + x.errors, 0),
+        },
+      ]),
+    );
   }
 
   // 4. OTLP ingest.
   // A fresh sidecar, so its RSS is the OTLP path's and not what the proxy scenarios left behind.
   await stop(sidecar.proc);
   if (want('otlp')) {
-  log('otlp');
-  const otlpSidecar = await startSidecar(model.port);
-  results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, durationMs: DUR, quick: QUICK, proc });
-  await stop(otlpSidecar.proc);
+    log('otlp');
+    const otlpSidecar = await startSidecar(model.port);
+    results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, durationMs: DUR, quick: QUICK, proc });
+    await stop(otlpSidecar.proc);
   }
 
   // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open).
   if (want('memory')) {
-  log('memory');
-  const memSidecar = await startSidecar(model.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
-  const episodes = QUICK ? 200 : 1000;
-  const calls = 20;
-  const rssBefore = proc(memSidecar.proc.pid).rss;
-  let next = 0;
-  const agent = new (require('node:http').Agent)({ keepAlive: true, maxSockets: 16 });
-  await Promise.all(
-    Array.from({ length: 16 }, async () => {
-      while (next < episodes * calls) {
-        const i = next++;
-        await new Promise((resolve) => {
-          const req = require('node:http').request({ host: '127.0.0.1', port: memSidecar.port, path: '/v1/chat/completions', method: 'POST', agent, headers: { 'content-type': 'application/json', 'x-rollout-id': `mem-${i % episodes}` } }, (res) => {
-            res.resume();
-            res.on('end', resolve);
+    log('memory');
+    const memSidecar = await startSidecar(model.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    const episodes = QUICK ? 200 : 1000;
+    const calls = 20;
+    const rssBefore = proc(memSidecar.proc.pid).rss;
+    let next = 0;
+    const agent = new (require('node:http').Agent)({ keepAlive: true, maxSockets: 16 });
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (next < episodes * calls) {
+          const i = next++;
+          await new Promise((resolve) => {
+            const req = require('node:http').request(
+              {
+                host: '127.0.0.1',
+                port: memSidecar.port,
+                path: '/v1/chat/completions',
+                method: 'POST',
+                agent,
+                headers: { 'content-type': 'application/json', 'x-rollout-id': `mem-${i % episodes}` },
+              },
+              (res) => {
+                res.resume();
+                res.on('end', resolve);
+              },
+            );
+            req.on('error', resolve);
+            req.end(CHAT);
           });
-          req.on('error', resolve);
-          req.end(CHAT);
-        });
-      }
-    }),
-  );
-  agent.destroy();
-  await new Promise((r) => setTimeout(r, 500));
-  const metrics = await (await fetch(`http://127.0.0.1:${memSidecar.telemetry}/metrics`)).text();
-  const open = Number(/^lightning_sidecar_open_episodes (\d+)/m.exec(metrics)?.[1] ?? NaN);
-  if (global.gc) global.gc();
-  results.scenarios.memory = { episodes, calls_per_episode: calls, open_episodes: open, rss_before_mib: rssBefore / 2 ** 20, rss_mib: proc(memSidecar.proc.pid).rss / 2 ** 20 };
-  await stop(memSidecar.proc);
+        }
+      }),
+    );
+    agent.destroy();
+    await new Promise((r) => setTimeout(r, 500));
+    const metrics = await (await fetch(`http://127.0.0.1:${memSidecar.telemetry}/metrics`)).text();
+    const open = Number(/^lightning_sidecar_open_episodes (\d+)/m.exec(metrics)?.[1] ?? NaN);
+    if (global.gc) global.gc();
+    results.scenarios.memory = {
+      episodes,
+      calls_per_episode: calls,
+      open_episodes: open,
+      rss_before_mib: rssBefore / 2 ** 20,
+      rss_mib: proc(memSidecar.proc.pid).rss / 2 ** 20,
+    };
+    await stop(memSidecar.proc);
   }
 
   // 5. Kafka export against the test broker.
   if (want('kafka')) {
-  log('kafka');
-  const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
-  children.push(agentModel.proc);
-  results.scenarios.kafka = await require('./kafka').benchKafka({ modelPort: model.port, agentModelPort: agentModel.port, startSidecar, stop, quick: QUICK, proc, closedLoop, body: CHAT });
-  await stop(agentModel.proc);
+    log('kafka');
+    const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
+    children.push(agentModel.proc);
+    results.scenarios.kafka = await require('./kafka').benchKafka({
+      modelPort: model.port,
+      agentModelPort: agentModel.port,
+      startSidecar,
+      stop,
+      quick: QUICK,
+      proc,
+      closedLoop,
+      body: CHAT,
+    });
+    await stop(agentModel.proc);
   }
 
   results.finished_at = new Date().toISOString();
@@ -288,10 +391,13 @@ async function main() {
   process.stdout.write(md);
 }
 
-const hardStop = setTimeout(() => {
-  log('bench: over its time budget; stopping');
-  cleanup().then(() => process.exit(1));
-}, QUICK ? 120_000 : 900_000);
+const hardStop = setTimeout(
+  () => {
+    log('bench: over its time budget; stopping');
+    cleanup().then(() => process.exit(1));
+  },
+  QUICK ? 120_000 : 900_000,
+);
 hardStop.unref();
 
 async function cleanup() {

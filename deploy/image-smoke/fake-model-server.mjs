@@ -31,7 +31,11 @@ const server = http.createServer((req, res) => {
           token_ids: REPLY.responseIds,
         },
       ],
-      usage: { prompt_tokens: REPLY.promptIds.length, completion_tokens: REPLY.responseIds.length, total_tokens: REPLY.promptIds.length + REPLY.responseIds.length },
+      usage: {
+        prompt_tokens: REPLY.promptIds.length,
+        completion_tokens: REPLY.responseIds.length,
+        total_tokens: REPLY.promptIds.length + REPLY.responseIds.length,
+      },
       prompt_logprobs: null,
       prompt_token_ids: REPLY.promptIds,
     };

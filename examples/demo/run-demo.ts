@@ -66,8 +66,22 @@ function demoScript(r: ReceivedRequest): Turn {
 }
 
 const tools: OpenAI.Chat.ChatCompletionTool[] = [
-  { type: 'function', function: { name: 'lookup_city', description: 'population and area of a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
-  { type: 'function', function: { name: 'calculator', description: 'evaluates a * b or a / b', parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
+  {
+    type: 'function',
+    function: {
+      name: 'lookup_city',
+      description: 'population and area of a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    },
+  },
+  {
+    type: 'function',
+    function: {
+      name: 'calculator',
+      description: 'evaluates a * b or a / b',
+      parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
+    },
+  },
 ];
 
 function runTool(name: string, args: string): string {
@@ -106,7 +120,12 @@ function tracedTool(tracer: Tracer, call: { id: string; name: string; args: stri
 
 /** The agent: plain openai SDK code; the only sidecar-specific thing is the base URL and headers. */
 async function agent(tracer: Tracer, baseURL: string, rolloutId: string, groupId: string, stream: boolean): Promise<string> {
-  const client = new OpenAI({ baseURL, apiKey: 'sk-demo-not-a-real-key', maxRetries: 0, defaultHeaders: { 'x-rollout-id': rolloutId, 'x-group-id': groupId, 'x-agent-name': 'density-agent' } });
+  const client = new OpenAI({
+    baseURL,
+    apiKey: 'sk-demo-not-a-real-key',
+    maxRetries: 0,
+    defaultHeaders: { 'x-rollout-id': rolloutId, 'x-group-id': groupId, 'x-agent-name': 'density-agent' },
+  });
   const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [
     { role: 'system', content: 'You answer questions about cities using tools.' },
     { role: 'user', content: 'What is the population density of Lisbon?' },
@@ -159,7 +178,11 @@ function readNdjson<T>(dir: string): T[] {
   return readdirSync(dir)
     .filter((f) => f.endsWith('.ndjson'))
     .sort()
-    .flatMap((f) => readFileSync(path.join(dir, f), 'utf8').split('\n').filter((l) => l.trim() !== ''))
+    .flatMap((f) =>
+      readFileSync(path.join(dir, f), 'utf8')
+        .split('\n')
+        .filter((l) => l.trim() !== ''),
+    )
     .map((l) => JSON.parse(l) as T);
 }
 
@@ -169,7 +192,10 @@ async function main(): Promise<void> {
   const grpcPort = await pickPort(4317);
   const httpPort = await pickPort(4318);
   const telemetryPort = await pickPort(9464);
-  const runId = new Date().toISOString().replace(/[-:.TZ]/g, '').slice(0, 14);
+  const runId = new Date()
+    .toISOString()
+    .replace(/[-:.TZ]/g, '')
+    .slice(0, 14);
   const before = new Set(readNdjson<Transition>(path.join(DATA_DIR, 'transitions')).map((t) => t.transition_id));
 
   console.log('lightning-sidecar demo');
@@ -219,7 +245,11 @@ async function main(): Promise<void> {
       const correct = /about 5450 people/.test(answer);
       const reward = correct ? 1 : 0;
       console.log(`  rollout ${rolloutId}: "${answer}" → reward ${reward}`);
-      const res = await fetch(`${origin}/lightning/v1/rollouts/${rolloutId}/reward`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ value: reward }) });
+      const res = await fetch(`${origin}/lightning/v1/rollouts/${rolloutId}/reward`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ value: reward }),
+      });
       if (res.status !== 202) throw new Error(`demo: reward was not accepted (${res.status})`);
     }
 
@@ -244,7 +274,9 @@ async function main(): Promise<void> {
     }));
     console.table(rows);
     const sample = transitions[0];
-    console.log('\nreward = credited final reward (identical assignment) + AIR: a failed tool span costs the call that asked for it 0.5, a successful one earns 0.1.');
+    console.log(
+      '\nreward = credited final reward (identical assignment) + AIR: a failed tool span costs the call that asked for it 0.5, a successful one earns 0.1.',
+    );
     console.log('\nfirst transition, abridged:');
     console.log(
       JSON.stringify(
@@ -260,7 +292,9 @@ async function main(): Promise<void> {
         2,
       ),
     );
-    console.log(`\nwritten to ${path.relative(process.cwd(), path.join(DATA_DIR, 'transitions')) || '.'}/*.ndjson and ${path.relative(process.cwd(), path.join(DATA_DIR, 'episodes'))}/*.ndjson`);
+    console.log(
+      `\nwritten to ${path.relative(process.cwd(), path.join(DATA_DIR, 'transitions')) || '.'}/*.ndjson and ${path.relative(process.cwd(), path.join(DATA_DIR, 'episodes'))}/*.ndjson`,
+    );
     console.log('read them with: node dist/main.js tail --data-dir data\n');
     console.log('point your own agent at it:');
     console.log('  export OPENAI_BASE_URL=http://127.0.0.1:4000/rollout/<rollout-id>/v1   # or send x-rollout-id');

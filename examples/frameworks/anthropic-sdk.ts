@@ -24,7 +24,11 @@ async function main(): Promise<void> {
   const tracer = provider.getTracer('agent');
   const client = new Anthropic({ baseURL: `${SIDECAR}/rollout/${rolloutId}`, apiKey: process.env.ANTHROPIC_API_KEY ?? 'sk-ant-local' });
   const tools: Anthropic.Tool[] = [
-    { name: 'calculator', description: 'evaluates a + b, a - b, a * b or a / b', input_schema: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } },
+    {
+      name: 'calculator',
+      description: 'evaluates a + b, a - b, a * b or a / b',
+      input_schema: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
+    },
   ];
   const messages: Anthropic.MessageParam[] = [{ role: 'user', content: 'What is 2+2? Use the calculator.' }];
   let answer = '';

@@ -31,7 +31,11 @@ async function main(): Promise<void> {
   registerInstrumentations({ instrumentations: [new UndiciInstrumentation()] });
 
   const rolloutId = newRolloutId('langchain');
-  const model = new ChatOpenAI({ model: MODEL, apiKey: process.env.OPENAI_API_KEY ?? 'sk-local', configuration: { baseURL: `${SIDECAR}/rollout/${rolloutId}/v1` } });
+  const model = new ChatOpenAI({
+    model: MODEL,
+    apiKey: process.env.OPENAI_API_KEY ?? 'sk-local',
+    configuration: { baseURL: `${SIDECAR}/rollout/${rolloutId}/v1` },
+  });
   const calc = tool(async ({ expression }) => calculator(expression), {
     name: 'calculator',
     description: 'evaluates a + b, a - b, a * b or a / b',
@@ -39,7 +43,9 @@ async function main(): Promise<void> {
   });
   const agent = createAgent({ model, tools: [calc] });
   // One workflow span around the run: the model calls and the tool spans share its trace.
-  const result = await traceloop.withWorkflow({ name: 'calculator_agent' }, () => agent.invoke({ messages: [{ role: 'user', content: 'What is 2+2? Use the calculator.' }] }));
+  const result = await traceloop.withWorkflow({ name: 'calculator_agent' }, () =>
+    agent.invoke({ messages: [{ role: 'user', content: 'What is 2+2? Use the calculator.' }] }),
+  );
   const last = result.messages[result.messages.length - 1];
   const answer = typeof last.content === 'string' ? last.content : JSON.stringify(last.content);
   console.log(`answer: ${answer}`);

@@ -28,7 +28,14 @@ async function main(): Promise<void> {
     defaultHeaders: { 'x-group-id': 'example-task', 'x-agent-name': 'calculator-agent' },
   });
   const tools: OpenAI.Chat.ChatCompletionTool[] = [
-    { type: 'function', function: { name: 'calculator', description: 'evaluates a + b, a - b, a * b or a / b', parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
+    {
+      type: 'function',
+      function: {
+        name: 'calculator',
+        description: 'evaluates a + b, a - b, a * b or a / b',
+        parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
+      },
+    },
   ];
   const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is 2+2? Use the calculator.' }];
   let answer = '';

@@ -8,12 +8,13 @@ import { decodeEpisodeRecord, decodeTransitionRecord, gaveUpMessage, kafkaComman
 const spec: CommandSpec = {
   name: 'groups',
   summary: 'emit complete GRPO groups from Kafka, once each (the reference trainer consumer)',
-  synopsis: '--group-size N [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]',
+  synopsis:
+    '--group-size N [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]',
   options: {
     'group-size': { type: 'integer', value: 'N', description: 'episodes per group (required)' },
     brokers: { type: 'string', value: 'H:P,...', description: 'Kafka brokers (default: the config, then $LIGHTNING_KAFKA_BROKERS)' },
     'group-id': { type: 'string', value: 'ID', description: 'Kafka consumer group (default: lightning-groups)' },
-    out: { type: 'string', value: 'FILE', description: 'append groups to FILE as JSON lines, each fsync\'d before offsets move (default: stdout)' },
+    out: { type: 'string', value: 'FILE', description: "append groups to FILE as JSON lines, each fsync'd before offsets move (default: stdout)" },
     'to-topic': { type: 'string', value: 'T', description: 'produce groups to topic T instead' },
     state: { type: 'string', value: 'FILE', description: 'groups already emitted or given up on (default: OUT.state, or ./lightning-groups.state)' },
     'group-timeout-ms': { type: 'integer', value: 'MS', description: 'give up on a group (and a chunked record) after MS (default: 600000)' },
@@ -95,7 +96,10 @@ export const groupsCommand: Command = {
     }
 
     const reportDropped = (records: IncompleteRecord[]): void => {
-      for (const r of records) io.err.write(`groups: dropped record ${r.recordId} at ${r.topic}/${r.partition}: ${r.have} of ${r.count} chunks (${r.reason === 'timeout' ? `after ${r.waitedMs} ms` : 'chunk buffer full'})\n`);
+      for (const r of records)
+        io.err.write(
+          `groups: dropped record ${r.recordId} at ${r.topic}/${r.partition}: ${r.have} of ${r.count} chunks (${r.reason === 'timeout' ? `after ${r.waitedMs} ms` : 'chunk buffer full'})\n`,
+        );
     };
 
     /** Commits, per partition, up to the lowest record still needed (or past the last one seen). */
@@ -145,7 +149,8 @@ export const groupsCommand: Command = {
           lastSeen.set(`${topic}\u0000${partition}`, at);
           const outcome = chunks.add(at, message.headers, message.value, now);
           reportDropped(chunks.takeEvicted());
-          if (outcome.kind === 'invalid') io.err.write(`groups: skipping record ${outcome.recordId ?? '?'} at ${topic}/${partition}@${message.offset}: ${outcome.reason}\n`);
+          if (outcome.kind === 'invalid')
+            io.err.write(`groups: skipping record ${outcome.recordId ?? '?'} at ${topic}/${partition}@${message.offset}: ${outcome.reason}\n`);
           if (outcome.kind !== 'record') {
             await commit();
             return;
@@ -153,7 +158,10 @@ export const groupsCommand: Command = {
           const { record } = outcome;
           let events: GroupEvent[];
           try {
-            events = topic === topics.episodes ? assembler.addEpisode(decodeEpisodeRecord(record), record.pos, now) : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
+            events =
+              topic === topics.episodes
+                ? assembler.addEpisode(decodeEpisodeRecord(record), record.pos, now)
+                : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
           } catch {
             io.err.write(`groups: skipping an undecodable record at ${topic}/${partition}@${record.pos.offset}\n`);
             await commit();

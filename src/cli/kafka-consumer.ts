@@ -12,7 +12,11 @@ import type { CliIo } from './command';
 /** Config for a Kafka command: `--config` (or $LIGHTNING_CONFIG), env, then `--brokers`/`--topic`. */
 export function kafkaCommandConfig(values: { config?: string; brokers?: string; topic?: string }, io: CliIo): Config {
   const kafka: Record<string, unknown> = {};
-  if (values.brokers !== undefined) kafka.brokers = values.brokers.split(',').map((b) => b.trim()).filter((b) => b.length > 0);
+  if (values.brokers !== undefined)
+    kafka.brokers = values.brokers
+      .split(',')
+      .map((b) => b.trim())
+      .filter((b) => b.length > 0);
   if (values.topic !== undefined) kafka.topic = values.topic;
   return loadConfig({ file: values.config ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env, overrides: { exporters: { kafka } } });
 }

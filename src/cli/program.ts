@@ -22,7 +22,7 @@ export function programHelp(): string {
     ...COMMANDS.map((c) => `  ${c.spec.name.padEnd(width)}${c.spec.summary}`),
     '',
     'options:',
-    '  -h, --help     print this help; `COMMAND --help` prints a command\'s help',
+    "  -h, --help     print this help; `COMMAND --help` prints a command's help",
     '      --version  print the version',
     '',
     'exit codes: 0 done, 1 failed while running, 2 bad command line or configuration',

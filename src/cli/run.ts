@@ -11,7 +11,11 @@ const spec: CommandSpec = {
   summary: 'run the sidecar (the default command)',
   synopsis: '[--config FILE]',
   options: {
-    config: { type: 'string', value: 'FILE', description: 'YAML config file (default: $LIGHTNING_CONFIG); LIGHTNING_* env vars override it, then defaults apply' },
+    config: {
+      type: 'string',
+      value: 'FILE',
+      description: 'YAML config file (default: $LIGHTNING_CONFIG); LIGHTNING_* env vars override it, then defaults apply',
+    },
   },
   notes: ['Stops on SIGTERM or SIGINT after draining (a second signal exits at once). Logs are JSON lines on stderr.'],
 };

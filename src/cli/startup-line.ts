@@ -32,7 +32,8 @@ export function startupLine(config: Config, facts: StartupFacts): { msg: string;
   const exporterText =
     exporter.kind === 'kafka' ? `kafka ${k.brokers.join(',')} topics ${k.topic}, ${k.episodes_topic} (${k.encoding})` : `files under ${exporter.dir}`;
   const upstreamText = `${facts.upstream.url} (${facts.upstream.flavor}, ${facts.upstream.detected === null ? 'configured' : `detected: ${facts.upstream.detected}`})`;
-  const otlp = [facts.otlpGrpc ? `grpc ${facts.otlpGrpc}` : null, facts.otlpHttp ? `http ${facts.otlpHttp}` : null].filter((x) => x !== null).join(', ') || 'off';
+  const otlp =
+    [facts.otlpGrpc ? `grpc ${facts.otlpGrpc}` : null, facts.otlpHttp ? `http ${facts.otlpHttp}` : null].filter((x) => x !== null).join(', ') || 'off';
   const msg =
     `lightning-sidecar ${facts.version} ready: proxy ${facts.proxy} → ${upstreamText}; ` +
     `exporter ${exporterText}; data ${dataDir}; otlp ${otlp}; metrics http://${facts.telemetry}/metrics`;

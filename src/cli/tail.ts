@@ -68,7 +68,9 @@ async function tailFiles(values: ParsedValues, io: CliIo): Promise<number> {
 
 async function printNew(dir: string, seen: Map<string, number>, io: CliIo, json: boolean): Promise<void> {
   if (!existsSync(dir)) return;
-  const files = readdirSync(dir).filter((f) => f.endsWith('.ndjson')).sort();
+  const files = readdirSync(dir)
+    .filter((f) => f.endsWith('.ndjson'))
+    .sort();
   for (const f of files) {
     const file = path.join(dir, f);
     const from = seen.get(file) ?? 0;
@@ -128,7 +130,8 @@ async function tailKafka(values: ParsedValues, io: CliIo): Promise<number> {
     finish();
   });
   const timer = setInterval(() => {
-    for (const r of [...chunks.tick(Date.now()), ...chunks.takeEvicted()]) io.err.write(`tail: dropped record ${r.recordId}: ${r.have} of ${r.count} chunks (${r.reason})\n`);
+    for (const r of [...chunks.tick(Date.now()), ...chunks.takeEvicted()])
+      io.err.write(`tail: dropped record ${r.recordId}: ${r.have} of ${r.count} chunks (${r.reason})\n`);
   }, 1000);
   timer.unref();
   try {
@@ -138,7 +141,8 @@ async function tailKafka(values: ParsedValues, io: CliIo): Promise<number> {
       eachMessage: async ({ topic: t, partition, message }) => {
         if (printed >= max) return;
         const outcome = chunks.add({ topic: t, partition, offset: Number(message.offset) }, message.headers, message.value, Date.now());
-        if (outcome.kind === 'invalid') io.err.write(`tail: skipping record ${outcome.recordId ?? '?'} at ${t}/${partition}@${message.offset}: ${outcome.reason}\n`);
+        if (outcome.kind === 'invalid')
+          io.err.write(`tail: skipping record ${outcome.recordId ?? '?'} at ${t}/${partition}@${message.offset}: ${outcome.reason}\n`);
         if (outcome.kind !== 'record') return;
         let tr: WireTransition;
         try {

@@ -20,7 +20,11 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_POLICY_VERSION_HEADER: { path: ['processors', 'policy', 'response_header'] },
   LIGHTNING_KAFKA_BROKERS: {
     path: ['exporters', 'kafka', 'brokers'],
-    parse: (v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0),
+    parse: (v) =>
+      v
+        .split(',')
+        .map((s) => s.trim())
+        .filter((s) => s.length > 0),
   },
   LIGHTNING_KAFKA_TOPIC: { path: ['exporters', 'kafka', 'topic'] },
   LIGHTNING_KAFKA_EPISODES_TOPIC: { path: ['exporters', 'kafka', 'episodes_topic'] },
@@ -144,8 +148,7 @@ function deepMerge(base: Record<string, unknown>, over: Record<string, unknown>)
   const out: Record<string, unknown> = { ...base };
   for (const [k, v] of Object.entries(over)) {
     const b = out[k];
-    out[k] =
-      isPlainObject(b) && isPlainObject(v) ? deepMerge(b, v) : v;
+    out[k] = isPlainObject(b) && isPlainObject(v) ? deepMerge(b, v) : v;
   }
   return out;
 }

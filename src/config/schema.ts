@@ -52,8 +52,14 @@ export const otlpSchema = z
   .object({
     protocols: z
       .object({
-        grpc: z.object({ endpoint: address.default('127.0.0.1:4317'), enabled: z.boolean().default(true) }).strict().default({ endpoint: '127.0.0.1:4317', enabled: true }),
-        http: z.object({ endpoint: address.default('127.0.0.1:4318'), enabled: z.boolean().default(true) }).strict().default({ endpoint: '127.0.0.1:4318', enabled: true }),
+        grpc: z
+          .object({ endpoint: address.default('127.0.0.1:4317'), enabled: z.boolean().default(true) })
+          .strict()
+          .default({ endpoint: '127.0.0.1:4317', enabled: true }),
+        http: z
+          .object({ endpoint: address.default('127.0.0.1:4318'), enabled: z.boolean().default(true) })
+          .strict()
+          .default({ endpoint: '127.0.0.1:4318', enabled: true }),
       })
       .strict()
       .prefault({}),
@@ -88,7 +94,10 @@ export const creditSchema = z
 export const predicateSchema = z.string().transform((text, ctx) => {
   const p = parsePredicate(text);
   if (!p) {
-    ctx.addIssue({ code: 'custom', message: `cannot parse '${text}': use 'attribute op value' with op one of == != > >= < <= ~= (regex), or 'exists attribute'` });
+    ctx.addIssue({
+      code: 'custom',
+      message: `cannot parse '${text}': use 'attribute op value' with op one of == != > >= < <= ~= (regex), or 'exists attribute'`,
+    });
     return z.NEVER;
   }
   return p;
@@ -161,9 +170,16 @@ export const captureSchema = z
 export const policySchema = z
   .object({
     /** A static policy version for every call, until the control channel names one. */
-    version: z.string().regex(/^[A-Za-z0-9._:+-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:+-]').optional(),
+    version: z
+      .string()
+      .regex(/^[A-Za-z0-9._:+-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:+-]')
+      .optional(),
     /** An upstream response header naming the policy that answered (wins over the other sources). */
-    response_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be a header name').toLowerCase().optional(),
+    response_header: z
+      .string()
+      .regex(/^[A-Za-z0-9-]+$/, 'must be a header name')
+      .toLowerCase()
+      .optional(),
   })
   .strict();
 

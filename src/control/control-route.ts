@@ -36,7 +36,11 @@ export function createControlRoute(controller: Controller, options: { apiToken?:
     const apiKey = req.headers['x-api-key'];
     if (!authorized(req.headers.authorization, typeof apiKey === 'string' ? apiKey : undefined)) {
       req.resume();
-      reply(401, { error: { message: 'missing or wrong API token (Authorization: Bearer <service.api_token>)', type: 'authentication_error' } }, { 'www-authenticate': 'Bearer' });
+      reply(
+        401,
+        { error: { message: 'missing or wrong API token (Authorization: Bearer <service.api_token>)', type: 'authentication_error' } },
+        { 'www-authenticate': 'Bearer' },
+      );
       return true;
     }
     const parts: Buffer[] = [];
@@ -56,7 +60,9 @@ export function createControlRoute(controller: Controller, options: { apiToken?:
       } catch (err) {
         options.metrics.controlMessages.inc({ source: 'http', outcome: 'invalid' });
         const field = err instanceof ControlMessageError ? err.field : 'body';
-        reply(400, { error: { message: err instanceof ControlMessageError ? err.message : 'body: must be JSON', type: 'invalid_request_error', param: field } });
+        reply(400, {
+          error: { message: err instanceof ControlMessageError ? err.message : 'body: must be JSON', type: 'invalid_request_error', param: field },
+        });
       }
     });
     return true;

@@ -30,7 +30,8 @@ export function parseControlMessage(value: unknown): ControlMessage {
       const reason = v.reason === undefined ? 'unspecified' : v.reason;
       if (typeof reason !== 'string' || reason.length > 256) throw new ControlMessageError('reason', 'must be a string of at most 256 characters');
       const until = v.until_ms ?? null;
-      if (until !== null && (typeof until !== 'number' || !Number.isFinite(until) || until <= 0)) throw new ControlMessageError('until_ms', 'must be a Unix time in milliseconds');
+      if (until !== null && (typeof until !== 'number' || !Number.isFinite(until) || until <= 0))
+        throw new ControlMessageError('until_ms', 'must be a Unix time in milliseconds');
       return { type: 'pause', reason, until_ms: until };
     }
     case 'resume':
@@ -48,7 +49,6 @@ export interface ControllerOptions {
   /** Static policy version (config), used until the control channel names one. */
   staticVersion: string | null;
 }
-
 
 interface Held {
   resolve: (r: GateResult) => void;
@@ -83,7 +83,14 @@ export class Controller {
     return this.version;
   }
 
-  state(): { paused: boolean; reason: string | null; paused_since_ms: number | null; until_ms: number | null; held_calls: number; policy_version: string | null } {
+  state(): {
+    paused: boolean;
+    reason: string | null;
+    paused_since_ms: number | null;
+    until_ms: number | null;
+    held_calls: number;
+    policy_version: string | null;
+  } {
     return {
       paused: this.paused !== null,
       reason: this.paused?.reason ?? null,
@@ -134,12 +141,28 @@ export class Controller {
     const retryAfterS = this.retryAfterS();
     if (this.held.size >= this.options.maxHeldCalls) {
       this.deps.metrics.heldCalls.inc({ outcome: 'rejected' });
-      return Promise.resolve({ go: false, retryAfterS, reason: `the policy is being updated (${this.paused.reason}) and ${this.options.maxHeldCalls} calls are already waiting` });
+      return Promise.resolve({
+        go: false,
+        retryAfterS,
+        reason: `the policy is being updated (${this.paused.reason}) and ${this.options.maxHeldCalls} calls are already waiting`,
+      });
     }
     return new Promise<GateResult>((resolve) => {
       const h: Held = {
         resolve,
-        timer: setTimeout(() => this.settle(h, { go: false, retryAfterS: this.retryAfterS(), reason: `the policy is being updated (${this.paused?.reason ?? 'pause'}); held for ${this.options.maxHoldMs} ms` }, 'timed_out'), this.options.maxHoldMs),
+        timer: setTimeout(
+          () =>
+            this.settle(
+              h,
+              {
+                go: false,
+                retryAfterS: this.retryAfterS(),
+                reason: `the policy is being updated (${this.paused?.reason ?? 'pause'}); held for ${this.options.maxHoldMs} ms`,
+              },
+              'timed_out',
+            ),
+          this.options.maxHoldMs,
+        ),
       };
       this.held.add(h);
       this.deps.metrics.heldNow.set(this.held.size);

@@ -50,7 +50,9 @@ export function createKafkaControl(kafka: Kafka, topic: string, controller: Cont
           deps.metrics.controlMessages.inc({ source: 'kafka', outcome: 'applied' });
         } catch (err) {
           deps.metrics.controlMessages.inc({ source: 'kafka', outcome: 'invalid' });
-          log.once('invalid', 'warn', 'ignored an invalid control message', { error: err instanceof ControlMessageError || err instanceof SyntaxError ? err.message : String(err) });
+          log.once('invalid', 'warn', 'ignored an invalid control message', {
+            error: err instanceof ControlMessageError || err instanceof SyntaxError ? err.message : String(err),
+          });
         }
       },
     });
@@ -62,7 +64,9 @@ export function createKafkaControl(kafka: Kafka, topic: string, controller: Cont
     try {
       await admin.connect();
       const offsets = await admin.fetchTopicOffsets(topic);
-      return offsets.filter((o) => Number(o.high) > Number(o.low)).map((o) => ({ partition: o.partition, offset: String(Math.max(Number(o.low), Number(o.high) - RECENT)) }));
+      return offsets
+        .filter((o) => Number(o.high) > Number(o.low))
+        .map((o) => ({ partition: o.partition, offset: String(Math.max(Number(o.low), Number(o.high) - RECENT)) }));
     } catch {
       return []; // no topic yet: nothing to catch up on
     } finally {

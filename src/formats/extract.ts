@@ -78,7 +78,9 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         extracted = extractBody(upstreamApi, value);
         const used = usedRanges(extracted);
         const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded, m));
-        if (lifted) for (const m of findMembers(decoded, 'logprobs')) if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
+        if (lifted)
+          for (const m of findMembers(decoded, 'logprobs'))
+            if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
         const rawBody: RawBody = { raw: 'journal', offsets: bodies.response, encoding: bodies.encoding, cuts: mergeCuts(cut) };
         response = rawBody;
       }

@@ -32,7 +32,12 @@ export function decodeFrame(buf: Buffer, at: number): DecodeResult {
   const expected = buf.readUInt32BE(at + 4);
   const body = buf.subarray(at + 8, at + HEADER_BYTES + length);
   if (crc32(body) !== expected) return { kind: 'corrupt', reason: 'checksum mismatch' };
-  return { kind: 'frame', offset: Number(buf.readBigUInt64BE(at + 8)), payload: buf.subarray(at + HEADER_BYTES, at + HEADER_BYTES + length), next: at + HEADER_BYTES + length };
+  return {
+    kind: 'frame',
+    offset: Number(buf.readBigUInt64BE(at + 8)),
+    payload: buf.subarray(at + HEADER_BYTES, at + HEADER_BYTES + length),
+    next: at + HEADER_BYTES + length,
+  };
 }
 
 /** The 16-byte header of a frame whose payload is `parts` (CRC computed over them in place). */

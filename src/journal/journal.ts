@@ -92,7 +92,9 @@ export class Journal {
     const dir = this.options.dir;
     mkdirSync(dir, { recursive: true });
     const report: RecoveryReport = { records: 0, tornTails: 0, corruptTails: 0, corruptSegments: 0, quarantined: [] };
-    const names = readdirSync(dir).filter((f) => SEGMENT.test(f)).sort();
+    const names = readdirSync(dir)
+      .filter((f) => SEGMENT.test(f))
+      .sort();
     for (const [i, name] of names.entries()) {
       const file = path.join(dir, name);
       const buf = readFileSync(file);

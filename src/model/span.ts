@@ -6,14 +6,7 @@
  * as decimal strings (int64 does not fit a JS number). Attribute values keep their OTLP kind:
  * int64 becomes a number when it is a safe integer, otherwise its decimal string; bytes stay bytes.
  */
-export type AttributeValue =
-  | string
-  | number
-  | boolean
-  | Uint8Array
-  | null
-  | AttributeValue[]
-  | { [key: string]: AttributeValue };
+export type AttributeValue = string | number | boolean | Uint8Array | null | AttributeValue[] | { [key: string]: AttributeValue };
 
 export type Attributes = Record<string, AttributeValue>;
 

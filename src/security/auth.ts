@@ -5,7 +5,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
  * (`service.api_token`). Compared in constant time over SHA-256 digests, so neither the content nor
  * the length of the token leaks through timing. Without a token every request is allowed.
  */
-export function bearerAuth(token: string | undefined): (authorization: string | undefined, apiKey?: string  ) => boolean {
+export function bearerAuth(token: string | undefined): (authorization: string | undefined, apiKey?: string) => boolean {
   if (!token) return () => true;
   const want = createHash('sha256').update(token).digest();
   const matches = (candidate: string) => timingSafeEqual(createHash('sha256').update(candidate).digest(), want);

@@ -59,15 +59,24 @@ export function createApp(config: Config, deps: AppDeps) {
   const sequences = new SequenceCounter();
   const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
   const rolloutApi = config.receivers.rollout_api.enabled
-    ? createRolloutApi({ maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token }, { sink: pipeline, logger: log, metrics, now: deps.now })
+    ? createRolloutApi(
+        { maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token },
+        { sink: pipeline, logger: log, metrics, now: deps.now },
+      )
     : undefined;
   const control = config.service.control;
-  const controller = new Controller({ maxHeldCalls: control.max_held_calls, maxHoldMs: control.max_hold_ms, staticVersion: config.processors.policy.version ?? null }, { logger: log.child('control'), metrics, now: deps.now });
+  const controller = new Controller(
+    { maxHeldCalls: control.max_held_calls, maxHoldMs: control.max_hold_ms, staticVersion: config.processors.policy.version ?? null },
+    { logger: log.child('control'), metrics, now: deps.now },
+  );
   // A new version is journaled: episodes' policy_version_lag replays exactly.
   controller.onPolicy = (version) => void pipeline.submit({ type: 'policy', version, at: (deps.now ?? Date.now)() }).catch(() => {});
   const kafkaControl =
     config.service.exporter === 'kafka' && control.kafka && !deps.exporter
-      ? createKafkaControl(deps.kafka ?? createKafkaClient(kafkaProducerOptions(config.exporters.kafka), log), control.topic, controller, { logger: log, metrics })
+      ? createKafkaControl(deps.kafka ?? createKafkaClient(kafkaProducerOptions(config.exporters.kafka), log), control.topic, controller, {
+          logger: log,
+          metrics,
+        })
       : null;
   const proxy = createLlmProxy(config.receivers.llm_proxy, {
     logger: log,
@@ -121,9 +130,7 @@ export function createApp(config: Config, deps: AppDeps) {
       { name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') },
       { name: 'journal', check: () => pipeline.journal.writable() },
       { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
-      ...(kafka
-        ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }]
-        : []),
+      ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],
     routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),
     onScrape: () => {
@@ -176,13 +183,18 @@ function kafkaProducerOptions(k: Config['exporters']['kafka']): KafkajsProducerO
     connectionTimeoutMs: k.connection_timeout_ms,
     requestTimeoutMs: k.request_timeout_ms,
     sasl: k.sasl,
-    tls: k.tls ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify } : undefined,
+    tls: k.tls
+      ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify }
+      : undefined,
   };
 }
 
 /** /readyz detail about the model server: null when fields for token ids are being added. */
 function upstreamCheck(u: FlavorState): string | null {
   if (u.rejected) return `the model server refused an added field (${u.rejected}); no token ids are requested`;
-  if (u.flavor === 'openai') return u.source === 'unknown' ? `not identified (${u.evidence}); no token ids are requested` : `${u.source === 'config' ? 'configured' : 'detected'} as openai; no token ids are requested`;
+  if (u.flavor === 'openai')
+    return u.source === 'unknown'
+      ? `not identified (${u.evidence}); no token ids are requested`
+      : `${u.source === 'config' ? 'configured' : 'detected'} as openai; no token ids are requested`;
   return null;
 }

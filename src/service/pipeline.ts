@@ -85,7 +85,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         if (r === 'parked') return [];
         if (r === 'dropped') {
           m.spansClassified.inc({ kind: record.what.kind, result: 'dropped' });
-          log.once('parked_full', 'warn', 'too many spans wait for their rollout; dropping new ones', { max_pending_spans: config.processors.spans.max_pending_spans });
+          log.once('parked_full', 'warn', 'too many spans wait for their rollout; dropping new ones', {
+            max_pending_spans: config.processors.spans.max_pending_spans,
+          });
           return [];
         }
         return spanRecords(record, r).flatMap((rec) => assembler.apply(rec, offset));
@@ -126,7 +128,13 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         queue.push({ closed: c, marker: replayMarker, durable: Promise.resolve() });
         continue;
       }
-      const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId: c.episode.rollout_id, attemptId: c.episode.attempt_id, status: c.episode.episode_status, at: Date.parse(c.episode.ended_at) };
+      const marker: EpisodeClosedMarker = {
+        type: 'episode_closed',
+        rolloutId: c.episode.rollout_id,
+        attemptId: c.episode.attempt_id,
+        status: c.episode.episode_status,
+        at: Date.parse(c.episode.ended_at),
+      };
       try {
         const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
         queue.push({ closed: c, marker: offset, durable });
@@ -153,7 +161,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const batch = queue.slice(0, 64);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        await deps.exporter.export(batch.map((q) => q.closed), read);
+        await deps.exporter.export(
+          batch.map((q) => q.closed),
+          read,
+        );
       } catch (err) {
         m.exportErrors.inc({ exporter: deps.exporter.name, kind: 'retryable' });
         backoffMs = Math.min(Math.max(backoffMs * 2, 100), 10_000);
@@ -164,7 +175,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
       backoffMs = 0;
       queue.splice(0, batch.length);
-      m.transitionsExported.inc({ exporter: deps.exporter.name }, batch.reduce((n, q) => n + q.closed.transitions.length, 0));
+      m.transitionsExported.inc(
+        { exporter: deps.exporter.name },
+        batch.reduce((n, q) => n + q.closed.transitions.length, 0),
+      );
       const deliveredAt = Date.now();
       for (const q of batch) for (const t of q.closed.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
@@ -289,7 +303,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
    * it streamed) is recorded as aborted with what its body frames hold, so whatever the agent got
    * is not lost. Calls with no response bytes never answered anything and are forgotten.
    */
-  function recoverUnended(unended: Map<number, { start: CallStartRecord; bodies: Record<'request' | 'response' | 'agent_request' | 'agent_response', number[]> }>): void {
+  function recoverUnended(
+    unended: Map<number, { start: CallStartRecord; bodies: Record<'request' | 'response' | 'agent_request' | 'agent_response', number[]> }>,
+  ): void {
     for (const [callId, { start, bodies }] of unended) {
       if (bodies.response.length === 0) continue;
       let streamed = true;
@@ -362,7 +378,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
           if (record.type === 'call_start' || record.type === 'call') {
             deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
           }
-          if (record.type === 'call_start') unended.set(offset, { start: record, bodies: { request: [], response: [], agent_request: [], agent_response: [] } });
+          if (record.type === 'call_start')
+            unended.set(offset, { start: record, bodies: { request: [], response: [], agent_request: [], agent_response: [] } });
           else if (record.type === 'call' && record.callId !== undefined) unended.delete(record.callId);
           // While replaying only close markers close episodes, so each closed episode here has its marker.
           enqueue(applyRecord(record, offset), offset);
@@ -389,7 +406,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       stopping = true;
       if (pumping) await pumping.catch(() => {});
       if (queue.length > 0) {
-        pumping = drainQueue().catch((err) => log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: queue.length }));
+        pumping = drainQueue().catch((err) =>
+          log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: queue.length }),
+        );
         await pumping;
       }
       await journal.close();

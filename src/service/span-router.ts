@@ -35,7 +35,19 @@ export interface SpanObservation {
 /** Turns an attributed observation into the records the assembler takes. */
 export function spanRecords(o: SpanObservation, rollout: { rolloutId: string; attemptId: string }): PipelineRecord[] {
   if (o.what.kind === 'agent') {
-    return [{ type: 'agent_span', rolloutId: rollout.rolloutId, attemptId: rollout.attemptId, traceId: o.traceId, spanId: o.spanId, agentName: o.what.agent.name, startedAt: o.startedAt, endedAt: o.endedAt, at: o.at }];
+    return [
+      {
+        type: 'agent_span',
+        rolloutId: rollout.rolloutId,
+        attemptId: rollout.attemptId,
+        traceId: o.traceId,
+        spanId: o.spanId,
+        agentName: o.what.agent.name,
+        startedAt: o.startedAt,
+        endedAt: o.endedAt,
+        at: o.at,
+      },
+    ];
   }
   if (o.what.kind === 'tool') {
     const t = o.what.tool;
@@ -63,7 +75,16 @@ export function spanRecords(o: SpanObservation, rollout: { rolloutId: string; at
   const [primary, ...others] = o.what.reward.rewards;
   return [
     ...others.map((r) => ({ type: 'reward' as const, ...rollout, value: r.value, name: r.name, final: false, at: o.at, source: 'span' as const })),
-    { type: 'reward', ...rollout, value: primary.value, name: primary.name, final: o.what.reward.final, provisional: o.what.reward.provisional, at: o.at, source: 'span' },
+    {
+      type: 'reward',
+      ...rollout,
+      value: primary.value,
+      name: primary.name,
+      final: o.what.reward.final,
+      provisional: o.what.reward.provisional,
+      at: o.at,
+      source: 'span',
+    },
   ];
 }
 

@@ -9,7 +9,8 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   if (options.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'lightning_sidecar_' });
   // prom-client also exports these totals as gauges, and `_total` is reserved for counters; each is
   // the sum of the per-type gauge of the same name without `_total`, which stays.
-  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lightning_sidecar_${name}`);
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'])
+    registry.removeSingleMetric(`lightning_sidecar_${name}`);
   // Seconds, as Prometheus wants; the proxy's own overhead is well under a millisecond, a model call
   // can take minutes.
   const seconds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];

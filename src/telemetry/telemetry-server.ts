@@ -12,7 +12,16 @@ export interface ReadinessCheck {
 }
 
 /** `/metrics` (Prometheus text), `/healthz` (the process serves), `/readyz` (every check passes). */
-export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics; logger: Logger; checks: ReadinessCheck[]; onScrape?: () => void; routes?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean }) {
+export function createTelemetryServer(
+  endpoint: string,
+  deps: {
+    metrics: Metrics;
+    logger: Logger;
+    checks: ReadinessCheck[];
+    onScrape?: () => void;
+    routes?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
+  },
+) {
   const log = deps.logger.child('telemetry');
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
@@ -40,7 +49,9 @@ export function createTelemetryServer(endpoint: string, deps: { metrics: Metrics
         if (why !== null) (c.informational ? degraded : failing)[c.name] = why;
       }
       const ready = Object.keys(failing).length === 0;
-      res.writeHead(ready ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: ready ? 'ready' : 'not_ready', failing, degraded }) + '\n');
+      res
+        .writeHead(ready ? 200 : 503, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ status: ready ? 'ready' : 'not_ready', failing, degraded }) + '\n');
     } else {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
     }

@@ -100,7 +100,8 @@ export class ChunkReassembler {
 
     const key = `${pos.topic}\u0000${pos.partition}\u0000${recordId}\u0000${sha256}`;
     let a = this.assemblies.get(key);
-    if (a && (a.count !== count || a.bytes !== total)) return { kind: 'invalid', recordId, reason: 'chunk count or record size differs from earlier chunks of the same record' };
+    if (a && (a.count !== count || a.bytes !== total))
+      return { kind: 'invalid', recordId, reason: 'chunk count or record size differs from earlier chunks of the same record' };
     if (!a) {
       a = { recordId, sha256, count, bytes: total, parts: new Array(count), have: 0, held: 0, headers: h, first: pos, firstSeen: now };
       this.assemblies.set(key, a);
@@ -119,7 +120,8 @@ export class ChunkReassembler {
     this.remove(key, a);
     const whole = Buffer.concat(a.parts as Buffer[]);
     if (whole.length !== a.bytes) return { kind: 'invalid', recordId, reason: `reassembled ${whole.length} bytes, ${CHUNK_HEADERS.bytes} says ${a.bytes}` };
-    if (createHash('sha256').update(whole).digest('hex') !== a.sha256) return { kind: 'invalid', recordId, reason: 'reassembled bytes do not match their SHA-256' };
+    if (createHash('sha256').update(whole).digest('hex') !== a.sha256)
+      return { kind: 'invalid', recordId, reason: 'reassembled bytes do not match their SHA-256' };
     return { kind: 'record', record: { value: whole, headers: withoutChunkHeaders(a.headers), pos: a.first, chunks: a.count } };
   }
 

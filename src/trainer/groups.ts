@@ -13,7 +13,14 @@ export interface GroupBatch {
   schema: 'lightning.group.v1';
   uid: string;
   group_size: number;
-  episodes: { rollout_id: string; attempt_id: string; final_reward: number | null; episode_status: string; transitions: number; policy_version_lag: number | null }[];
+  episodes: {
+    rollout_id: string;
+    attempt_id: string;
+    final_reward: number | null;
+    episode_status: string;
+    transitions: number;
+    policy_version_lag: number | null;
+  }[];
   batch: {
     uid: string[];
     rollout_id: string[];
@@ -91,7 +98,8 @@ export class GroupAssembler {
       for (const id of e.transition_ids) this.transitions.delete(id);
       return [{ kind: 'ungrouped', rollout_id: e.rollout_id, attempt_id: e.attempt_id }];
     }
-    if (this.done.has(e.group_id)) return this.seenEpisodes.has(key) ? [] : [{ kind: 'late', uid: e.group_id, rollout_id: e.rollout_id, attempt_id: e.attempt_id }];
+    if (this.done.has(e.group_id))
+      return this.seenEpisodes.has(key) ? [] : [{ kind: 'late', uid: e.group_id, rollout_id: e.rollout_id, attempt_id: e.attempt_id }];
     this.seenEpisodes.add(key);
     let g = this.groups.get(e.group_id);
     if (!g) this.groups.set(e.group_id, (g = { episodes: new Map(), firstSeen: now }));
@@ -155,8 +163,24 @@ export class GroupAssembler {
   }
 
   private build(uid: string, g: PendingGroup): GroupBatch {
-    const episodes = [...g.episodes.values()].map((p) => p.episode).sort((a, b) => (a.rollout_id < b.rollout_id ? -1 : a.rollout_id > b.rollout_id ? 1 : a.attempt_id < b.attempt_id ? -1 : 1));
-    const batch: GroupBatch['batch'] = { uid: [], rollout_id: [], attempt_id: [], transition_id: [], seq: [], prompt_ids: [], response_ids: [], response_mask: [], token_level_scores: [], rollout_log_probs: [], reward: [], is_last: [], policy_version: [] };
+    const episodes = [...g.episodes.values()]
+      .map((p) => p.episode)
+      .sort((a, b) => (a.rollout_id < b.rollout_id ? -1 : a.rollout_id > b.rollout_id ? 1 : a.attempt_id < b.attempt_id ? -1 : 1));
+    const batch: GroupBatch['batch'] = {
+      uid: [],
+      rollout_id: [],
+      attempt_id: [],
+      transition_id: [],
+      seq: [],
+      prompt_ids: [],
+      response_ids: [],
+      response_mask: [],
+      token_level_scores: [],
+      rollout_log_probs: [],
+      reward: [],
+      is_last: [],
+      policy_version: [],
+    };
     let skipped = 0;
     for (const e of episodes) {
       for (const id of e.transition_ids) {
@@ -186,7 +210,14 @@ export class GroupAssembler {
       schema: 'lightning.group.v1',
       uid,
       group_size: this.options.groupSize,
-      episodes: episodes.map((e) => ({ rollout_id: e.rollout_id, attempt_id: e.attempt_id, final_reward: e.final_reward, episode_status: e.episode_status, transitions: e.transitions, policy_version_lag: e.policy_version_lag ?? null })),
+      episodes: episodes.map((e) => ({
+        rollout_id: e.rollout_id,
+        attempt_id: e.attempt_id,
+        final_reward: e.final_reward,
+        episode_status: e.episode_status,
+        transitions: e.transitions,
+        policy_version_lag: e.policy_version_lag ?? null,
+      })),
       batch,
       skipped_no_token_ids: skipped,
     };

@@ -54,7 +54,8 @@ describe('the layers of src/', () => {
       for (const target of imports(file)) {
         const to = folderOf(target);
         if (to === from) continue;
-        if (LAYERS[to] >= LAYERS[from]) violations.push(`${path.relative(SRC, file)} (${from}, layer ${LAYERS[from]}) imports ${path.relative(SRC, target)} (${to}, layer ${LAYERS[to]})`);
+        if (LAYERS[to] >= LAYERS[from])
+          violations.push(`${path.relative(SRC, file)} (${from}, layer ${LAYERS[from]}) imports ${path.relative(SRC, target)} (${to}, layer ${LAYERS[to]})`);
       }
     }
     expect(violations).toEqual([]);

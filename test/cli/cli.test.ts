@@ -17,10 +17,15 @@ interface Result {
 function cli(args: string[], timeoutMs = 10_000): Promise<Result> {
   const cwd = mkdtempSync(path.join(os.tmpdir(), 'lightning-cli-'));
   return new Promise((resolve) => {
-    execFile(process.execPath, [MAIN, ...args], { cwd, env: { PATH: process.env.PATH ?? '' }, timeout: timeoutMs, killSignal: 'SIGKILL' }, (err, stdout, stderr) => {
-      const code = err ? ((err as { code?: number }).code ?? null) : 0;
-      resolve({ code: typeof code === 'number' ? code : null, stdout, stderr, cwd });
-    });
+    execFile(
+      process.execPath,
+      [MAIN, ...args],
+      { cwd, env: { PATH: process.env.PATH ?? '' }, timeout: timeoutMs, killSignal: 'SIGKILL' },
+      (err, stdout, stderr) => {
+        const code = err ? ((err as { code?: number }).code ?? null) : 0;
+        resolve({ code: typeof code === 'number' ? code : null, stdout, stderr, cwd });
+      },
+    );
   });
 }
 
@@ -56,7 +61,20 @@ describe('lightning-sidecar command line', () => {
 
   it('lists every option of a command in its help, with --help itself', async () => {
     const r = await cli(['groups', '--help']);
-    for (const flag of ['--group-size N', '--brokers', '--group-id ID', '--out FILE', '--to-topic T', '--state FILE', '--group-timeout-ms MS', '--max-groups N', '--idle-exit-ms MS', '--config FILE', '-h, --help']) expect(r.stdout).toContain(flag);
+    for (const flag of [
+      '--group-size N',
+      '--brokers',
+      '--group-id ID',
+      '--out FILE',
+      '--to-topic T',
+      '--state FILE',
+      '--group-timeout-ms MS',
+      '--max-groups N',
+      '--idle-exit-ms MS',
+      '--config FILE',
+      '-h, --help',
+    ])
+      expect(r.stdout).toContain(flag);
   });
 
   it.each([

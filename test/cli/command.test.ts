@@ -25,7 +25,11 @@ const usage = (argv: string[]): string => {
 
 describe('parseCommand', () => {
   it('parses strings, whole numbers, booleans and positionals, in either option form', () => {
-    expect(parseCommand(spec, ['--name', 'a', '-n', '3', '--loud', 'f.yaml'])).toEqual({ help: false, values: { name: 'a', count: 3, loud: true }, positionals: ['f.yaml'] });
+    expect(parseCommand(spec, ['--name', 'a', '-n', '3', '--loud', 'f.yaml'])).toEqual({
+      help: false,
+      values: { name: 'a', count: 3, loud: true },
+      positionals: ['f.yaml'],
+    });
     expect(parseCommand(spec, ['--name=-dash', '--count=0', 'f'])).toEqual({ help: false, values: { name: '-dash', count: 0 }, positionals: ['f'] });
   });
 

@@ -11,9 +11,12 @@ const ROOT = path.join(__dirname, '../..');
 const operations = readFileSync(path.join(ROOT, 'docs/operations.md'), 'utf8');
 
 describe('docs/operations.md', () => {
-  it.each([runCommand, validateCommand, tailCommand, groupsCommand].map((c) => [c.spec.name, c] as const))('shows the help of %s exactly as the command prints it', (_, command) => {
-    expect(operations).toContain('```\n' + renderHelp(PROGRAM, command.spec) + '```');
-  });
+  it.each([runCommand, validateCommand, tailCommand, groupsCommand].map((c) => [c.spec.name, c] as const))(
+    'shows the help of %s exactly as the command prints it',
+    (_, command) => {
+      expect(operations).toContain('```\n' + renderHelp(PROGRAM, command.spec) + '```');
+    },
+  );
 
   it('and the README name only metrics in base units', () => {
     const readme = readFileSync(path.join(ROOT, 'README.md'), 'utf8');

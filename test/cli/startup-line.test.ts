@@ -19,13 +19,21 @@ describe('the run start-up line', () => {
       'lightning-sidecar 1.2.3 ready: proxy 127.0.0.1:4000 → http://vllm:8000/v1 (vllm, configured); exporter files under /var/lib/ls; data /var/lib/ls; otlp grpc 127.0.0.1:4317; metrics http://0.0.0.0:9464/metrics',
     );
     expect(msg).not.toContain('\n');
-    expect(fields).toMatchObject({ proxy: '127.0.0.1:4000', upstream_flavor: 'vllm', upstream_detected: null, exporter: { kind: 'file', dir: '/var/lib/ls' }, data_dir: '/var/lib/ls' });
+    expect(fields).toMatchObject({
+      proxy: '127.0.0.1:4000',
+      upstream_flavor: 'vllm',
+      upstream_detected: null,
+      exporter: { kind: 'file', dir: '/var/lib/ls' },
+      data_dir: '/var/lib/ls',
+    });
   });
 
   it('names the brokers, topics and encoding of the Kafka exporter, and what detection found about the upstream', () => {
     const config = loadConfig({ env: { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: 'k1:9092,k2:9092', LIGHTNING_DATA_DIR: 'rel' } });
     const { msg, fields } = startupLine(config, { ...facts, upstream: { ...facts.upstream, flavor: 'openai', detected: 'vllm 0.11 (token ids)' } });
-    expect(msg).toContain('→ http://vllm:8000/v1 (openai, detected: vllm 0.11 (token ids)); exporter kafka k1:9092,k2:9092 topics lightning.transitions, lightning.episodes (json);');
+    expect(msg).toContain(
+      '→ http://vllm:8000/v1 (openai, detected: vllm 0.11 (token ids)); exporter kafka k1:9092,k2:9092 topics lightning.transitions, lightning.episodes (json);',
+    );
     expect(msg).toContain(`data ${path.resolve('rel')};`);
     expect(fields).toMatchObject({ upstream_detected: 'vllm 0.11 (token ids)', exporter: { kind: 'kafka', brokers: ['k1:9092', 'k2:9092'] } });
   });

@@ -28,7 +28,13 @@ async function cli(args: string[], env: Record<string, string> = {}): Promise<{ 
 describe('configuration', () => {
   it('has the documented defaults', () => {
     const c = loadConfig({ env: {} });
-    expect(c.receivers.llm_proxy).toMatchObject({ endpoint: '127.0.0.1:4000', upstream_url: 'http://127.0.0.1:8000/v1', upstream_flavor: 'auto', translate: ['responses', 'anthropic.messages'], strip_injected: true });
+    expect(c.receivers.llm_proxy).toMatchObject({
+      endpoint: '127.0.0.1:4000',
+      upstream_url: 'http://127.0.0.1:8000/v1',
+      upstream_flavor: 'auto',
+      translate: ['responses', 'anthropic.messages'],
+      strip_injected: true,
+    });
     expect(c.receivers.otlp.protocols.grpc.endpoint).toBe('127.0.0.1:4317');
     expect(c.receivers.otlp.protocols.http.endpoint).toBe('127.0.0.1:4318');
     expect(c.service).toMatchObject({ exporter: 'file', data_dir: './data', telemetry: { endpoint: '0.0.0.0:9464' } });
@@ -40,7 +46,12 @@ describe('configuration', () => {
     const f = file('base.yaml', 'receivers:\n  llm_proxy:\n    upstream_url: http://yaml:8000/v1\n    endpoint: 127.0.0.1:5000\n');
     const c = loadConfig({
       file: f,
-      env: { LIGHTNING_UPSTREAM_URL: 'http://env:9000/v1', LIGHTNING_KAFKA_BROKERS: 'a:9092, b:9092', LIGHTNING_EXPORTER: 'kafka', LIGHTNING_TOOL_SPAN_WAIT_MS: '250' },
+      env: {
+        LIGHTNING_UPSTREAM_URL: 'http://env:9000/v1',
+        LIGHTNING_KAFKA_BROKERS: 'a:9092, b:9092',
+        LIGHTNING_EXPORTER: 'kafka',
+        LIGHTNING_TOOL_SPAN_WAIT_MS: '250',
+      },
     });
     expect(c.receivers.llm_proxy.upstream_url).toBe('http://env:9000/v1');
     expect(c.receivers.llm_proxy.endpoint).toBe('127.0.0.1:5000');

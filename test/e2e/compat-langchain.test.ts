@@ -52,7 +52,12 @@ describe('LangChain.js agent with Traceloop (OpenLLMetry) tool spans', () => {
 
   it('records each call with exact token ids, joins the tool spans with AIR rewards, credits the reward', async () => {
     const rolloutId = 'langchain-1';
-    const model = new ChatOpenAI({ model: 'policy', apiKey: 'sk-langchain-key', maxRetries: 0, configuration: { baseURL: `${sidecar.origin}/rollout/${rolloutId}/v1` } });
+    const model = new ChatOpenAI({
+      model: 'policy',
+      apiKey: 'sk-langchain-key',
+      maxRetries: 0,
+      configuration: { baseURL: `${sidecar.origin}/rollout/${rolloutId}/v1` },
+    });
     const calculator = tool(async () => '42', { name: 'calculator', description: 'evaluates arithmetic', schema: z.object({ expression: z.string() }) });
     const webSearch = tool(
       async () => {
@@ -61,7 +66,9 @@ describe('LangChain.js agent with Traceloop (OpenLLMetry) tool spans', () => {
       { name: 'web_search', description: 'searches the web', schema: z.object({ query: z.string() }) },
     );
     const agent = createAgent({ model, tools: [calculator, webSearch] });
-    const result = await traceloop.withWorkflow({ name: 'calc_agent' }, () => agent.invoke({ messages: [{ role: 'user', content: 'What is 6*7, and what does it mean?' }] }));
+    const result = await traceloop.withWorkflow({ name: 'calc_agent' }, () =>
+      agent.invoke({ messages: [{ role: 'user', content: 'What is 6*7, and what does it mean?' }] }),
+    );
     const last = result.messages[result.messages.length - 1];
     expect(last.content).toBe('It is 42; the search failed.');
     await traceloop.forceFlush();

@@ -17,7 +17,11 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
  */
 
 // The SDK's own openai dependency (v7), as an application using the SDK gets it.
-const OpenAI = createRequire(require.resolve('@openai/agents-openai'))('openai').OpenAI as new (o: { baseURL: string; apiKey: string; maxRetries: number }) => unknown;
+const OpenAI = createRequire(require.resolve('@openai/agents-openai'))('openai').OpenAI as new (o: {
+  baseURL: string;
+  apiKey: string;
+  maxRetries: number;
+}) => unknown;
 
 /** Calculator first, then web_search (which fails), then the answer; chat messages or Responses input. */
 function script(r: ReceivedRequest): Turn {
@@ -117,4 +121,3 @@ describe('OpenAI Agents SDK (@openai/agents) through the sidecar', () => {
     await provider.shutdown();
   });
 });
-

@@ -23,7 +23,9 @@ import { postReward, startSidecar, useSidecar, type TestSidecar } from '../suppo
 /** Counts tool results in an OpenAI or Anthropic request: asks calculator, then web_search, then answers. */
 function twoTools(r: ReceivedRequest): Turn {
   const messages = (r.json?.messages ?? []) as { role: string; content?: unknown }[];
-  const results = messages.filter((m) => m.role === 'tool' || (Array.isArray(m.content) && m.content.some((b) => (b as { type?: string }).type === 'tool_result'))).length;
+  const results = messages.filter(
+    (m) => m.role === 'tool' || (Array.isArray(m.content) && m.content.some((b) => (b as { type?: string }).type === 'tool_result')),
+  ).length;
   if (results === 0) return { toolCalls: [{ name: 'calculator', arguments: { expression: '6*7' } }] };
   if (results === 1) return { toolCalls: [{ name: 'web_search', arguments: { query: 'meaning of 42' } }] };
   return { content: 'It is 42; the search failed.' };
@@ -92,7 +94,10 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
   it.each([false, true])('plain openai SDK agent, two tools (one fails), stream=%s', async (stream) => {
     const rolloutId = `plain-${stream}`;
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rolloutId}/v1`, apiKey: 'sk-plain', maxRetries: 0 });
-    const tools: OpenAI.Chat.ChatCompletionTool[] = ['calculator', 'web_search'].map((name) => ({ type: 'function', function: { name, parameters: { type: 'object', properties: {} } } }));
+    const tools: OpenAI.Chat.ChatCompletionTool[] = ['calculator', 'web_search'].map((name) => ({
+      type: 'function',
+      function: { name, parameters: { type: 'object', properties: {} } },
+    }));
     const before = sidecar.episodes().length;
     const first = upstream.requests.length;
     const traceId = await tracer.startActiveSpan('invoke_agent plain', async (root) => {
@@ -103,7 +108,8 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
           : (await client.chat.completions.create({ model: 'policy', messages, tools })).choices[0].message;
         messages.push(message as OpenAI.Chat.ChatCompletionMessageParam);
         if (!message.tool_calls?.length) break;
-        for (const call of message.tool_calls) if (call.type === 'function') messages.push({ role: 'tool', tool_call_id: call.id, content: await runTool(tracer, call.function.name, call.id) });
+        for (const call of message.tool_calls)
+          if (call.type === 'function') messages.push({ role: 'tool', tool_call_id: call.id, content: await runTool(tracer, call.function.name, call.id) });
       }
       root.end();
       return root.spanContext().traceId;
@@ -112,7 +118,11 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
     expect((await postReward(sidecar.origin, rolloutId, 0.5)).status).toBe(202);
     await sidecar.waitForEpisodes(before + 1);
     const ts = sidecar.transitions().filter((t) => t.rollout_id === rolloutId);
-    expect(ts.map((t) => [t.streamed, t.trace_id])).toEqual([[stream, traceId], [stream, traceId], [stream, traceId]]);
+    expect(ts.map((t) => [t.streamed, t.trace_id])).toEqual([
+      [stream, traceId],
+      [stream, traceId],
+      [stream, traceId],
+    ]);
     expectTwoToolEpisode(ts, upstream.requests.slice(first), rolloutId, 0.5);
   });
 
@@ -143,11 +153,17 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
     expect((await postReward(sidecar.origin, rolloutId, 1)).status).toBe(202);
     await sidecar.waitForEpisodes(before + 1);
     const ts = sidecar.transitions().filter((t) => t.rollout_id === rolloutId);
-    expect(ts.map((t) => [t.api, t.streamed])).toEqual([['anthropic.messages', true], ['anthropic.messages', true], ['anthropic.messages', true]]);
+    expect(ts.map((t) => [t.api, t.streamed])).toEqual([
+      ['anthropic.messages', true],
+      ['anthropic.messages', true],
+      ['anthropic.messages', true],
+    ]);
     expect(ts.slice(0, 2).map((t) => t.tool_calls[0].id)).toEqual(toolUseIds);
     expect(ts.map((t) => t.finish_reason)).toEqual(['tool_use', 'tool_use', 'end_turn']);
     expectTwoToolEpisode(ts, upstream.requests.slice(first), rolloutId, 1);
-    expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_calls_missing_token_ids_total')).toMatch(/api="anthropic.messages"\} 3/);
+    expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_calls_missing_token_ids_total')).toMatch(
+      /api="anthropic.messages"\} 3/,
+    );
   });
 });
 
@@ -172,18 +188,30 @@ describe('an agent written for agent-lightning', () => {
       resource: resourceFromAttributes({ 'service.name': 'agl-runner', 'agentlightning.rollout_id': rid, 'agentlightning.attempt_id': aid }),
       spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${f.sidecar.app.otlp!.httpPort()}/v1/traces` }))],
     });
-    const span = provider.getTracer('agentlightning').startSpan('agentlightning.annotation', { attributes: { 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': 0.25 } }, context.active());
+    const span = provider
+      .getTracer('agentlightning')
+      .startSpan(
+        'agentlightning.annotation',
+        { attributes: { 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': 0.25 } },
+        context.active(),
+      );
     span.setStatus({ code: SpanStatusCode.OK });
     span.end();
     await provider.forceFlush();
     await new Promise((r) => setTimeout(r, 100));
     // v1: the rollout's reward as an event; it closes the episode.
-    const ev = await fetch(`${f.sidecar.origin}/api/rollouts/${rid}/attempt/${aid}/events`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ event_type: 'reward', data: { value: 0.8 } }) });
+    const ev = await fetch(`${f.sidecar.origin}/api/rollouts/${rid}/attempt/${aid}/events`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ event_type: 'reward', data: { value: 0.8 } }),
+    });
     expect(ev.status).toBe(202);
     const [episode] = await f.sidecar.waitForEpisodes(1);
     await provider.shutdown();
     expect(episode).toMatchObject({ rollout_id: rid, attempt_id: aid, final_reward: 0.8, episode_status: 'completed', transitions: 2 });
-    expect(episode.rewards).toEqual(expect.arrayContaining([expect.objectContaining({ value: 0.25, final: false }), expect.objectContaining({ value: 0.8, final: true })]));
+    expect(episode.rewards).toEqual(
+      expect.arrayContaining([expect.objectContaining({ value: 0.25, final: false }), expect.objectContaining({ value: 0.8, final: true })]),
+    );
     const ts = f.sidecar.transitions();
     expect(ts.map((t) => t.transition_id)).toEqual([`${rid}/${aid}/0`, `${rid}/${aid}/1`]);
     expect(ts.map((t) => t.reward)).toEqual([0.8, 0.8]);
@@ -195,9 +223,21 @@ describe('multi-agent selective capture (text-to-SQL: writer, checker, rewriter;
   const f = useSidecar({ processors: { capture: { include_agents: ['writer', 're*'] } } });
 
   it('records only the selected agents, serves all of them, and credits the episode reward to the selected calls', async () => {
-    const agent = (name: string) => new OpenAI({ baseURL: `${f.sidecar.origin}/rollout/sql-1/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-agent-name': name, 'x-group-id': 'spider-dev-17' } });
-    const ask = async (name: string, content: string) => (await agent(name).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content }] })).choices[0].message.content;
-    const answers = [await ask('writer', 'write SQL for: how many singers?'), await ask('checker', 'check: SELECT count(*) FROM singer'), await ask('rewriter', 'rewrite given the check'), await ask('checker', 'check again')];
+    const agent = (name: string) =>
+      new OpenAI({
+        baseURL: `${f.sidecar.origin}/rollout/sql-1/v1`,
+        apiKey: 'k',
+        maxRetries: 0,
+        defaultHeaders: { 'x-agent-name': name, 'x-group-id': 'spider-dev-17' },
+      });
+    const ask = async (name: string, content: string) =>
+      (await agent(name).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content }] })).choices[0].message.content;
+    const answers = [
+      await ask('writer', 'write SQL for: how many singers?'),
+      await ask('checker', 'check: SELECT count(*) FROM singer'),
+      await ask('rewriter', 'rewrite given the check'),
+      await ask('checker', 'check again'),
+    ];
     expect(answers.every((a) => typeof a === 'string' && a.length > 0)).toBe(true);
     expect(f.upstream.requests).toHaveLength(4);
     expect((await postReward(f.sidecar.origin, 'sql-1', 1)).status).toBe(202);
@@ -217,10 +257,19 @@ describe('GRPO groups', () => {
   it('N concurrent rollouts of one task share group_id; the episodes output shows when the group is complete', async () => {
     const N = 4;
     const rewards = [1, 0, 0.5, 0];
-    const groupDone = (): string[] => f.sidecar.episodes().filter((e) => e.group_id === 'task-42').map((e) => e.rollout_id);
+    const groupDone = (): string[] =>
+      f.sidecar
+        .episodes()
+        .filter((e) => e.group_id === 'task-42')
+        .map((e) => e.rollout_id);
     await Promise.all(
       rewards.map(async (reward, i) => {
-        const client = new OpenAI({ baseURL: `${f.sidecar.origin}/rollout/task-42-s${i}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': 'task-42' } });
+        const client = new OpenAI({
+          baseURL: `${f.sidecar.origin}/rollout/task-42-s${i}/v1`,
+          apiKey: 'k',
+          maxRetries: 0,
+          defaultHeaders: { 'x-group-id': 'task-42' },
+        });
         await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'solve task 42' }] });
         await client.chat.completions.stream({ model: 'policy', messages: [{ role: 'user', content: 'and check it' }] }).finalChatCompletion();
         expect((await postReward(f.sidecar.origin, `task-42-s${i}`, reward)).status).toBe(202);

@@ -9,7 +9,11 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 const TOKEN = 'control-token-0123456789abcdef';
 
 async function control(sidecar: TestSidecar, body: unknown, token: string | null = TOKEN): Promise<Response> {
-  return fetch(`${sidecar.telemetryOrigin}/lightning/v1/control`, { method: 'POST', headers: token ? { authorization: `Bearer ${token}` } : {}, body: JSON.stringify(body) });
+  return fetch(`${sidecar.telemetryOrigin}/lightning/v1/control`, {
+    method: 'POST',
+    headers: token ? { authorization: `Bearer ${token}` } : {},
+    body: JSON.stringify(body),
+  });
 }
 
 /** Settles within `ms`, or says it is still pending. */
@@ -22,7 +26,10 @@ describe('pause / resume during a weight sync (POST /lightning/v1/control)', () 
   let sidecar: TestSidecar;
   beforeAll(async () => {
     upstream = await startFakeModelServer({ flavor: 'vllm', chunkDelayMs: 20 });
-    sidecar = await startSidecar(upstream.url, { service: { api_token: TOKEN, control: { max_held_calls: 2, max_hold_ms: 1500 } }, receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+    sidecar = await startSidecar(upstream.url, {
+      service: { api_token: TOKEN, control: { max_held_calls: 2, max_hold_ms: 1500 } },
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+    });
   });
   afterAll(async () => {
     await sidecar.stop();
@@ -57,7 +64,12 @@ describe('pause / resume during a weight sync (POST /lightning/v1/control)', () 
 
   it('past the hold limits answers 429 with Retry-After and an OpenAI-shaped error', async () => {
     expect((await control(sidecar, { type: 'pause', reason: 'weight-sync' })).status).toBe(200);
-    const raw = (content: string) => fetch(`${sidecar.origin}/rollout/pause-2/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content }] }) });
+    const raw = (content: string) =>
+      fetch(`${sidecar.origin}/rollout/pause-2/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content }] }),
+      });
     const a = raw('one');
     const b = raw('two');
     await new Promise((r) => setTimeout(r, 50));
@@ -108,7 +120,15 @@ describe('policy_version on transitions', () => {
     upstream = http.createServer((req, res) => {
       req.resume();
       req.on('end', () => {
-        const body = JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: 'm', prompt_token_ids: [1, 2, 3], choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop', token_ids: [7, 8] }], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
+        const body = JSON.stringify({
+          id: 'c',
+          object: 'chat.completion',
+          created: 1,
+          model: 'm',
+          prompt_token_ids: [1, 2, 3],
+          choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop', token_ids: [7, 8] }],
+          usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 },
+        });
         res.writeHead(200, { 'content-type': 'application/json', ...(headerVersion ? { 'x-policy-version': headerVersion } : {}) }).end(body);
       });
     });
@@ -118,7 +138,10 @@ describe('policy_version on transitions', () => {
   afterAll(() => new Promise<void>((r) => upstream.close(() => r())));
 
   it('comes from static config, then the control channel, then the upstream header; the episode reports its lag', async () => {
-    const sidecar = await startSidecar(upstreamUrl, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { policy: { version: '16', response_header: 'X-Policy-Version' } } });
+    const sidecar = await startSidecar(upstreamUrl, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+      processors: { policy: { version: '16', response_header: 'X-Policy-Version' } },
+    });
     try {
       const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/pv/v1`, apiKey: 'k', maxRetries: 0 });
       const call = () => client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }] });
@@ -144,7 +167,11 @@ describe('the control topic on Kafka (test broker)', () => {
   it('every sidecar consumes it from the end: pause holds calls, resume releases them, policy versions land on transitions', async () => {
     const broker = await startKafkaTestBroker();
     const upstream = await startFakeModelServer({ flavor: 'vllm' });
-    const overrides = { service: { exporter: 'kafka' }, receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } } };
+    const overrides = {
+      service: { exporter: 'kafka' },
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+      exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } },
+    };
     const a = await startSidecar(upstream.url, overrides);
     const b = await startSidecar(upstream.url, overrides);
     const kafka = new Kafka({ brokers: broker.brokers, logLevel: logLevel.NOTHING });
@@ -157,7 +184,10 @@ describe('the control topic on Kafka (test broker)', () => {
       await send({ type: 'policy', version: '41' });
       await send({ type: 'pause', reason: 'weight-sync' });
       for (const s of [a, b]) for (let i = 0; i < 200 && !s.app.controller.state().paused; i++) await new Promise((r) => setTimeout(r, 25));
-      expect([a.app.controller.state(), b.app.controller.state()].map((s) => [s.paused, s.policy_version])).toEqual([[true, '41'], [true, '41']]);
+      expect([a.app.controller.state(), b.app.controller.state()].map((s) => [s.paused, s.policy_version])).toEqual([
+        [true, '41'],
+        [true, '41'],
+      ]);
 
       const client = new OpenAI({ baseURL: `${a.origin}/rollout/kc/v1`, apiKey: 'k', maxRetries: 0 });
       const held = client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }] });
@@ -189,7 +219,10 @@ describe('the control topic on Kafka (test broker)', () => {
     for (const msg of [{ type: 'policy', version: '39' }, { type: 'pause', reason: 'weight-sync' }, { type: 'resume' }, { type: 'policy', version: '40' }]) {
       await producer.send({ topic: 'lightning.control', messages: [{ value: JSON.stringify(msg) }] });
     }
-    const late = await startSidecar(upstream.url, { service: { exporter: 'kafka' }, exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } } });
+    const late = await startSidecar(upstream.url, {
+      service: { exporter: 'kafka' },
+      exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } },
+    });
     try {
       await late.app.kafkaControl!.ready();
       for (let i = 0; i < 200 && late.app.controller.state().policy_version !== '40'; i++) await new Promise((r) => setTimeout(r, 25));

@@ -34,10 +34,19 @@ describe('crash recovery (child process, SIGKILL)', () => {
 
   it('loses no acknowledged record and no open episode across a SIGKILL, and continues the seq', async () => {
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-'));
-    const env = { LIGHTNING_UPSTREAM_URL: upstream.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: dataDir, LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'warn' };
+    const env = {
+      LIGHTNING_UPSTREAM_URL: upstream.url,
+      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      LIGHTNING_LOG_LEVEL: 'warn',
+    };
     const first = await startChildSidecar(env);
     const ask = (origin: string, rollout: string) =>
-      new OpenAI({ baseURL: `${origin}/rollout/${rollout}/v1`, apiKey: 'k', maxRetries: 0 }).chat.completions.create({ model: 'm', messages: [{ role: 'user', content: rollout }] });
+      new OpenAI({ baseURL: `${origin}/rollout/${rollout}/v1`, apiKey: 'k', maxRetries: 0 }).chat.completions.create({
+        model: 'm',
+        messages: [{ role: 'user', content: rollout }],
+      });
     await ask(first.origin, 'open-1');
     await ask(first.origin, 'open-1');
     await ask(first.origin, 'closed-1');
@@ -61,7 +70,10 @@ describe('crash recovery (child process, SIGKILL)', () => {
       expect(byRollout.get('open-1')).toMatchObject({
         transition_ids: ['open-1/0/0', 'open-1/0/1', 'open-1/0/2'],
         final_reward: 1,
-        rewards: [{ name: 'step', value: 0.2, final: false }, { name: 'primary', value: 1, final: true }],
+        rewards: [
+          { name: 'step', value: 0.2, final: false },
+          { name: 'primary', value: 1, final: true },
+        ],
       });
       expect(byRollout.get('closed-1')).toMatchObject({ transition_ids: ['closed-1/0/0'], final_reward: 0.5 });
       const ids = read<Transition>(dataDir, 'transitions').map((t) => t.transition_id);
@@ -76,10 +88,20 @@ describe('crash recovery (child process, SIGKILL)', () => {
   it('records a call cut mid-stream by a SIGKILL from its journaled bytes, as aborted, after the restart', async () => {
     const slow = await startFakeModelServer({ flavor: 'vllm', chunkDelayMs: 150 });
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-stream-'));
-    const env = { LIGHTNING_UPSTREAM_URL: slow.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: dataDir, LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'warn' };
+    const env = {
+      LIGHTNING_UPSTREAM_URL: slow.url,
+      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      LIGHTNING_LOG_LEVEL: 'warn',
+    };
     const first = await startChildSidecar(env);
     try {
-      const res = await fetch(`${first.origin}/rollout/cut-1/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream: true, messages: [{ role: 'user', content: 'tell me a long story' }] }) });
+      const res = await fetch(`${first.origin}/rollout/cut-1/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'm', stream: true, messages: [{ role: 'user', content: 'tell me a long story' }] }),
+      });
       const reader = res.body!.getReader();
       let got = '';
       while (!got.includes('\n\n')) got += Buffer.from((await reader.read()).value!).toString();
@@ -97,7 +119,13 @@ describe('crash recovery (child process, SIGKILL)', () => {
         const ts = read<Transition>(dataDir, 'transitions').filter((x) => x.rollout_id === 'cut-1');
         return ts.length > 0 ? ts : null;
       });
-      expect(t).toMatchObject({ transition_id: 'cut-1/0/0', status: 'aborted', streamed: true, truncated: true, error: expect.stringMatching(/recovered from the journal/) });
+      expect(t).toMatchObject({
+        transition_id: 'cut-1/0/0',
+        status: 'aborted',
+        streamed: true,
+        truncated: true,
+        error: expect.stringMatching(/recovered from the journal/),
+      });
       // What the agent got is in the record: the prompt's ids came in the first event.
       expect(Array.isArray(t.prompt_token_ids) && t.prompt_token_ids.length).toBeGreaterThan(0);
       expect((t.request as { messages: { content: string }[] }).messages[0].content).toBe('tell me a long story');

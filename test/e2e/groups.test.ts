@@ -84,7 +84,10 @@ describe('lightning-sidecar groups (reference trainer consumer, test broker)', (
     await admin.connect();
     const committed = await admin.fetchOffsets({ groupId: 'trainer', topics: ['lightning.transitions', 'lightning.episodes'] });
     await admin.disconnect();
-    expect(committed.map((t) => [t.topic, t.partitions[0].offset])).toEqual([['lightning.transitions', '4'], ['lightning.episodes', '2']]);
+    expect(committed.map((t) => [t.topic, t.partitions[0].offset])).toEqual([
+      ['lightning.transitions', '4'],
+      ['lightning.episodes', '2'],
+    ]);
 
     // The exporter redelivers g1 (at-least-once) and g2 completes while the consumer is down.
     const producer = kafka.producer();
@@ -104,11 +107,17 @@ describe('lightning-sidecar groups (reference trainer consumer, test broker)', (
     expect(second.stderr).not.toContain('emitted g1');
     expect(second.stderr).toMatch(/gave up on g3: 1 of 2 episodes/);
 
-    const lines = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as GroupBatch);
+    const lines = readFileSync(out, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as GroupBatch);
     expect(lines.map((g) => g.uid)).toEqual(['g1', 'g2']);
     const g2 = lines[1];
     expect(g2).toMatchObject({ schema: 'lightning.group.v1', group_size: 2 });
-    expect(g2.episodes.map((e) => [e.rollout_id, e.final_reward])).toEqual([['g2-a', 0.5], ['g2-b', 1]]);
+    expect(g2.episodes.map((e) => [e.rollout_id, e.final_reward])).toEqual([
+      ['g2-a', 0.5],
+      ['g2-b', 1],
+    ]);
     expect(g2.batch.uid).toEqual(['g2', 'g2', 'g2', 'g2']);
     expect(g2.batch.reward).toEqual([0.5, 0.5, 1, 1]);
     for (const [i, ids] of g2.batch.response_ids.entries()) {
@@ -156,25 +165,77 @@ describe('groups and tail --kafka read chunked records and prompt deltas (docs/k
 
   function transition(rollout: string, seq: number, fields: object): object {
     return {
-      schema: 'lightning.transition.v1', transition_id: `${rollout}/0/${seq}`, rollout_id: rollout, attempt_id: '0', group_id: 'c1', seq, choice_index: 0,
-      agent_name: null, model: 'm', policy_version: null, api: 'chat.completions', request: null, response: null, streamed: false, status: 'ok', http_status: 200,
-      error: null, finish_reason: 'stop', usage: null, response_logprobs: null, continues_previous: seq > 0, tool_calls: [], intermediate_reward: null,
-      final_reward: 1, reward: 1, credit: null, is_last: false, episode_status: 'completed', truncated: false, trace_id: null, span_id: null,
-      started_at: '2026-01-01T00:00:00Z', ended_at: '2026-01-01T00:00:01Z', latency_ms: 1, ttft_ms: null, injected: [], ...fields,
+      schema: 'lightning.transition.v1',
+      transition_id: `${rollout}/0/${seq}`,
+      rollout_id: rollout,
+      attempt_id: '0',
+      group_id: 'c1',
+      seq,
+      choice_index: 0,
+      agent_name: null,
+      model: 'm',
+      policy_version: null,
+      api: 'chat.completions',
+      request: null,
+      response: null,
+      streamed: false,
+      status: 'ok',
+      http_status: 200,
+      error: null,
+      finish_reason: 'stop',
+      usage: null,
+      response_logprobs: null,
+      continues_previous: seq > 0,
+      tool_calls: [],
+      intermediate_reward: null,
+      final_reward: 1,
+      reward: 1,
+      credit: null,
+      is_last: false,
+      episode_status: 'completed',
+      truncated: false,
+      trace_id: null,
+      span_id: null,
+      started_at: '2026-01-01T00:00:00Z',
+      ended_at: '2026-01-01T00:00:01Z',
+      latency_ms: 1,
+      ttft_ms: null,
+      injected: [],
+      ...fields,
     };
   }
 
   function episode(rollout: string, n: number): object {
     return {
-      schema: 'lightning.episode.v1', rollout_id: rollout, attempt_id: '0', group_id: 'c1', episode_status: 'completed', final_reward: 1, rewards: [], credit_mode: 'identical',
-      transitions: n, transition_ids: Array.from({ length: n }, (_, i) => `${rollout}/0/${i}`), policy_versions: [], policy_version_lag: null, started_at: '', ended_at: '',
+      schema: 'lightning.episode.v1',
+      rollout_id: rollout,
+      attempt_id: '0',
+      group_id: 'c1',
+      episode_status: 'completed',
+      final_reward: 1,
+      rewards: [],
+      credit_mode: 'identical',
+      transitions: n,
+      transition_ids: Array.from({ length: n }, (_, i) => `${rollout}/0/${i}`),
+      policy_versions: [],
+      policy_version_lag: null,
+      started_at: '',
+      ended_at: '',
     };
   }
 
   it('reassembles chunks interleaved with other records and redelivered, rebuilds delta prompts, and never commits past a record still in chunks', async () => {
     const prompt = Array.from({ length: 3000 }, (_, i) => 1000 + i);
     const a0 = whole('c1-a', transition('c1-a', 0, { prompt_token_ids: prompt, response_token_ids: [7, 8] }), 'lightning.transition.v1');
-    const a1 = whole('c1-a', transition('c1-a', 1, { prompt_token_ids: null, prompt_token_ids_delta: { previous_transition_id: 'c1-a/0/0', prefix_length: 3002, suffix: [9, 10, 11] }, response_token_ids: [12] }), 'lightning.transition.v1');
+    const a1 = whole(
+      'c1-a',
+      transition('c1-a', 1, {
+        prompt_token_ids: null,
+        prompt_token_ids_delta: { previous_transition_id: 'c1-a/0/0', prefix_length: 3002, suffix: [9, 10, 11] },
+        response_token_ids: [12],
+      }),
+      'lightning.transition.v1',
+    );
     a1.headers['lightning-prompt-ids'] = 'delta';
     const b0 = whole('c1-b', transition('c1-b', 0, { prompt_token_ids: [1, 2], response_token_ids: [3] }), 'lightning.transition.v1');
     const z0 = whole('z', transition('z', 0, { group_id: 'other', prompt_token_ids: prompt, response_token_ids: [1] }), 'lightning.transition.v1');
@@ -197,7 +258,10 @@ describe('groups and tail --kafka read chunked records and prompt deltas (docs/k
     expect(r.stderr).toContain('emitted c1 (2 episodes, 3 rows)');
     expect(r.stderr).not.toMatch(/skipping|cannot be made whole/);
     expect(r.code).toBe(0);
-    const [g] = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as GroupBatch);
+    const [g] = readFileSync(out, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as GroupBatch);
     expect(g.batch.transition_id).toEqual(['c1-a/0/0', 'c1-a/0/1', 'c1-b/0/0']);
     expect(g.batch.prompt_ids).toEqual([prompt, [...prompt, 7, 8, 9, 10, 11], [1, 2]]);
 

@@ -27,7 +27,9 @@ describe('slow and stalled clients', () => {
   const port = () => Number(new URL(sidecar.origin).port);
   beforeAll(async () => {
     upstream = await startFakeModelServer({ flavor: 'vllm' });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm', client_header_timeout_ms: 400, client_body_idle_timeout_ms: 300 } } });
+    sidecar = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', client_header_timeout_ms: 400, client_body_idle_timeout_ms: 300 } },
+    });
   });
   afterAll(async () => {
     await sidecar.stop();
@@ -63,7 +65,9 @@ describe('slow and stalled clients', () => {
     s.on('data', (c: Buffer) => (answer += c.toString()));
     s.on('error', () => {});
     const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'this body is never finished' }] });
-    s.write(`POST /rollout/stall/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body.slice(0, 20)}`);
+    s.write(
+      `POST /rollout/stall/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body.slice(0, 20)}`,
+    );
     expect(await closedWithin(s, 5000)).toBe(true);
     expect(answer).toMatch(/^HTTP\/1\.1 408 /);
     expect(answer).toContain('"code":"request_timeout"');

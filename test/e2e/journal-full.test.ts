@@ -30,8 +30,23 @@ describe('a full journal', () => {
     expect(drops).toMatch(/reason="journal_full"\} [1-9]/);
 
     // OTLP is refused with a retryable status while the journal is above its high watermark.
-    const span = { traceId: 'ab'.repeat(16), spanId: 'cd'.repeat(8), name: 'execute_tool t', kind: 1, startTimeUnixNano: '1', endTimeUnixNano: '2', attributes: [{ key: 'gen_ai.operation.name', value: { stringValue: 'execute_tool' } }, { key: 'lightning.rollout_id', value: { stringValue: 'fill' } }] };
-    const otlp = await fetch(`http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ resourceSpans: [{ scopeSpans: [{ spans: [span] }] }] }) });
+    const span = {
+      traceId: 'ab'.repeat(16),
+      spanId: 'cd'.repeat(8),
+      name: 'execute_tool t',
+      kind: 1,
+      startTimeUnixNano: '1',
+      endTimeUnixNano: '2',
+      attributes: [
+        { key: 'gen_ai.operation.name', value: { stringValue: 'execute_tool' } },
+        { key: 'lightning.rollout_id', value: { stringValue: 'fill' } },
+      ],
+    };
+    const otlp = await fetch(`http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ resourceSpans: [{ scopeSpans: [{ spans: [span] }] }] }),
+    });
     expect(otlp.status).toBe(503);
     expect(otlp.headers.get('retry-after')).toBe('1');
 

@@ -74,7 +74,11 @@ describe('delivery to Kafka (test broker)', () => {
         if (i === 8) broker.setErrorRate(API.Produce, ERR.NOT_LEADER_OR_FOLLOWER, 0.7);
         await rollout(sidecar.origin, name, 2);
       }
-      await until('24 distinct transitions', () => new Set(broker.records('lightning.transitions').map((r) => decodeTransition(r.value!, 'protobuf').transition_id)).size === 24, 40_000);
+      await until(
+        '24 distinct transitions',
+        () => new Set(broker.records('lightning.transitions').map((r) => decodeTransition(r.value!, 'protobuf').transition_id)).size === 24,
+        40_000,
+      );
       broker.setErrorRate(API.Produce, ERR.NOT_LEADER_OR_FOLLOWER, 0);
       const got = broker.records('lightning.transitions').map((r) => decodeTransition(r.value!, 'protobuf'));
       expect(new Set(got.map((t) => t.transition_id))).toEqual(new Set(expected(names, 2)));
@@ -90,7 +94,14 @@ describe('delivery to Kafka (test broker)', () => {
     const broker = new KafkaTestBroker();
     await broker.start();
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-kill-'));
-    const env = { LIGHTNING_UPSTREAM_URL: upstream.url, LIGHTNING_DATA_DIR: dataDir, LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers[0], LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'error' };
+    const env = {
+      LIGHTNING_UPSTREAM_URL: upstream.url,
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_EXPORTER: 'kafka',
+      LIGHTNING_KAFKA_BROKERS: broker.brokers[0],
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      LIGHTNING_LOG_LEVEL: 'error',
+    };
     const first = await startChildSidecar(env);
     const acked: string[] = [];
     try {
@@ -171,7 +182,12 @@ describe('lightning-sidecar tail --kafka', () => {
       await until('2 transitions', () => broker.records('lightning.transitions').length === 2);
       const { execFile } = await import('node:child_process');
       const out = await new Promise<string>((resolve, reject) =>
-        execFile(process.execPath, [path.join(__dirname, '../../dist/main.js'), 'tail', '--kafka', '--brokers', broker.brokers[0], '--from-beginning', '--max', '2'], { timeout: 20_000, env: { PATH: process.env.PATH } }, (err, stdout) => (err ? reject(err) : resolve(stdout))),
+        execFile(
+          process.execPath,
+          [path.join(__dirname, '../../dist/main.js'), 'tail', '--kafka', '--brokers', broker.brokers[0], '--from-beginning', '--max', '2'],
+          { timeout: 20_000, env: { PATH: process.env.PATH } },
+          (err, stdout) => (err ? reject(err) : resolve(stdout)),
+        ),
       );
       const lines = out.trim().split('\n');
       expect(lines).toHaveLength(2);

@@ -49,7 +49,11 @@ describe('transitions of any size reach the trainer', () => {
   });
 
   it('a 256k-token prompt goes through the proxy, is chunked to Kafka, and `groups` emits it with the exact ids; nothing is dead-lettered', async () => {
-    const sidecar = await startSidecar(upstream.url, { service: { exporter: 'kafka' }, receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } } });
+    const sidecar = await startSidecar(upstream.url, {
+      service: { exporter: 'kafka' },
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+      exporters: { kafka: { brokers: broker.brokers, connection_timeout_ms: 500 } },
+    });
     try {
       const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/huge-1/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': 'g-huge' } });
       await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: HUGE }] });
@@ -57,7 +61,8 @@ describe('transitions of any size reach the trainer', () => {
       expect(want.prompt.length).toBeGreaterThan(250_000);
       expect((await postReward(sidecar.origin, 'huge-1', 1)).status).toBe(202);
       const until = Date.now() + 30_000;
-      while (!broker.records('lightning.episodes').some((r) => r.value?.toString().includes('"huge-1"')) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+      while (!broker.records('lightning.episodes').some((r) => r.value?.toString().includes('"huge-1"')) && Date.now() < until)
+        await new Promise((r) => setTimeout(r, 50));
       const chunks = broker.records('lightning.transitions').filter((r) => r.key?.toString() === 'huge-1');
       expect(chunks.length).toBeGreaterThan(1);
       expect(existsSync(path.join(sidecar.dataDir, 'dead-letter'))).toBe(false);
@@ -65,7 +70,10 @@ describe('transitions of any size reach the trainer', () => {
       const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-huge-')), 'groups.jsonl');
       const r = await runGroups(['--group-size', '1', '--brokers', broker.brokers.join(','), '--group-id', 'huge', '--out', out, '--max-groups', '1']);
       expect(r.code).toBe(0);
-      const [g] = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as GroupBatch);
+      const [g] = readFileSync(out, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as GroupBatch);
       expect(g.batch.transition_id).toEqual(['huge-1/0/0']);
       expect(g.batch.prompt_ids[0]).toEqual(want.prompt);
       expect(g.batch.response_ids[0]).toEqual(want.answer);
@@ -96,8 +104,20 @@ describe('transitions of any size reach the trainer', () => {
   it('a SIGKILL between two chunks of one record leaves no half record for the project consumer', async () => {
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-chunk-kill-'));
     const configFile = path.join(dataDir, 'config.yaml');
-    writeFileSync(configFile, 'exporters:\n  kafka:\n    topic: kill.transitions\n    episodes_topic: kill.episodes\n    max_message_bytes: 65536\n    max_batch_bytes: 65536\n    connection_timeout_ms: 500\n');
-    const env = { LIGHTNING_UPSTREAM_URL: upstream.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: dataDir, LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','), LIGHTNING_TOOL_SPAN_WAIT_MS: '0', LIGHTNING_LOG_LEVEL: 'warn', LIGHTNING_CONFIG: configFile };
+    writeFileSync(
+      configFile,
+      'exporters:\n  kafka:\n    topic: kill.transitions\n    episodes_topic: kill.episodes\n    max_message_bytes: 65536\n    max_batch_bytes: 65536\n    connection_timeout_ms: 500\n',
+    );
+    const env = {
+      LIGHTNING_UPSTREAM_URL: upstream.url,
+      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_EXPORTER: 'kafka',
+      LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      LIGHTNING_LOG_LEVEL: 'warn',
+      LIGHTNING_CONFIG: configFile,
+    };
     const first = await startChildSidecar(env);
     const content = 'abcdefg '.repeat(40_000);
     try {
@@ -122,10 +142,26 @@ describe('transitions of any size reach the trainer', () => {
     const second = await startChildSidecar(env);
     try {
       const out = path.join(dataDir, 'groups.jsonl');
-      const r = await runGroups(['--group-size', '1', '--brokers', broker.brokers.join(','), '--config', configFile, '--group-id', 'cut', '--out', out, '--max-groups', '1']);
+      const r = await runGroups([
+        '--group-size',
+        '1',
+        '--brokers',
+        broker.brokers.join(','),
+        '--config',
+        configFile,
+        '--group-id',
+        'cut',
+        '--out',
+        out,
+        '--max-groups',
+        '1',
+      ]);
       expect(r.code).toBe(0);
       expect(r.stderr).not.toMatch(/incomplete|cannot be made whole/);
-      const lines = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as GroupBatch);
+      const lines = readFileSync(out, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as GroupBatch);
       expect(lines).toHaveLength(1);
       expect(lines[0].batch.transition_id).toEqual(['cut-chunks/0/0']);
       expect(lines[0].batch.prompt_ids[0]).toEqual(served(upstream, upstream.requests.length - 1).prompt);

@@ -4,7 +4,14 @@ import { logprobOf, renderPrompt } from '../support/fake-tokenizer';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
 const tools = [
-  { type: 'function' as const, function: { name: 'calculator', description: 'evaluates arithmetic', parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } } },
+  {
+    type: 'function' as const,
+    function: {
+      name: 'calculator',
+      description: 'evaluates arithmetic',
+      parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
+    },
+  },
 ];
 
 describe('the proxy with the real openai SDK in front of a vLLM-like server', () => {

@@ -26,20 +26,24 @@ const tools: OpenAI.Chat.ChatCompletionTool[] = ['calculator', 'web_search'].map
 /** A tool run inside an OTel GenAI `execute_tool` span, as instrumented agents emit it. */
 async function executeTool(tracer: Tracer, call: OpenAI.Chat.ChatCompletionMessageToolCall): Promise<string> {
   if (call.type !== 'function') throw new Error('unexpected tool type');
-  return tracer.startActiveSpan(`execute_tool ${call.function.name}`, { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': call.function.name, 'gen_ai.tool.call.id': call.id } }, async (span) => {
-    try {
-      if (call.function.name === 'web_search') throw new Error('search backend returned 503');
-      span.setAttribute('gen_ai.tool.call.result', '42');
-      return '42';
-    } catch (err) {
-      span.recordException(err as Error);
-      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
-      span.setAttribute('error.type', 'ToolError');
-      return `error: ${(err as Error).message}`;
-    } finally {
-      span.end();
-    }
-  });
+  return tracer.startActiveSpan(
+    `execute_tool ${call.function.name}`,
+    { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': call.function.name, 'gen_ai.tool.call.id': call.id } },
+    async (span) => {
+      try {
+        if (call.function.name === 'web_search') throw new Error('search backend returned 503');
+        span.setAttribute('gen_ai.tool.call.result', '42');
+        return '42';
+      } catch (err) {
+        span.recordException(err as Error);
+        span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+        span.setAttribute('error.type', 'ToolError');
+        return `error: ${(err as Error).message}`;
+      } finally {
+        span.end();
+      }
+    },
+  );
 }
 
 describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
@@ -97,7 +101,9 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
     expect(ts.map((t) => t.trace_id)).toEqual([traceId, traceId, traceId]);
     expect(upstream.requests[0].headers.traceparent).toMatch(new RegExp(`^00-${traceId}-`));
     const [askCalc, askSearch, answer] = ts;
-    expect(askCalc.tool_calls).toEqual([expect.objectContaining({ name: 'calculator', status: 'ok', reward: 0.1, join: 'tool_call_id', span_id: expect.stringMatching(/^[0-9a-f]{16}$/) })]);
+    expect(askCalc.tool_calls).toEqual([
+      expect.objectContaining({ name: 'calculator', status: 'ok', reward: 0.1, join: 'tool_call_id', span_id: expect.stringMatching(/^[0-9a-f]{16}$/) }),
+    ]);
     expect(askSearch.tool_calls).toEqual([expect.objectContaining({ name: 'web_search', status: 'error', reward: -0.5, join: 'tool_call_id' })]);
     expect([askCalc.intermediate_reward, askSearch.intermediate_reward, answer.intermediate_reward]).toEqual([0.1, -0.5, null]);
     expect([askCalc.final_reward, askSearch.final_reward, answer.final_reward]).toEqual([1, 1, 1]);
@@ -115,7 +121,11 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/agl-span/v1`, apiKey: 'k', maxRetries: 0 });
     await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'hi' }] });
     for (const value of [0.2, 0.9]) {
-      tracer.startSpan('agentlightning.annotation', { attributes: { 'agentlightning.rollout_id': 'agl-span', 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': value } }).end();
+      tracer
+        .startSpan('agentlightning.annotation', {
+          attributes: { 'agentlightning.rollout_id': 'agl-span', 'agentlightning.reward.0.name': 'primary', 'agentlightning.reward.0.value': value },
+        })
+        .end();
     }
     await provider.forceFlush();
     expect((await fetch(`${sidecar.origin}/lightning/v1/rollouts/agl-span/end`, { method: 'POST', body: '{}' })).status).toBe(202);

@@ -30,7 +30,12 @@ describe('secrets', () => {
   });
 
   it('never reach a record, a file or a log line, while the upstream still gets them', async () => {
-    const openai = new OpenAI({ baseURL: `${sidecar.origin}/rollout/sec/v1`, apiKey: SECRETS[0], maxRetries: 0, defaultHeaders: { cookie: `session=${SECRETS[2]}`, 'api-key': SECRETS[3] } });
+    const openai = new OpenAI({
+      baseURL: `${sidecar.origin}/rollout/sec/v1`,
+      apiKey: SECRETS[0],
+      maxRetries: 0,
+      defaultHeaders: { cookie: `session=${SECRETS[2]}`, 'api-key': SECRETS[3] },
+    });
     await openai.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'hi' }] });
     const s = await openai.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true });
     for await (const _ of s) void _;

@@ -45,7 +45,9 @@ describe('the model server, found by itself', () => {
         for (const ch of c.choices) expect([ch.token_ids ?? null, ch.logprobs ?? null]).toEqual([null, null]);
       }
       // Asked for by the agent itself: given as the server sent it.
-      const asked = (await client.chat.completions.create({ model: 'm', messages, logprobs: true })) as unknown as { choices: { logprobs: { content: unknown[] } | null }[] };
+      const asked = (await client.chat.completions.create({ model: 'm', messages, logprobs: true })) as unknown as {
+        choices: { logprobs: { content: unknown[] } | null }[];
+      };
       expect(asked.choices[0].logprobs?.content.length).toBeGreaterThan(0);
 
       const ts = await closeAndRead(sidecar, 'auto-1', 1);
@@ -69,7 +71,11 @@ describe('the model server, found by itself', () => {
       const ready = (await (await fetch(`${sidecar.telemetryOrigin}/readyz`)).json()) as Record<string, unknown>;
       expect(JSON.stringify(ready)).toContain('detected as openai; no token ids are requested');
       const body = JSON.stringify({ model: 'm', messages, temperature: 0 });
-      const res = await fetch(`${sidecar.origin}/rollout/plain-1/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+      const res = await fetch(`${sidecar.origin}/rollout/plain-1/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body,
+      });
       expect(res.status).toBe(200);
       const last = openaiLike.requests[openaiLike.requests.length - 1];
       expect(last.body.toString()).toBe(body);
@@ -93,10 +99,15 @@ describe('the model server, found by itself', () => {
       expect(sent[1]).not.toContain('return_token_ids');
       await client.chat.completions.create({ model: 'm', messages });
       expect(openaiLike.requests[openaiLike.requests.length - 1].body.toString()).not.toContain('return_token_ids');
-      expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_injection_refused_total')).toMatch(/field="(return_token_ids|logprobs)"} 1/);
+      expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_injection_refused_total')).toMatch(
+        /field="(return_token_ids|logprobs)"} 1/,
+      );
       expect(sidecar.logs.some((l) => l.includes('refused a field the sidecar adds'))).toBe(true);
       const ts = await closeAndRead(sidecar, 'refused-1', 1);
-      expect(ts.map((t) => [t.status, t.injected])).toEqual([['ok', []], ['ok', []]]);
+      expect(ts.map((t) => [t.status, t.injected])).toEqual([
+        ['ok', []],
+        ['ok', []],
+      ]);
     } finally {
       await sidecar.stop();
     }

@@ -27,7 +27,11 @@ describe('gzip bombs on OTLP', () => {
     expect(bomb.length).toBeLessThan(300 * 1024);
     const before = process.memoryUsage();
     for (let i = 0; i < 4; i++) {
-      const res = await fetch(`http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`, { method: 'POST', headers: { 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' }, body: bomb });
+      const res = await fetch(`http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' },
+        body: bomb,
+      });
       expect(res.status).toBe(413);
       expect(decodeStatus(new Uint8Array(await res.arrayBuffer())).code).toBe(8); // RESOURCE_EXHAUSTED
     }
@@ -38,10 +42,21 @@ describe('gzip bombs on OTLP', () => {
   });
 
   it('gRPC: a gzip-compressed message inflating past the cap gets RESOURCE_EXHAUSTED, and the server keeps serving', async () => {
-    const client = new grpc.Client(`127.0.0.1:${sidecar.app.otlp!.grpcPort()}`, grpc.credentials.createInsecure(), { 'grpc.default_compression_algorithm': 2, 'grpc.max_send_message_length': -1 });
+    const client = new grpc.Client(`127.0.0.1:${sidecar.app.otlp!.grpcPort()}`, grpc.credentials.createInsecure(), {
+      'grpc.default_compression_algorithm': 2,
+      'grpc.max_send_message_length': -1,
+    });
     const call = (body: Buffer) =>
       new Promise<grpc.ServiceError | null>((resolve) => {
-        client.makeUnaryRequest('/opentelemetry.proto.collector.trace.v1.TraceService/Export', (b: Buffer) => b, (b: Buffer) => b, body, new grpc.Metadata(), {}, (err) => resolve(err));
+        client.makeUnaryRequest(
+          '/opentelemetry.proto.collector.trace.v1.TraceService/Export',
+          (b: Buffer) => b,
+          (b: Buffer) => b,
+          body,
+          new grpc.Metadata(),
+          {},
+          (err) => resolve(err),
+        );
       });
     const err = await call(Buffer.alloc(64 * 1024 * 1024));
     expect(err?.code).toBe(grpc.status.RESOURCE_EXHAUSTED);
@@ -73,13 +88,21 @@ describe('hostile request bodies through the proxy (every API)', () => {
 
   it('forwards whatever JSON (or non-JSON) the agent sends and stays up', async () => {
     await fc.assert(
-      fc.asyncProperty(fc.constantFrom(...paths), fc.oneof(fc.string({ maxLength: 200 }), fc.jsonValue({ maxDepth: 5 }).map((v) => JSON.stringify(v)), fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b))), async (path, body) => {
-        const before = upstream.requests.length;
-        const r = await send(path, body);
-        // Whatever the fake model made of it, the proxy passed it on and answered with the upstream's answer.
-        expect(r.own).toBeNull();
-        expect(upstream.requests.length).toBe(before + 1);
-      }),
+      fc.asyncProperty(
+        fc.constantFrom(...paths),
+        fc.oneof(
+          fc.string({ maxLength: 200 }),
+          fc.jsonValue({ maxDepth: 5 }).map((v) => JSON.stringify(v)),
+          fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b)),
+        ),
+        async (path, body) => {
+          const before = upstream.requests.length;
+          const r = await send(path, body);
+          // Whatever the fake model made of it, the proxy passed it on and answered with the upstream's answer.
+          expect(r.own).toBeNull();
+          expect(upstream.requests.length).toBe(before + 1);
+        },
+      ),
       RUN,
     );
     // Deep nesting and huge arrays, within max_request_bytes.
@@ -102,7 +125,9 @@ describe('misbehaving upstreams', () => {
       req.on('end', () => behaviour(res));
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    sidecar = await startSidecar(`http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, { receivers: { llm_proxy: { upstream_flavor: 'vllm', upstream_timeout_ms: 500, max_capture_bytes: 64 * 1024 } } });
+    sidecar = await startSidecar(`http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', upstream_timeout_ms: 500, max_capture_bytes: 64 * 1024 } },
+    });
   });
   afterAll(async () => {
     await sidecar.stop();
@@ -112,7 +137,11 @@ describe('misbehaving upstreams', () => {
 
   const call = async (stream = false) => {
     try {
-      const res = await fetch(`${sidecar.origin}/rollout/bad-upstream/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream, messages: [{ role: 'user', content: 'x' }] }) });
+      const res = await fetch(`${sidecar.origin}/rollout/bad-upstream/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'm', stream, messages: [{ role: 'user', content: 'x' }] }),
+      });
       const body = Buffer.from(await res.arrayBuffer());
       return { status: res.status, body, failed: false };
     } catch {
@@ -155,7 +184,11 @@ describe('misbehaving upstreams', () => {
       res.on('close', () => clearInterval(timer));
     };
     const ctrl = new AbortController();
-    const res = await fetch(`${sidecar.origin}/rollout/bad-upstream/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'm', stream: true, messages: [] }), signal: ctrl.signal });
+    const res = await fetch(`${sidecar.origin}/rollout/bad-upstream/v1/chat/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ model: 'm', stream: true, messages: [] }),
+      signal: ctrl.signal,
+    });
     const reader = res.body!.getReader();
     let got = 0;
     while (got < 300 * 1024) got += (await reader.read()).value?.length ?? 0;
@@ -183,12 +216,19 @@ describe('a streamed response split at arbitrary byte boundaries', () => {
   let server: http.Server;
   let cuts: number[] = [];
   const events = [
-    { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { role: 'assistant', content: 'héllo ' }, token_ids: [11] }], prompt_token_ids: [1, 2, 3] },
+    {
+      id: 'c',
+      object: 'chat.completion.chunk',
+      choices: [{ index: 0, delta: { role: 'assistant', content: 'héllo ' }, token_ids: [11] }],
+      prompt_token_ids: [1, 2, 3],
+    },
     { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: '日本 ' }, token_ids: [12, 13] }] },
     { id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'emoji 🎉' }, finish_reason: 'stop', token_ids: [14] }] },
   ];
   // CRLF and LF endings mixed, a comment line, then [DONE].
-  const stream = Buffer.from(`: keep-alive\r\n\r\ndata: ${JSON.stringify(events[0])}\r\n\r\ndata: ${JSON.stringify(events[1])}\n\ndata: ${JSON.stringify(events[2])}\r\n\r\ndata: [DONE]\n\n`);
+  const stream = Buffer.from(
+    `: keep-alive\r\n\r\ndata: ${JSON.stringify(events[0])}\r\n\r\ndata: ${JSON.stringify(events[1])}\n\ndata: ${JSON.stringify(events[2])}\r\n\r\ndata: [DONE]\n\n`,
+  );
   beforeAll(async () => {
     server = http.createServer((req, res) => {
       req.resume();
@@ -217,7 +257,10 @@ describe('a streamed response split at arbitrary byte boundaries', () => {
       fc.asyncProperty(fc.uniqueArray(fc.integer({ min: 1, max: stream.length - 1 }), { maxLength: 40 }), async (points) => {
         cuts = [...points].sort((a, b) => a - b);
         const id = `split-${n++}`;
-        const res = await fetch(`${sidecar.origin}/rollout/${id}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'm', stream: true, messages: [] }) });
+        const res = await fetch(`${sidecar.origin}/rollout/${id}/v1/chat/completions`, {
+          method: 'POST',
+          body: JSON.stringify({ model: 'm', stream: true, messages: [] }),
+        });
         expect(Buffer.from(await res.arrayBuffer()).equals(stream)).toBe(true);
         await fetch(`${sidecar.origin}/lightning/v1/rollouts/${id}/end`, { method: 'POST', body: '{}' });
         for (let i = 0; i < 100 && !sidecar.transitions().some((t) => t.rollout_id === id); i++) await new Promise((r) => setTimeout(r, 10));

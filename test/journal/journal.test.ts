@@ -6,7 +6,14 @@ import { RefusedError } from '../../src/model/component';
 import { silentLogger } from '../../src/telemetry/logger';
 
 const tmp = () => mkdtempSync(path.join(os.tmpdir(), 'lightning-journal-'));
-const opts = (dir: string, extra: Partial<JournalOptions> = {}): JournalOptions => ({ dir, fsync: 'never', maxBytes: 1 << 20, segmentBytes: 1024, highWatermark: 1, ...extra });
+const opts = (dir: string, extra: Partial<JournalOptions> = {}): JournalOptions => ({
+  dir,
+  fsync: 'never',
+  maxBytes: 1 << 20,
+  segmentBytes: 1024,
+  highWatermark: 1,
+  ...extra,
+});
 
 async function reopen(dir: string, extra: Partial<JournalOptions> = {}) {
   const seen: [number, string][] = [];
@@ -46,7 +53,10 @@ describe('journal', () => {
     const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
     for (let i = 0; i < 5; i++) await j.append(Buffer.from(`r${i}`)).durable;
     await j.close();
-    const seg = path.join(dir, readdirSync(dir).find((f) => f.endsWith('.seg'))!);
+    const seg = path.join(
+      dir,
+      readdirSync(dir).find((f) => f.endsWith('.seg'))!,
+    );
     const whole = statSync(seg).size;
     truncateSync(seg, whole - 3); // the last frame lost its end: a write torn by a crash
     const { j: j2, seen, report } = await reopen(dir, { segmentBytes: 1 << 20 });
@@ -66,7 +76,10 @@ describe('journal', () => {
     const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
     for (let i = 0; i < 3; i++) await j.append(Buffer.from(`payload-${i}`)).durable;
     await j.close();
-    const seg = path.join(dir, readdirSync(dir).find((f) => f.endsWith('.seg'))!);
+    const seg = path.join(
+      dir,
+      readdirSync(dir).find((f) => f.endsWith('.seg'))!,
+    );
     const bytes = readFileSync(seg);
     bytes[bytes.length - 2] ^= 0xff; // flip a bit inside the last payload
     writeFileSync(seg, bytes);
@@ -84,7 +97,9 @@ describe('journal', () => {
     const { j } = await reopen(dir, { segmentBytes: 64 });
     for (let i = 0; i < 12; i++) await j.append(Buffer.from(`p${i}-${'y'.repeat(30)}`)).durable;
     await j.close();
-    const segs = readdirSync(dir).filter((f) => f.endsWith('.seg')).sort();
+    const segs = readdirSync(dir)
+      .filter((f) => f.endsWith('.seg'))
+      .sort();
     expect(segs.length).toBeGreaterThan(3);
     const mid = path.join(dir, segs[1]);
     const b = readFileSync(mid);

@@ -6,7 +6,8 @@ import { API, ERR, startKafkaTestBroker, type KafkaTestBroker } from '../support
 
 const run = promisify(execFile);
 let broker: KafkaTestBroker;
-const kafka = () => new Kafka({ clientId: 'broker-test', brokers: broker.brokers, logLevel: logLevel.NOTHING, retry: { retries: 8, initialRetryTime: 50, maxRetryTime: 500 } });
+const kafka = () =>
+  new Kafka({ clientId: 'broker-test', brokers: broker.brokers, logLevel: logLevel.NOTHING, retry: { retries: 8, initialRetryTime: 50, maxRetryTime: 500 } });
 
 beforeEach(async () => {
   broker = await startKafkaTestBroker({ defaultPartitions: 2, maxMessageBytes: 64 * 1024 });
@@ -24,36 +25,39 @@ describe('Kafka test broker with kafkajs', () => {
     await admin.disconnect();
   });
 
-  it.each([CompressionTypes.None, CompressionTypes.GZIP])('round-trips keys, values and headers through an idempotent producer and a group consumer (compression %s)', async (compression) => {
-    const k = kafka();
-    const producer = k.producer({ idempotent: true, maxInFlightRequests: 1 });
-    await producer.connect();
-    const messages = Array.from({ length: 20 }, (_, i) => ({ key: `k${i % 3}`, value: `value-${i}`, headers: { n: String(i) } }));
-    await producer.send({ topic: 'rt', acks: -1, compression, messages });
-    await producer.disconnect();
-    expect(broker.records('rt')).toHaveLength(20);
+  it.each([CompressionTypes.None, CompressionTypes.GZIP])(
+    'round-trips keys, values and headers through an idempotent producer and a group consumer (compression %s)',
+    async (compression) => {
+      const k = kafka();
+      const producer = k.producer({ idempotent: true, maxInFlightRequests: 1 });
+      await producer.connect();
+      const messages = Array.from({ length: 20 }, (_, i) => ({ key: `k${i % 3}`, value: `value-${i}`, headers: { n: String(i) } }));
+      await producer.send({ topic: 'rt', acks: -1, compression, messages });
+      await producer.disconnect();
+      expect(broker.records('rt')).toHaveLength(20);
 
-    const consumer = k.consumer({ groupId: 'g1', maxWaitTimeInMs: 100 });
-    await consumer.connect();
-    await consumer.subscribe({ topic: 'rt', fromBeginning: true });
-    const got: { key: string; value: string; n: string; partition: number; offset: string }[] = [];
-    await new Promise<void>((resolve) => {
-      void consumer.run({
-        eachMessage: async ({ message, partition }) => {
-          got.push({ key: message.key!.toString(), value: message.value!.toString(), n: message.headers!.n!.toString(), partition, offset: message.offset });
-          if (got.length === 20) resolve();
-        },
+      const consumer = k.consumer({ groupId: 'g1', maxWaitTimeInMs: 100 });
+      await consumer.connect();
+      await consumer.subscribe({ topic: 'rt', fromBeginning: true });
+      const got: { key: string; value: string; n: string; partition: number; offset: string }[] = [];
+      await new Promise<void>((resolve) => {
+        void consumer.run({
+          eachMessage: async ({ message, partition }) => {
+            got.push({ key: message.key!.toString(), value: message.value!.toString(), n: message.headers!.n!.toString(), partition, offset: message.offset });
+            if (got.length === 20) resolve();
+          },
+        });
       });
-    });
-    await consumer.disconnect();
-    expect(got.map((g) => g.value).sort()).toEqual(messages.map((m) => m.value).sort());
-    // Same key, same partition, in order.
-    for (const key of ['k0', 'k1', 'k2']) {
-      const mine = got.filter((g) => g.key === key);
-      expect(new Set(mine.map((g) => g.partition)).size).toBe(1);
-      expect(mine.map((g) => Number(g.n))).toEqual([...mine.map((g) => Number(g.n))].sort((a, b) => a - b));
-    }
-  });
+      await consumer.disconnect();
+      expect(got.map((g) => g.value).sort()).toEqual(messages.map((m) => m.value).sort());
+      // Same key, same partition, in order.
+      for (const key of ['k0', 'k1', 'k2']) {
+        const mine = got.filter((g) => g.key === key);
+        expect(new Set(mine.map((g) => g.partition)).size).toBe(1);
+        expect(mine.map((g) => Number(g.n))).toEqual([...mine.map((g) => Number(g.n))].sort((a, b) => a - b));
+      }
+    },
+  );
 
   it('resumes a restarted consumer from its committed offset', async () => {
     const k = kafka();
@@ -67,10 +71,12 @@ describe('Kafka test broker with kafkajs', () => {
       await c.subscribe({ topic: 'resume', fromBeginning: true });
       const seen: string[] = [];
       await new Promise<void>((resolve) => {
-        void c.run({ eachMessage: async ({ message }) => {
-          seen.push(message.value!.toString());
-          if (seen.length === expect) resolve();
-        } });
+        void c.run({
+          eachMessage: async ({ message }) => {
+            seen.push(message.value!.toString());
+            if (seen.length === expect) resolve();
+          },
+        });
       });
       await c.disconnect();
       return seen;
@@ -130,9 +136,20 @@ const kcat = (() => {
     const producer = kafka().producer();
     await producer.connect();
     await broker.createTopic('kc', 1);
-    await producer.send({ topic: 'kc', compression: CompressionTypes.GZIP, messages: [{ key: 'k1', value: 'hello' }, { key: 'k2', value: 'world' }] });
+    await producer.send({
+      topic: 'kc',
+      compression: CompressionTypes.GZIP,
+      messages: [
+        { key: 'k1', value: 'hello' },
+        { key: 'k2', value: 'world' },
+      ],
+    });
     await producer.disconnect();
-    const { stdout } = await run('kcat', ['-C', '-b', broker.brokers[0], '-t', 'kc', '-e', '-o', 'beginning', '-f', '%k %s\\n', '-X', 'api.version.request=true'], { timeout: 15_000 });
+    const { stdout } = await run(
+      'kcat',
+      ['-C', '-b', broker.brokers[0], '-t', 'kc', '-e', '-o', 'beginning', '-f', '%k %s\\n', '-X', 'api.version.request=true'],
+      { timeout: 15_000 },
+    );
     expect(stdout.trim().split('\n')).toEqual(['k1 hello', 'k2 world']);
   });
 });

@@ -92,129 +92,184 @@ if (!python && process.env.CI === 'true') {
   });
 }
 
-(python ? describe : describe.skip)(`Python trainer client (clients/python) against the test broker and a real sidecar${python ? '' : `: skipped, ${reason}`}`, () => {
-  let broker: KafkaTestBroker;
-  let upstream: FakeModelServer;
-  const sidecars: ChildSidecar[] = [];
-  const streams: Stream[] = [];
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-python-'));
+(python ? describe : describe.skip)(
+  `Python trainer client (clients/python) against the test broker and a real sidecar${python ? '' : `: skipped, ${reason}`}`,
+  () => {
+    let broker: KafkaTestBroker;
+    let upstream: FakeModelServer;
+    const sidecars: ChildSidecar[] = [];
+    const streams: Stream[] = [];
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-python-'));
 
-  /** Whether this build's exporter chunks records and sends prompt deltas (config accepts the keys). */
-  async function producerFeatures(): Promise<string | null> {
-    const file = path.join(dir, 'chunks-and-deltas.yaml');
-    writeFileSync(file, 'exporters:\n  kafka:\n    prompt_ids: delta\n    max_message_bytes: 1400\n');
-    const v = await run(process.execPath, [MAIN, 'validate', file], {}, 15_000);
-    return v.code === 0 ? file : null;
-  }
+    /** Whether this build's exporter chunks records and sends prompt deltas (config accepts the keys). */
+    async function producerFeatures(): Promise<string | null> {
+      const file = path.join(dir, 'chunks-and-deltas.yaml');
+      writeFileSync(file, 'exporters:\n  kafka:\n    prompt_ids: delta\n    max_message_bytes: 1400\n');
+      const v = await run(process.execPath, [MAIN, 'validate', file], {}, 15_000);
+      return v.code === 0 ? file : null;
+    }
 
-  async function drive(stream: Stream, sidecar: ChildSidecar): Promise<void> {
-    for (const r of ROLLOUTS) {
-      const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${r.id}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': r.group } });
-      const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'system', content: `You are agent ${r.id}.` }];
-      stream.calls[r.id] = [];
-      for (let step = 0; step < r.calls; step++) {
-        messages.push({ role: 'user', content: `${stream.name} ${r.id} step ${step}: ${'tell me more. '.repeat(20 * step)}` });
-        const index = upstream.requests.length;
-        const reply = await client.chat.completions.create({ model: 'm', messages });
-        messages.push({ role: 'assistant', content: reply.choices[0].message.content });
-        // What the model server sent: the ids the trainer must see, exactly.
-        const body = JSON.parse(upstream.responses[index].toString('utf8')) as {
-          prompt_token_ids: number[];
-          choices: { token_ids: number[]; logprobs: { content: { logprob: number }[] } }[];
-        };
-        stream.calls[r.id].push({ prompt: body.prompt_token_ids, response: body.choices[0].token_ids, logprobs: body.choices[0].logprobs.content.map((c) => c.logprob) });
+    async function drive(stream: Stream, sidecar: ChildSidecar): Promise<void> {
+      for (const r of ROLLOUTS) {
+        const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${r.id}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': r.group } });
+        const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'system', content: `You are agent ${r.id}.` }];
+        stream.calls[r.id] = [];
+        for (let step = 0; step < r.calls; step++) {
+          messages.push({ role: 'user', content: `${stream.name} ${r.id} step ${step}: ${'tell me more. '.repeat(20 * step)}` });
+          const index = upstream.requests.length;
+          const reply = await client.chat.completions.create({ model: 'm', messages });
+          messages.push({ role: 'assistant', content: reply.choices[0].message.content });
+          // What the model server sent: the ids the trainer must see, exactly.
+          const body = JSON.parse(upstream.responses[index].toString('utf8')) as {
+            prompt_token_ids: number[];
+            choices: { token_ids: number[]; logprobs: { content: { logprob: number }[] } }[];
+          };
+          stream.calls[r.id].push({
+            prompt: body.prompt_token_ids,
+            response: body.choices[0].token_ids,
+            logprobs: body.choices[0].logprobs.content.map((c) => c.logprob),
+          });
+        }
+        const res = await fetch(`${sidecar.origin}/lightning/v1/rollouts/${r.id}/reward`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ value: r.reward }),
+        });
+        expect(res.status).toBe(202);
       }
-      const res = await fetch(`${sidecar.origin}/lightning/v1/rollouts/${r.id}/reward`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ value: r.reward }) });
-      expect(res.status).toBe(202);
     }
-  }
 
-  /** Waits until the episodes topic holds every episode (whole messages, or last chunks). */
-  async function delivered(stream: Stream): Promise<void> {
-    const count = () => broker.records(stream.episodes_topic).filter((m) => m.headers['lightning-chunk'] === undefined || Number(m.headers['lightning-chunk-index']) === Number(m.headers['lightning-chunk-count']) - 1).length;
-    for (let i = 0; i < 400 && count() < ROLLOUTS.length; i++) await new Promise((r) => setTimeout(r, 25));
-    expect(count()).toBe(ROLLOUTS.length);
-  }
+    /** Waits until the episodes topic holds every episode (whole messages, or last chunks). */
+    async function delivered(stream: Stream): Promise<void> {
+      const count = () =>
+        broker
+          .records(stream.episodes_topic)
+          .filter(
+            (m) => m.headers['lightning-chunk'] === undefined || Number(m.headers['lightning-chunk-index']) === Number(m.headers['lightning-chunk-count']) - 1,
+          ).length;
+      for (let i = 0; i < 400 && count() < ROLLOUTS.length; i++) await new Promise((r) => setTimeout(r, 25));
+      expect(count()).toBe(ROLLOUTS.length);
+    }
 
-  beforeAll(async () => {
-    broker = await startKafkaTestBroker();
-    upstream = await startFakeModelServer({ flavor: 'vllm', script: (req: ReceivedRequest) => ({ content: `answer ${((req.json?.messages as unknown[]) ?? []).length}` }) });
-    const features = await producerFeatures();
-    const kinds: { name: string; encoding: 'json' | 'protobuf'; config: string | null }[] = [
-      { name: 'json', encoding: 'json', config: null },
-      { name: 'protobuf', encoding: 'protobuf', config: features },
-    ];
-    for (const k of kinds) {
-      const topic = k.name === 'json' ? 'lightning.transitions' : `${k.name}.transitions`;
-      const episodesTopic = k.name === 'json' ? 'lightning.episodes' : `${k.name}.episodes`;
-      const sidecar = await startChildSidecar(
-        {
-          LIGHTNING_UPSTREAM_URL: upstream.url,
-          LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
-          LIGHTNING_EXPORTER: 'kafka',
-          LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
-          LIGHTNING_KAFKA_ENCODING: k.encoding,
-          LIGHTNING_KAFKA_TOPIC: topic,
-          LIGHTNING_KAFKA_EPISODES_TOPIC: episodesTopic,
-          LIGHTNING_DATA_DIR: mkdtempSync(path.join(dir, `${k.name}-data-`)),
-          LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
-          LIGHTNING_LOG_LEVEL: 'warn',
-        },
-        k.config ? ['--config', k.config] : [],
+    beforeAll(async () => {
+      broker = await startKafkaTestBroker();
+      upstream = await startFakeModelServer({
+        flavor: 'vllm',
+        script: (req: ReceivedRequest) => ({ content: `answer ${((req.json?.messages as unknown[]) ?? []).length}` }),
+      });
+      const features = await producerFeatures();
+      const kinds: { name: string; encoding: 'json' | 'protobuf'; config: string | null }[] = [
+        { name: 'json', encoding: 'json', config: null },
+        { name: 'protobuf', encoding: 'protobuf', config: features },
+      ];
+      for (const k of kinds) {
+        const topic = k.name === 'json' ? 'lightning.transitions' : `${k.name}.transitions`;
+        const episodesTopic = k.name === 'json' ? 'lightning.episodes' : `${k.name}.episodes`;
+        const sidecar = await startChildSidecar(
+          {
+            LIGHTNING_UPSTREAM_URL: upstream.url,
+            LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+            LIGHTNING_EXPORTER: 'kafka',
+            LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+            LIGHTNING_KAFKA_ENCODING: k.encoding,
+            LIGHTNING_KAFKA_TOPIC: topic,
+            LIGHTNING_KAFKA_EPISODES_TOPIC: episodesTopic,
+            LIGHTNING_DATA_DIR: mkdtempSync(path.join(dir, `${k.name}-data-`)),
+            LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+            LIGHTNING_LOG_LEVEL: 'warn',
+          },
+          k.config ? ['--config', k.config] : [],
+        );
+        sidecars.push(sidecar);
+        const stream: Stream = {
+          name: k.name,
+          topic,
+          episodes_topic: episodesTopic,
+          encoding: k.encoding,
+          chunked: k.config !== null,
+          delta: k.config !== null,
+          groups: { g1: ['g1-a', 'g1-b'], g2: ['g2-a', 'g2-b'] },
+          incomplete: ['g3'],
+          calls: {},
+        };
+        await drive(stream, sidecar);
+        await delivered(stream);
+        streams.push(stream);
+      }
+      if (!features)
+        process.stderr.write(
+          "test/python: this build's exporter neither chunks nor sends prompt deltas; those paths are covered by records built from the spec only\n",
+        );
+    }, 90_000);
+
+    afterAll(async () => {
+      for (const s of sidecars) await s.kill();
+      await upstream?.close();
+      await broker?.close();
+    });
+
+    it('passes its pytest suite, with the integration tests reading the sidecar streams', async () => {
+      const spec = path.join(dir, 'spec.json');
+      writeFileSync(spec, JSON.stringify({ brokers: broker.brokers.join(','), group_size: GROUP_SIZE, streams }));
+      const res = await run(
+        python!,
+        ['-m', 'pytest', 'clients/python/tests', '-q', '-rs', '-p', 'no:cacheprovider'],
+        { LIGHTNING_TEST_KAFKA_SPEC: spec, HOME: process.env.HOME ?? dir },
+        240_000,
       );
-      sidecars.push(sidecar);
-      const stream: Stream = {
-        name: k.name,
-        topic,
-        episodes_topic: episodesTopic,
-        encoding: k.encoding,
-        chunked: k.config !== null,
-        delta: k.config !== null,
-        groups: { g1: ['g1-a', 'g1-b'], g2: ['g2-a', 'g2-b'] },
-        incomplete: ['g3'],
-        calls: {},
-      };
-      await drive(stream, sidecar);
-      await delivered(stream);
-      streams.push(stream);
-    }
-    if (!features) process.stderr.write('test/python: this build\'s exporter neither chunks nor sends prompt deltas; those paths are covered by records built from the spec only\n');
-  }, 90_000);
+      if (res.code === 5) throw new Error(`pytest collected no tests:\n${res.stdout}${res.stderr}`);
+      if (res.code !== 0) throw new Error(`pytest exited ${res.code}:\n${res.stdout}\n${res.stderr}`);
+      process.stderr.write(
+        res.stdout
+          .split('\n')
+          .filter((l) => /passed|SKIPPED|failed/.test(l))
+          .join('\n') + '\n',
+      );
+      expect(res.stdout).toMatch(/\d+ passed/);
+      // The integration tests ran (they skip only without the spec).
+      expect(res.stdout).not.toContain('LIGHTNING_TEST_KAFKA_SPEC is not set');
+    }, 300_000);
 
-  afterAll(async () => {
-    for (const s of sidecars) await s.kill();
-    await upstream?.close();
-    await broker?.close();
-  });
-
-  it('passes its pytest suite, with the integration tests reading the sidecar streams', async () => {
-    const spec = path.join(dir, 'spec.json');
-    writeFileSync(spec, JSON.stringify({ brokers: broker.brokers.join(','), group_size: GROUP_SIZE, streams }));
-    const res = await run(python!, ['-m', 'pytest', 'clients/python/tests', '-q', '-rs', '-p', 'no:cacheprovider'], { LIGHTNING_TEST_KAFKA_SPEC: spec, HOME: process.env.HOME ?? dir }, 240_000);
-    if (res.code === 5) throw new Error(`pytest collected no tests:\n${res.stdout}${res.stderr}`);
-    if (res.code !== 0) throw new Error(`pytest exited ${res.code}:\n${res.stdout}\n${res.stderr}`);
-    process.stderr.write(res.stdout.split('\n').filter((l) => /passed|SKIPPED|failed/.test(l)).join('\n') + '\n');
-    expect(res.stdout).toMatch(/\d+ passed/);
-    // The integration tests ran (they skip only without the spec).
-    expect(res.stdout).not.toContain('LIGHTNING_TEST_KAFKA_SPEC is not set');
-  }, 300_000);
-
-  it('prints the same group lines as the Node groups command on the same stream', async () => {
-    for (const s of streams) {
-      const nodeOut = path.join(dir, `node-${s.name}.jsonl`);
-      const pyOut = path.join(dir, `python-${s.name}.jsonl`);
-      const common = ['--group-size', String(GROUP_SIZE), '--brokers', broker.brokers.join(','), '--idle-exit-ms', '2000', '--group-timeout-ms', '1000'];
-      const [n, p] = await Promise.all([
-        run(process.execPath, [MAIN, 'groups', ...common, '--group-id', `node-${s.name}`, '--out', nodeOut], { LIGHTNING_KAFKA_TOPIC: s.topic, LIGHTNING_KAFKA_EPISODES_TOPIC: s.episodes_topic }, 60_000),
-        run(python!, ['-m', 'lightning_sidecar_client', 'groups', ...common, '--group-id', `python-${s.name}`, '--out', pyOut, '--topic', s.topic, '--episodes-topic', s.episodes_topic], { PYTHONPATH: PACKAGE }, 60_000),
-      ]);
-      expect([n.code, p.code]).toEqual([0, 0]);
-      const nodeLines = readFileSync(nodeOut, 'utf8').trim().split('\n').sort();
-      const pyLines = readFileSync(pyOut, 'utf8').trim().split('\n').sort();
-      expect(pyLines.map((l) => (JSON.parse(l) as { uid: string }).uid)).toEqual(Object.keys(s.groups).sort());
-      // Byte for byte: same rows, same token ids, same number formatting.
-      expect(pyLines).toEqual(nodeLines);
-      for (const out of [n.stderr, p.stderr]) for (const uid of s.incomplete) expect(out).toContain(`groups: gave up on ${uid}: 1 of ${GROUP_SIZE} episodes`);
-    }
-  }, 120_000);
-});
+    it('prints the same group lines as the Node groups command on the same stream', async () => {
+      for (const s of streams) {
+        const nodeOut = path.join(dir, `node-${s.name}.jsonl`);
+        const pyOut = path.join(dir, `python-${s.name}.jsonl`);
+        const common = ['--group-size', String(GROUP_SIZE), '--brokers', broker.brokers.join(','), '--idle-exit-ms', '2000', '--group-timeout-ms', '1000'];
+        const [n, p] = await Promise.all([
+          run(
+            process.execPath,
+            [MAIN, 'groups', ...common, '--group-id', `node-${s.name}`, '--out', nodeOut],
+            { LIGHTNING_KAFKA_TOPIC: s.topic, LIGHTNING_KAFKA_EPISODES_TOPIC: s.episodes_topic },
+            60_000,
+          ),
+          run(
+            python!,
+            [
+              '-m',
+              'lightning_sidecar_client',
+              'groups',
+              ...common,
+              '--group-id',
+              `python-${s.name}`,
+              '--out',
+              pyOut,
+              '--topic',
+              s.topic,
+              '--episodes-topic',
+              s.episodes_topic,
+            ],
+            { PYTHONPATH: PACKAGE },
+            60_000,
+          ),
+        ]);
+        expect([n.code, p.code]).toEqual([0, 0]);
+        const nodeLines = readFileSync(nodeOut, 'utf8').trim().split('\n').sort();
+        const pyLines = readFileSync(pyOut, 'utf8').trim().split('\n').sort();
+        expect(pyLines.map((l) => (JSON.parse(l) as { uid: string }).uid)).toEqual(Object.keys(s.groups).sort());
+        // Byte for byte: same rows, same token ids, same number formatting.
+        expect(pyLines).toEqual(nodeLines);
+        for (const out of [n.stderr, p.stderr]) for (const uid of s.incomplete) expect(out).toContain(`groups: gave up on ${uid}: 1 of ${GROUP_SIZE} episodes`);
+      }
+    }, 120_000);
+  },
+);

@@ -27,7 +27,9 @@ async function main(): Promise<number> {
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
   const { samples, ...summary } = report;
-  process.stdout.write(JSON.stringify({ ...summary, journal_cap_mib: journalMiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n');
+  process.stdout.write(
+    JSON.stringify({ ...summary, journal_cap_mib: journalMiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n',
+  );
   return report.contract.holds ? 0 : 1;
 }
 

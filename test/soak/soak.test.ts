@@ -2,9 +2,22 @@ import { runSoak } from './soak';
 
 describe('soak (short version; `npm run soak` runs the long one)', () => {
   it('mixed traffic through a Kafka outage, a retriable-error storm and a SIGKILL: the contract holds, RSS and fds stay bounded', async () => {
-    const report = await runSoak({ durationMs: 12_000, agents: 6, killsAt: [0.45, 0.6], kafkaDown: [0.15, 0.35], retryStorm: [0.7, 0.85], journalMaxBytes: 64 * 1024 * 1024 });
+    const report = await runSoak({
+      durationMs: 12_000,
+      agents: 6,
+      killsAt: [0.45, 0.6],
+      kafkaDown: [0.15, 0.35],
+      retryStorm: [0.7, 0.85],
+      journalMaxBytes: 64 * 1024 * 1024,
+    });
     const c = report.contract;
-    expect({ unknown: c.unknown, missing_calls: c.missing_calls, missing_episodes: c.missing_episodes, wrong_rewards: c.wrong_rewards, missing_span_joins: c.missing_span_joins }).toEqual({ unknown: [], missing_calls: [], missing_episodes: [], wrong_rewards: [], missing_span_joins: [] });
+    expect({
+      unknown: c.unknown,
+      missing_calls: c.missing_calls,
+      missing_episodes: c.missing_episodes,
+      wrong_rewards: c.wrong_rewards,
+      missing_span_joins: c.missing_span_joins,
+    }).toEqual({ unknown: [], missing_calls: [], missing_episodes: [], wrong_rewards: [], missing_span_joins: [] });
     expect(report.faults.kills).toBe(2);
     // No kill window: every call whose answer the agent received is exported.
     expect(c.missing_calls_in_kill_window).toEqual([]);

@@ -34,7 +34,15 @@ export interface SoakReport {
   spans: { accepted: number; refused_retryable: number; other_failures: number };
   rewards: { accepted: number; refused_retryable: number };
   kafka: { transitions: number; distinct: number; redelivered: number; episodes: number };
-  contract: { missing_calls: string[]; missing_calls_in_kill_window: string[]; missing_episodes: string[]; wrong_rewards: string[]; unknown: string[]; missing_span_joins: string[]; holds: boolean };
+  contract: {
+    missing_calls: string[];
+    missing_calls_in_kill_window: string[];
+    missing_episodes: string[];
+    wrong_rewards: string[];
+    unknown: string[];
+    missing_span_joins: string[];
+    holds: boolean;
+  };
   faults: { kills: number; kafka_outage_ms: number; retry_storm_ms: number };
   samples: { t_s: number; rss_mib: number; fds: number; journal_bytes: number }[];
   peak: { rss_mib: number; fds: number; journal_bytes: number };
@@ -97,7 +105,15 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     spans: { accepted: 0, refused_retryable: 0, other_failures: 0 },
     rewards: { accepted: 0, refused_retryable: 0 },
     kafka: { transitions: 0, distinct: 0, redelivered: 0, episodes: 0 },
-    contract: { missing_calls: [], missing_calls_in_kill_window: [], missing_episodes: [], wrong_rewards: [], unknown: [], missing_span_joins: [], holds: false },
+    contract: {
+      missing_calls: [],
+      missing_calls_in_kill_window: [],
+      missing_episodes: [],
+      wrong_rewards: [],
+      unknown: [],
+      missing_span_joins: [],
+      holds: false,
+    },
     faults: { kills: 0, kafka_outage_ms: 0, retry_storm_ms: 0 },
     samples: [],
     peak: { rss_mib: 0, fds: 0, journal_bytes: 0 },
@@ -158,7 +174,27 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       resourceSpans: [
         {
           resource: { attributes: [{ key: 'service.name', value: { stringValue: 'soak-agent' } }] },
-          scopeSpans: [{ spans: [{ traceId: (0x5000000 + n).toString(16).padStart(32, '0'), spanId, name: 'execute_tool calculator', kind: 1, startTimeUnixNano: String(Date.now() * 1e6), endTimeUnixNano: String(Date.now() * 1e6 + 1000), attributes: [{ key: 'gen_ai.operation.name', value: { stringValue: 'execute_tool' } }, { key: 'gen_ai.tool.name', value: { stringValue: 'calculator' } }, { key: 'gen_ai.tool.call.id', value: { stringValue: callId } }, { key: 'lightning.rollout_id', value: { stringValue: rollout } }], status: { code: 1 } }] }],
+          scopeSpans: [
+            {
+              spans: [
+                {
+                  traceId: (0x5000000 + n).toString(16).padStart(32, '0'),
+                  spanId,
+                  name: 'execute_tool calculator',
+                  kind: 1,
+                  startTimeUnixNano: String(Date.now() * 1e6),
+                  endTimeUnixNano: String(Date.now() * 1e6 + 1000),
+                  attributes: [
+                    { key: 'gen_ai.operation.name', value: { stringValue: 'execute_tool' } },
+                    { key: 'gen_ai.tool.name', value: { stringValue: 'calculator' } },
+                    { key: 'gen_ai.tool.call.id', value: { stringValue: callId } },
+                    { key: 'lightning.rollout_id', value: { stringValue: rollout } },
+                  ],
+                  status: { code: 1 },
+                },
+              ],
+            },
+          ],
         },
       ],
     });
@@ -178,7 +214,11 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
 
   async function reward(rollout: string, value: number): Promise<void> {
     const ok = await withRetry(async () => {
-      const res = await fetch(`${sidecar.origin}/lightning/v1/rollouts/${rollout}/reward`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ value }) });
+      const res = await fetch(`${sidecar.origin}/lightning/v1/rollouts/${rollout}/reward`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ value }),
+      });
       await res.arrayBuffer();
       if (res.status === 202) return true;
       if (res.status === 503) report.rewards.refused_retryable++;
@@ -202,7 +242,15 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       const first = await call(rollout, 0, [], stream);
       if (first?.toolCallId) {
         await span(rollout, first.toolCallId, i);
-        await call(rollout, 1, [{ role: 'assistant', content: null, tool_calls: [{ id: first.toolCallId, type: 'function', function: { name: 'calculator', arguments: '{}' } }] }, { role: 'tool', tool_call_id: first.toolCallId, content: '2' }], !stream);
+        await call(
+          rollout,
+          1,
+          [
+            { role: 'assistant', content: null, tool_calls: [{ id: first.toolCallId, type: 'function', function: { name: 'calculator', arguments: '{}' } }] },
+            { role: 'tool', tool_call_id: first.toolCallId, content: '2' },
+          ],
+          !stream,
+        );
       }
       await reward(rollout, Number(((i % 997) / 1000).toFixed(3)));
     }
@@ -246,14 +294,17 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     }
   })();
 
-  const sampler = setInterval(() => {
-    const pid = sidecar.proc.pid!;
-    const sample = { t_s: (Date.now() - t0) / 1000, rss_mib: rssMiB(pid), fds: fdCount(pid), journal_bytes: dirBytes(path.join(dataDir, 'journal')) };
-    report.samples.push(sample);
-    report.peak.rss_mib = Math.max(report.peak.rss_mib, sample.rss_mib);
-    report.peak.fds = Math.max(report.peak.fds, sample.fds);
-    report.peak.journal_bytes = Math.max(report.peak.journal_bytes, sample.journal_bytes);
-  }, Math.max(250, opts.durationMs / 40));
+  const sampler = setInterval(
+    () => {
+      const pid = sidecar.proc.pid!;
+      const sample = { t_s: (Date.now() - t0) / 1000, rss_mib: rssMiB(pid), fds: fdCount(pid), journal_bytes: dirBytes(path.join(dataDir, 'journal')) };
+      report.samples.push(sample);
+      report.peak.rss_mib = Math.max(report.peak.rss_mib, sample.rss_mib);
+      report.peak.fds = Math.max(report.peak.fds, sample.fds);
+      report.peak.journal_bytes = Math.max(report.peak.journal_bytes, sample.journal_bytes);
+    },
+    Math.max(250, opts.durationMs / 40),
+  );
 
   await Promise.all([faults, ...Array.from({ length: opts.agents }, (_, a) => agent(a))]);
   report.rollouts.rewarded = acceptedRewards.size;
@@ -276,7 +327,16 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
   report.duration_s = (Date.now() - t0) / 1000;
 
   // The contract.
-  const transitions = broker.records('lightning.transitions').map((r) => JSON.parse(r.value!.toString()) as { transition_id: string; rollout_id: string; request: { messages: { content: string }[] }; final_reward: number | null; tool_calls: { id: string; span_id: string | null }[] });
+  const transitions = broker.records('lightning.transitions').map(
+    (r) =>
+      JSON.parse(r.value!.toString()) as {
+        transition_id: string;
+        rollout_id: string;
+        request: { messages: { content: string }[] };
+        final_reward: number | null;
+        tool_calls: { id: string; span_id: string | null }[];
+      },
+  );
   const seenTids = new Map<string, number>();
   for (const t of transitions) {
     const tid = t.request?.messages?.[0]?.content;
@@ -290,7 +350,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
   for (let a = 0; a < opts.agents; a++) for (let i = 0; i < n; i++) for (const s of [0, 1]) generated.add(`tid:soak-${a}-${i}:${s}`);
   for (const tid of seenTids.keys()) if (!generated.has(tid)) report.contract.unknown.push(tid);
   const distinctIds = new Set(transitions.map((t) => t.transition_id));
-  report.kafka = { transitions: transitions.length, distinct: distinctIds.size, redelivered: transitions.length - distinctIds.size, episodes: broker.records('lightning.episodes').length };
+  report.kafka = {
+    transitions: transitions.length,
+    distinct: distinctIds.size,
+    redelivered: transitions.length - distinctIds.size,
+    episodes: broker.records('lightning.episodes').length,
+  };
   for (const [tid, at] of acceptedCalls) {
     if (seenTids.has(tid)) continue;
     // The journal is written through before an answer completes, so no answered call may be
@@ -316,7 +381,13 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     if (calls && !calls.some((c) => c.span_id === s.spanId)) report.contract.missing_span_joins.push(rollout);
   }
   const c = report.contract;
-  c.holds = c.missing_calls.length === 0 && c.missing_calls_in_kill_window.length === 0 && c.missing_episodes.length === 0 && c.wrong_rewards.length === 0 && c.unknown.length === 0 && c.missing_span_joins.length === 0;
+  c.holds =
+    c.missing_calls.length === 0 &&
+    c.missing_calls_in_kill_window.length === 0 &&
+    c.missing_episodes.length === 0 &&
+    c.wrong_rewards.length === 0 &&
+    c.unknown.length === 0 &&
+    c.missing_span_joins.length === 0;
 
   await sidecar.kill('SIGTERM');
   await upstream.close();

@@ -153,12 +153,25 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
     else if (path === '/v1/messages') promptIds = renderPrompt((body.messages as never[]) ?? []);
     else return null;
     const choices = Array.from({ length: n }, (_, i) => {
-      const content = n > 1 && turn.content ? `${turn.content} (sample ${i})` : turn.content ?? null;
-      const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({ id: tc.id ?? `call_${serial}_${i}_${j}`, name: tc.name, arguments: JSON.stringify(tc.arguments) }));
+      const content = n > 1 && turn.content ? `${turn.content} (sample ${i})` : (turn.content ?? null);
+      const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({
+        id: tc.id ?? `call_${serial}_${i}_${j}`,
+        name: tc.name,
+        arguments: JSON.stringify(tc.arguments),
+      }));
       const tokens = path === '/v1/completions' ? tokenize(content ?? '') : assistantTokens(content, toolCalls);
       return { index: i, content, toolCalls, tokens };
     });
-    return { serial, model: typeof body.model === 'string' ? body.model : options.model ?? 'fake-model', flavor, withIds, withLogprobs, promptIds, choices, includeUsage: includeUsage(body) };
+    return {
+      serial,
+      model: typeof body.model === 'string' ? body.model : (options.model ?? 'fake-model'),
+      flavor,
+      withIds,
+      withLogprobs,
+      promptIds,
+      choices,
+      includeUsage: includeUsage(body),
+    };
   }
 
   function sendJson(res: ServerResponse, index: number, value: unknown, status = 200): void {
@@ -166,7 +179,12 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
     const gzip = options.gzip === true && /gzip/.test(String(res.req.headers['accept-encoding'] ?? ''));
     if (gzip) bytes = gzipSync(bytes);
     responses[index] = bytes;
-    res.writeHead(status, { 'content-type': 'application/json', 'content-length': bytes.length, 'x-fake-upstream': 'yes', ...(gzip ? { 'content-encoding': 'gzip' } : {}) });
+    res.writeHead(status, {
+      'content-type': 'application/json',
+      'content-length': bytes.length,
+      'x-fake-upstream': 'yes',
+      ...(gzip ? { 'content-encoding': 'gzip' } : {}),
+    });
     res.end(bytes);
   }
 

@@ -70,7 +70,9 @@ export function buildChat(g: Generation, stream: boolean): Built {
           message: {
             role: 'assistant',
             content: c.content,
-            ...(c.toolCalls.length > 0 ? { tool_calls: c.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } })) } : {}),
+            ...(c.toolCalls.length > 0
+              ? { tool_calls: c.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } })) }
+              : {}),
             reasoning_content: null,
           },
           logprobs: g.withLogprobs ? { content: c.tokens.map(lpEntry) } : null,
@@ -142,7 +144,14 @@ export function buildCompletions(g: Generation, stream: boolean): Built {
     return {
       body: {
         ...base,
-        choices: g.choices.map((c) => ({ index: c.index, text: c.content ?? '', logprobs: g.withLogprobs ? lp(c.tokens, 0) : null, finish_reason: 'stop', stop_reason: null, ...ids(c, c.tokens, true) })),
+        choices: g.choices.map((c) => ({
+          index: c.index,
+          text: c.content ?? '',
+          logprobs: g.withLogprobs ? lp(c.tokens, 0) : null,
+          finish_reason: 'stop',
+          stop_reason: null,
+          ...ids(c, c.tokens, true),
+        })),
         usage: usage(g),
       },
       events: [],
@@ -155,7 +164,20 @@ export function buildCompletions(g: Generation, stream: boolean): Built {
     let from = 0;
     [...words, ''].forEach((w, k) => {
       const last = k === words.length;
-      events.push(sse({ ...base, choices: [{ index: c.index, text: w, logprobs: g.withLogprobs ? lp(parts[k], from) : null, finish_reason: last ? 'stop' : null, ...ids(c, parts[k], k === 0) }] }));
+      events.push(
+        sse({
+          ...base,
+          choices: [
+            {
+              index: c.index,
+              text: w,
+              logprobs: g.withLogprobs ? lp(parts[k], from) : null,
+              finish_reason: last ? 'stop' : null,
+              ...ids(c, parts[k], k === 0),
+            },
+          ],
+        }),
+      );
       from += parts[k].length;
     });
   }
@@ -176,7 +198,14 @@ export function buildResponses(g: Generation, stream: boolean): Built {
         content: [{ type: 'output_text', text: c.content, annotations: [], ...(g.withLogprobs ? { logprobs: c.tokens.map(lpEntry) } : {}) }],
       }
     : null;
-  const fnItems = c.toolCalls.map((t, j) => ({ type: 'function_call', id: `fc_fake_${j}`, call_id: t.id, name: t.name, arguments: t.arguments, status: 'completed' }));
+  const fnItems = c.toolCalls.map((t, j) => ({
+    type: 'function_call',
+    id: `fc_fake_${j}`,
+    call_id: t.id,
+    name: t.name,
+    arguments: t.arguments,
+    status: 'completed',
+  }));
   const output = [...(msgItem ? [msgItem] : []), ...fnItems];
   const response = (status: string, out: unknown[]) => ({
     id: `resp_fake_${g.serial}`,
@@ -188,7 +217,16 @@ export function buildResponses(g: Generation, stream: boolean): Built {
     parallel_tool_calls: true,
     tool_choice: 'auto',
     tools: [],
-    usage: status === 'completed' ? { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens, total_tokens: u.total_tokens, input_tokens_details: { cached_tokens: 0 }, output_tokens_details: { reasoning_tokens: 0 } } : null,
+    usage:
+      status === 'completed'
+        ? {
+            input_tokens: u.prompt_tokens,
+            output_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens,
+            input_tokens_details: { cached_tokens: 0 },
+            output_tokens_details: { reasoning_tokens: 0 },
+          }
+        : null,
     error: null,
     incomplete_details: null,
   });
@@ -201,7 +239,12 @@ export function buildResponses(g: Generation, stream: boolean): Built {
   let outputIndex = 0;
   if (msgItem) {
     emit('response.output_item.added', { output_index: outputIndex, item: { ...msgItem, status: 'in_progress', content: [] } });
-    emit('response.content_part.added', { item_id: msgItem.id, output_index: outputIndex, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } });
+    emit('response.content_part.added', {
+      item_id: msgItem.id,
+      output_index: outputIndex,
+      content_index: 0,
+      part: { type: 'output_text', text: '', annotations: [] },
+    });
     for (const w of pieces(c.content ?? '')) {
       emit('response.output_text.delta', { item_id: msgItem.id, output_index: outputIndex, content_index: 0, delta: w, logprobs: [] });
     }

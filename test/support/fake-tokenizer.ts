@@ -66,7 +66,9 @@ function contentText(content: unknown): string {
 function toolCallsOf(m: ChatMessage): TemplateToolCall[] {
   // Anthropic: tool_use blocks in the assistant's content.
   if (Array.isArray(m.content)) {
-    return (m.content as { type?: string; name?: string; input?: unknown }[]).filter((b) => b?.type === 'tool_use').map((b) => ({ name: b.name ?? '', arguments: JSON.stringify(b.input ?? {}) }));
+    return (m.content as { type?: string; name?: string; input?: unknown }[])
+      .filter((b) => b?.type === 'tool_use')
+      .map((b) => ({ name: b.name ?? '', arguments: JSON.stringify(b.input ?? {}) }));
   }
   if (!Array.isArray(m.tool_calls)) return [];
   return m.tool_calls.map((tc) => {

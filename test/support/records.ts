@@ -28,7 +28,16 @@ export function callRecord(rolloutId: string, seq: number, endedAt: number, extr
     error: null,
     usage: null,
     promptTokenIds: [1, 2],
-    choices: [{ index: 0, finishReason: toolCalls?.length ? 'tool_calls' : 'stop', responseTokenIds: [3], responseLogprobs: [-0.1], promptTokenIds: null, toolCalls: toolCalls ?? [] }],
+    choices: [
+      {
+        index: 0,
+        finishReason: toolCalls?.length ? 'tool_calls' : 'stop',
+        responseTokenIds: [3],
+        responseLogprobs: [-0.1],
+        promptTokenIds: null,
+        toolCalls: toolCalls ?? [],
+      },
+    ],
     injected: [],
     truncated: false,
     startedAt: endedAt - 5,

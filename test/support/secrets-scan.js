@@ -33,7 +33,13 @@ function secrets() {
 }
 
 function forms(secret) {
-  return [secret, Buffer.from(secret).toString('base64'), JSON.stringify(secret).slice(1, -1), encodeURIComponent(secret), Buffer.from(`Bearer ${secret}`).toString('base64')];
+  return [
+    secret,
+    Buffer.from(secret).toString('base64'),
+    JSON.stringify(secret).slice(1, -1),
+    encodeURIComponent(secret),
+    Buffer.from(`Bearer ${secret}`).toString('base64'),
+  ];
 }
 
 function teardown() {

@@ -47,7 +47,11 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
     return readdirSync(dir)
       .filter((f) => f.endsWith('.ndjson'))
       .sort()
-      .flatMap((f) => readFileSync(path.join(dir, f), 'utf8').split('\n').filter((l) => l.trim() !== ''))
+      .flatMap((f) =>
+        readFileSync(path.join(dir, f), 'utf8')
+          .split('\n')
+          .filter((l) => l.trim() !== ''),
+      )
       .map((l) => JSON.parse(l) as T);
   };
   const sidecar: TestSidecar = {

@@ -60,14 +60,61 @@ export interface VllmLikeServer {
 
 /** Chat-completions request fields OpenAI accepts; anything else is a 400 in `openaiLike` mode. */
 const OPENAI_CHAT_FIELDS = new Set([
-  'model', 'messages', 'audio', 'frequency_penalty', 'function_call', 'functions', 'logit_bias', 'logprobs', 'max_completion_tokens', 'max_tokens',
-  'metadata', 'modalities', 'n', 'parallel_tool_calls', 'prediction', 'presence_penalty', 'prompt_cache_key', 'prompt_cache_retention', 'reasoning_effort',
-  'response_format', 'safety_identifier', 'seed', 'service_tier', 'stop', 'store', 'stream', 'stream_options', 'temperature', 'tool_choice', 'tools',
-  'top_logprobs', 'top_p', 'user', 'verbosity', 'web_search_options',
+  'model',
+  'messages',
+  'audio',
+  'frequency_penalty',
+  'function_call',
+  'functions',
+  'logit_bias',
+  'logprobs',
+  'max_completion_tokens',
+  'max_tokens',
+  'metadata',
+  'modalities',
+  'n',
+  'parallel_tool_calls',
+  'prediction',
+  'presence_penalty',
+  'prompt_cache_key',
+  'prompt_cache_retention',
+  'reasoning_effort',
+  'response_format',
+  'safety_identifier',
+  'seed',
+  'service_tier',
+  'stop',
+  'store',
+  'stream',
+  'stream_options',
+  'temperature',
+  'tool_choice',
+  'tools',
+  'top_logprobs',
+  'top_p',
+  'user',
+  'verbosity',
+  'web_search_options',
 ]);
 const OPENAI_COMPLETION_FIELDS = new Set([
-  'model', 'prompt', 'best_of', 'echo', 'frequency_penalty', 'logit_bias', 'logprobs', 'max_tokens', 'n', 'presence_penalty', 'seed', 'stop', 'stream',
-  'stream_options', 'suffix', 'temperature', 'top_p', 'user',
+  'model',
+  'prompt',
+  'best_of',
+  'echo',
+  'frequency_penalty',
+  'logit_bias',
+  'logprobs',
+  'max_tokens',
+  'n',
+  'presence_penalty',
+  'seed',
+  'stop',
+  'stream',
+  'stream_options',
+  'suffix',
+  'temperature',
+  'top_p',
+  'user',
 ]);
 
 const CREATED = 1_760_000_000;
@@ -112,14 +159,19 @@ export async function startVllmLikeServer(options: VllmLikeServerOptions = {}): 
     if (r.method === 'GET' && path === '/version' && !options.openaiLike) return sendJson(res, 200, { version: options.version ?? '0.11.0' });
     const routed =
       r.method === 'POST' &&
-      (path === '/v1/chat/completions' || path === '/v1/completions' || (path === '/v1/responses' && options.routes?.responses) || (path === '/v1/messages' && options.routes?.messages));
+      (path === '/v1/chat/completions' ||
+        path === '/v1/completions' ||
+        (path === '/v1/responses' && options.routes?.responses) ||
+        (path === '/v1/messages' && options.routes?.messages));
     if (!routed) return sendJson(res, 404, notFound());
     if (!r.json) return sendJson(res, 400, errorBody('request body is not a JSON object', 'BadRequestError', 400));
     if (options.openaiLike) {
       const known = path === '/v1/completions' ? OPENAI_COMPLETION_FIELDS : OPENAI_CHAT_FIELDS;
       const unknown = Object.keys(r.json).find((k) => !known.has(k));
       if (unknown) {
-        return sendJson(res, 400, { error: { message: `Unrecognized request argument supplied: ${unknown}`, type: 'invalid_request_error', param: null, code: null } });
+        return sendJson(res, 400, {
+          error: { message: `Unrecognized request argument supplied: ${unknown}`, type: 'invalid_request_error', param: null, code: null },
+        });
       }
     }
     if (path === '/v1/responses' || path === '/v1/messages') return sendJson(res, 200, cannedNative(path, r.json));
@@ -128,8 +180,14 @@ export async function startVllmLikeServer(options: VllmLikeServerOptions = {}): 
     const stream = r.json.stream === true;
     if (path === '/v1/completions') {
       const gen: Generation = {
-        serial: g.serial, model: g.model, flavor: 'vllm', withIds: g.withIds, withLogprobs: g.withLogprobs, promptIds: tokenize(String(r.json.prompt ?? '')),
-        choices: [{ index: 0, content: turn.content ?? '', toolCalls: [], tokens: tokenize(turn.content ?? '') }], includeUsage: g.includeUsage,
+        serial: g.serial,
+        model: g.model,
+        flavor: 'vllm',
+        withIds: g.withIds,
+        withLogprobs: g.withLogprobs,
+        promptIds: tokenize(String(r.json.prompt ?? '')),
+        choices: [{ index: 0, content: turn.content ?? '', toolCalls: [], tokens: tokenize(turn.content ?? '') }],
+        includeUsage: g.includeUsage,
       };
       const built = buildCompletions(gen, stream);
       if (!stream) return sendJson(res, 200, built.body);
@@ -142,7 +200,11 @@ export async function startVllmLikeServer(options: VllmLikeServerOptions = {}): 
   function generate(r: ReceivedRequest, turn: VllmTurn): Gen {
     const body = r.json!;
     const serial = createHash('sha1').update(r.body).digest().readUInt32BE(0);
-    const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({ id: tc.id ?? `chatcmpl-tool-${serial.toString(16)}${j}`, name: tc.name, arguments: typeof tc.arguments === 'string' ? tc.arguments : JSON.stringify(tc.arguments) }));
+    const toolCalls = (turn.toolCalls ?? []).map((tc, j) => ({
+      id: tc.id ?? `chatcmpl-tool-${serial.toString(16)}${j}`,
+      name: tc.name,
+      arguments: typeof tc.arguments === 'string' ? tc.arguments : JSON.stringify(tc.arguments),
+    }));
     const content = turn.content ?? (toolCalls.length > 0 ? null : '');
     const reasoning = turn.reasoning ?? null;
     // Thinking is generated before the answer, so its tokens come first in token_ids.
@@ -202,7 +264,12 @@ interface Gen {
 }
 
 function usage(g: Gen) {
-  return { prompt_tokens: g.promptIds.length, completion_tokens: g.tokens.length, total_tokens: g.promptIds.length + g.tokens.length, prompt_tokens_details: null };
+  return {
+    prompt_tokens: g.promptIds.length,
+    completion_tokens: g.tokens.length,
+    total_tokens: g.promptIds.length + g.tokens.length,
+    prompt_tokens_details: null,
+  };
 }
 
 function lp(g: Gen, position: number) {
@@ -212,7 +279,15 @@ function lp(g: Gen, position: number) {
 }
 
 function chatBody(g: Gen) {
-  const message: Record<string, unknown> = { role: 'assistant', content: g.content, refusal: null, annotations: null, audio: null, function_call: null, reasoning: g.reasoning };
+  const message: Record<string, unknown> = {
+    role: 'assistant',
+    content: g.content,
+    refusal: null,
+    annotations: null,
+    audio: null,
+    function_call: null,
+    reasoning: g.reasoning,
+  };
   if (g.toolCalls.length > 0) message.tool_calls = g.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } }));
   const choice: Record<string, unknown> = {
     index: 0,
@@ -222,7 +297,18 @@ function chatBody(g: Gen) {
     stop_reason: g.stopReason,
   };
   if (g.withIds) choice.token_ids = g.tokens;
-  const body: Record<string, unknown> = { id: g.id, object: 'chat.completion', created: CREATED, model: g.model, choices: [choice], service_tier: null, system_fingerprint: null, usage: usage(g), prompt_logprobs: null, kv_transfer_params: null };
+  const body: Record<string, unknown> = {
+    id: g.id,
+    object: 'chat.completion',
+    created: CREATED,
+    model: g.model,
+    choices: [choice],
+    service_tier: null,
+    system_fingerprint: null,
+    usage: usage(g),
+    prompt_logprobs: null,
+    kv_transfer_params: null,
+  };
   if (g.withIds) body.prompt_token_ids = g.promptIds;
   return body;
 }
@@ -258,7 +344,8 @@ function chatEvents(g: Gen): string[] {
     if (k === 0 && g.withIds) chunk.prompt_token_ids = g.promptIds;
     return `data: ${JSON.stringify(chunk)}\n\n`;
   });
-  if (g.includeUsage) events.push(`data: ${JSON.stringify({ id: g.id, object: 'chat.completion.chunk', created: CREATED, model: g.model, choices: [], usage: usage(g) })}\n\n`);
+  if (g.includeUsage)
+    events.push(`data: ${JSON.stringify({ id: g.id, object: 'chat.completion.chunk', created: CREATED, model: g.model, choices: [], usage: usage(g) })}\n\n`);
   events.push('data: [DONE]\n\n');
   return events;
 }
@@ -286,11 +373,26 @@ async function streamEvents(req: IncomingMessage, res: ServerResponse, events: s
 function cannedNative(path: string, body: Record<string, unknown>) {
   const m = typeof body.model === 'string' ? body.model : 'fake-model';
   if (path === '/v1/messages') {
-    return { id: 'msg_native', type: 'message', role: 'assistant', model: m, content: [{ type: 'text', text: 'native answer' }], stop_reason: 'end_turn', stop_sequence: null, usage: { input_tokens: 1, output_tokens: 2 } };
+    return {
+      id: 'msg_native',
+      type: 'message',
+      role: 'assistant',
+      model: m,
+      content: [{ type: 'text', text: 'native answer' }],
+      stop_reason: 'end_turn',
+      stop_sequence: null,
+      usage: { input_tokens: 1, output_tokens: 2 },
+    };
   }
   return {
-    id: 'resp_native', object: 'response', created_at: CREATED, status: 'completed', model: m,
-    output: [{ type: 'message', id: 'msg_native', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'native answer', annotations: [] }] }],
+    id: 'resp_native',
+    object: 'response',
+    created_at: CREATED,
+    status: 'completed',
+    model: m,
+    output: [
+      { type: 'message', id: 'msg_native', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'native answer', annotations: [] }] },
+    ],
     usage: { input_tokens: 1, output_tokens: 2, total_tokens: 3, input_tokens_details: { cached_tokens: 0 }, output_tokens_details: { reasoning_tokens: 0 } },
   };
 }

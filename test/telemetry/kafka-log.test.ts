@@ -5,7 +5,12 @@ function setup(level: 'debug' | 'info' = 'info') {
   const lines: Record<string, unknown>[] = [];
   const logger = createLogger({ level, component: 'exporter', write: (l) => lines.push(JSON.parse(l)), clock: () => 0 });
   const log = createKafkaLogCreator(logger, { retries: 2 })();
-  const entry = (level: number, namespace: string, log: Record<string, unknown>): KafkajsLogEntry => ({ level, namespace, label: '', log: { timestamp: 'x', logger: 'kafkajs', message: '', ...log } });
+  const entry = (level: number, namespace: string, log: Record<string, unknown>): KafkajsLogEntry => ({
+    level,
+    namespace,
+    label: '',
+    log: { timestamp: 'x', logger: 'kafkajs', message: '', ...log },
+  });
   return { lines, log, entry };
 }
 
@@ -15,19 +20,34 @@ describe('kafkajs logs through our logger', () => {
   it('turns the connection error and the broker pool retry of one round into one warn line with broker, error and attempt', () => {
     const { lines, log, entry } = setup();
     for (let retryCount = 0; retryCount < 3; retryCount++) {
-      log(entry(1, 'Connection', { message: 'Connection error: connect ECONNREFUSED 10.0.0.1:9092', broker: '10.0.0.1:9092', clientId: 'c', stack: 'Error: …\n    at x' }));
-      log(entry(1, 'BrokerPool', { message: 'Failed to connect to seed broker, trying another broker from the list: Connection error: connect ECONNREFUSED 10.0.0.1:9092', retryCount, retryTime: 300 * (retryCount + 1) }));
+      log(
+        entry(1, 'Connection', {
+          message: 'Connection error: connect ECONNREFUSED 10.0.0.1:9092',
+          broker: '10.0.0.1:9092',
+          clientId: 'c',
+          stack: 'Error: …\n    at x',
+        }),
+      );
+      log(
+        entry(1, 'BrokerPool', {
+          message: 'Failed to connect to seed broker, trying another broker from the list: Connection error: connect ECONNREFUSED 10.0.0.1:9092',
+          retryCount,
+          retryTime: 300 * (retryCount + 1),
+        }),
+      );
     }
-    expect(lines).toEqual([1, 2, 3].map((attempt) => ({
-      time: '1970-01-01T00:00:00.000Z',
-      level: 'warn',
-      component: 'exporter.kafka',
-      msg: `kafka: cannot reach broker 10.0.0.1:9092: connect ECONNREFUSED 10.0.0.1:9092 (attempt ${attempt}${attempt === 3 ? ', the last' : `, next in ${300 * attempt} ms`})`,
-      broker: '10.0.0.1:9092',
-      error: 'connect ECONNREFUSED 10.0.0.1:9092',
-      attempt,
-      ...(attempt === 3 ? {} : { retry_in_ms: 300 * attempt }),
-    })));
+    expect(lines).toEqual(
+      [1, 2, 3].map((attempt) => ({
+        time: '1970-01-01T00:00:00.000Z',
+        level: 'warn',
+        component: 'exporter.kafka',
+        msg: `kafka: cannot reach broker 10.0.0.1:9092: connect ECONNREFUSED 10.0.0.1:9092 (attempt ${attempt}${attempt === 3 ? ', the last' : `, next in ${300 * attempt} ms`})`,
+        broker: '10.0.0.1:9092',
+        error: 'connect ECONNREFUSED 10.0.0.1:9092',
+        attempt,
+        ...(attempt === 3 ? {} : { retry_in_ms: 300 * attempt }),
+      })),
+    );
   });
 
   it('still reports a connection error that no retry line follows (a broker lost mid-run)', async () => {
@@ -47,13 +67,37 @@ describe('kafkajs logs through our logger', () => {
 
   it('keeps kafkajs levels (info as debug), a fixed set of snake_case fields and no stack traces', () => {
     const { lines, log, entry } = setup('debug');
-    log(entry(1, 'Consumer', { message: 'Crash: KafkaJSNumberOfRetriesExceeded: boom', groupId: 'g', retryCount: 5, stack: 'KafkaJSError\n    at y', error: 'boom' }));
+    log(
+      entry(1, 'Consumer', {
+        message: 'Crash: KafkaJSNumberOfRetriesExceeded: boom',
+        groupId: 'g',
+        retryCount: 5,
+        stack: 'KafkaJSError\n    at y',
+        error: 'boom',
+      }),
+    );
     log(entry(2, 'Producer', { message: 'slow', topic: 't', unrelated: { big: true } }));
     log(entry(4, 'ConsumerGroup', { message: 'Consumer has joined the group', groupId: 'g', memberAssignment: { t: [0] } }));
     expect(lines).toEqual([
-      { time: '1970-01-01T00:00:00.000Z', level: 'error', component: 'exporter.kafka', msg: 'kafka: Crash: KafkaJSNumberOfRetriesExceeded: boom', kafka_namespace: 'Consumer', group_id: 'g', error: 'boom', attempt: 6 },
+      {
+        time: '1970-01-01T00:00:00.000Z',
+        level: 'error',
+        component: 'exporter.kafka',
+        msg: 'kafka: Crash: KafkaJSNumberOfRetriesExceeded: boom',
+        kafka_namespace: 'Consumer',
+        group_id: 'g',
+        error: 'boom',
+        attempt: 6,
+      },
       { time: '1970-01-01T00:00:00.000Z', level: 'warn', component: 'exporter.kafka', msg: 'kafka: slow', kafka_namespace: 'Producer', topic: 't' },
-      { time: '1970-01-01T00:00:00.000Z', level: 'debug', component: 'exporter.kafka', msg: 'kafka: Consumer has joined the group', kafka_namespace: 'ConsumerGroup', group_id: 'g' },
+      {
+        time: '1970-01-01T00:00:00.000Z',
+        level: 'debug',
+        component: 'exporter.kafka',
+        msg: 'kafka: Consumer has joined the group',
+        kafka_namespace: 'ConsumerGroup',
+        group_id: 'g',
+      },
     ]);
   });
 });

@@ -3,7 +3,7 @@ import { startFakeModelServer, type FakeModelServer } from '../support/fake-mode
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
 function value(text: string, series: string): number {
-  const line = text.split('\n').find((l) => l.startsWith(series + ' ') || l.startsWith(series + '{') && l.slice(0, l.lastIndexOf(' ')) === series);
+  const line = text.split('\n').find((l) => l.startsWith(series + ' ') || (l.startsWith(series + '{') && l.slice(0, l.lastIndexOf(' ')) === series));
   return line ? Number(line.slice(line.lastIndexOf(' ') + 1)) : NaN;
 }
 
@@ -44,7 +44,8 @@ describe('/metrics, /healthz, /readyz', () => {
     // it would land above that bucket).
     const under = (text: string, series: string, le: string) =>
       [...text.matchAll(new RegExp(`^${series}_bucket\\{le="${le}",api="chat\\.completions"[^}]*\\} (\\d+)`, 'gm'))].reduce((n, m) => n + Number(m[1]), 0);
-    for (const series of ['lightning_sidecar_proxy_request_duration_seconds', 'lightning_sidecar_upstream_ttfb_seconds']) expect(under(after, series, '0.5') - under(before, series, '0.5')).toBe(2);
+    for (const series of ['lightning_sidecar_proxy_request_duration_seconds', 'lightning_sidecar_upstream_ttfb_seconds'])
+      expect(under(after, series, '0.5') - under(before, series, '0.5')).toBe(2);
     expect(delta('lightning_sidecar_streamed_chunks_total{api="chat.completions"}')).toBeGreaterThan(3);
     expect(delta('lightning_sidecar_tokens_total{kind="response"}')).toBeGreaterThan(0);
     expect(delta('lightning_sidecar_episodes_closed_total{status="completed"}')).toBe(1);

@@ -40,7 +40,8 @@ describe('/metrics by Prometheus rules (promtool check metrics)', () => {
     await traffic();
     const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
     // Every histogram has samples now, so each name is checked.
-    for (const name of ['proxy_request_duration_seconds', 'upstream_ttfb_seconds', 'proxy_added_latency_seconds']) expect(text).toMatch(new RegExp(`^lightning_sidecar_${name}_count\\{[^}]*\\} [1-9]`, 'm'));
+    for (const name of ['proxy_request_duration_seconds', 'upstream_ttfb_seconds', 'proxy_added_latency_seconds'])
+      expect(text).toMatch(new RegExp(`^lightning_sidecar_${name}_count\\{[^}]*\\} [1-9]`, 'm'));
     const lint = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
     expect(lint.stdout + lint.stderr).toBe('');
     expect(lint.status).toBe(0);

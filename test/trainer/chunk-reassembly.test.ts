@@ -39,7 +39,10 @@ describe('ChunkReassembler', () => {
   it('passes a message without chunk headers through as a whole record at its own offset', () => {
     const r = new ChunkReassembler(options);
     const out = r.add({ topic: TOPIC, partition: 2, offset: 41 }, { 'content-type': 'application/json' }, Buffer.from('{"a":1}'), 0);
-    expect(out).toEqual({ kind: 'record', record: { value: Buffer.from('{"a":1}'), headers: { 'content-type': 'application/json' }, pos: { topic: TOPIC, partition: 2, offset: 41 }, chunks: 1 } });
+    expect(out).toEqual({
+      kind: 'record',
+      record: { value: Buffer.from('{"a":1}'), headers: { 'content-type': 'application/json' }, pos: { topic: TOPIC, partition: 2, offset: 41 }, chunks: 1 },
+    });
     expect(r.pendingRecords).toBe(0);
   });
 
@@ -104,10 +107,22 @@ describe('ChunkReassembler', () => {
     const without = (name: string) => Object.fromEntries(Object.entries(c0.headers).filter(([k]) => k !== name));
     const at = { topic: TOPIC, partition: 0, offset: 0 };
     expect(r.add(at, without('lightning-record-id'), c0.value, 0)).toMatchObject({ kind: 'invalid', reason: 'no lightning-record-id header' });
-    expect(r.add(at, { ...c0.headers, 'lightning-chunk-count': Buffer.from('1') }, c0.value, 0)).toMatchObject({ kind: 'invalid', reason: expect.stringContaining('lightning-chunk-count') });
-    expect(r.add(at, { ...c0.headers, 'lightning-chunk-index': Buffer.from('2') }, c0.value, 0)).toMatchObject({ kind: 'invalid', reason: expect.stringContaining('lightning-chunk-index') });
-    expect(r.add(at, { ...c0.headers, 'lightning-record-sha256': Buffer.from('ABC') }, c0.value, 0)).toMatchObject({ kind: 'invalid', reason: expect.stringContaining('sha256') });
-    expect(r.add(at, { ...c0.headers, 'lightning-chunk': Buffer.from('v2') }, c0.value, 0)).toMatchObject({ kind: 'invalid', reason: "unsupported chunk format 'v2'" });
+    expect(r.add(at, { ...c0.headers, 'lightning-chunk-count': Buffer.from('1') }, c0.value, 0)).toMatchObject({
+      kind: 'invalid',
+      reason: expect.stringContaining('lightning-chunk-count'),
+    });
+    expect(r.add(at, { ...c0.headers, 'lightning-chunk-index': Buffer.from('2') }, c0.value, 0)).toMatchObject({
+      kind: 'invalid',
+      reason: expect.stringContaining('lightning-chunk-index'),
+    });
+    expect(r.add(at, { ...c0.headers, 'lightning-record-sha256': Buffer.from('ABC') }, c0.value, 0)).toMatchObject({
+      kind: 'invalid',
+      reason: expect.stringContaining('sha256'),
+    });
+    expect(r.add(at, { ...c0.headers, 'lightning-chunk': Buffer.from('v2') }, c0.value, 0)).toMatchObject({
+      kind: 'invalid',
+      reason: "unsupported chunk format 'v2'",
+    });
     expect(r.pendingRecords).toBe(0);
   });
 
@@ -140,7 +155,12 @@ describe('ChunkReassembler', () => {
     const b = chunk('b', randomBytes(2000), 1000);
     r.add({ topic: TOPIC, partition: 0, offset: 7 }, a[0].headers, a[0].value, 0);
     r.add({ topic: TOPIC, partition: 1, offset: 3 }, b[0].headers, b[0].value, 0);
-    expect(r.lowestPending()).toEqual(new Map([[`${TOPIC}\u00000`, 7], [`${TOPIC}\u00001`, 3]]));
+    expect(r.lowestPending()).toEqual(
+      new Map([
+        [`${TOPIC}\u00000`, 7],
+        [`${TOPIC}\u00001`, 3],
+      ]),
+    );
     r.add({ topic: TOPIC, partition: 0, offset: 9 }, a[1].headers, a[1].value, 0);
     expect(r.lowestPending()).toEqual(new Map([[`${TOPIC}\u00001`, 3]]));
   });

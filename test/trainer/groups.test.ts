@@ -56,8 +56,16 @@ describe('GroupAssembler', () => {
     expect(g.uid).toBe('g');
     expect(g.batch.transition_id).toEqual(['r1/0/0', 'r1/0/1', 'r2/0/0']);
     expect(g.batch.uid).toEqual(['g', 'g', 'g']);
-    expect(g.batch.response_mask).toEqual([[1, 1, 1], [1, 1, 1], [1, 1, 1]]);
-    expect(g.batch.token_level_scores).toEqual([[0, 0, 0.5], [0, 0, 1.1], [0, 0, 0]]);
+    expect(g.batch.response_mask).toEqual([
+      [1, 1, 1],
+      [1, 1, 1],
+      [1, 1, 1],
+    ]);
+    expect(g.batch.token_level_scores).toEqual([
+      [0, 0, 0.5],
+      [0, 0, 1.1],
+      [0, 0, 0],
+    ]);
     expect(g.batch.rollout_log_probs[0]).toEqual([-0.1, -0.2, -0.3]);
     expect(g.episodes.map((e) => e.final_reward)).toEqual([1, 0]);
     // Nothing pending any more; a redelivery of the group is ignored.
@@ -77,7 +85,12 @@ describe('GroupAssembler', () => {
     const a = new GroupAssembler({ groupSize: 2, timeoutMs: 1000 });
     a.addTransition(transition('r1', 0, 'g'), pos(5), 0);
     a.addEpisode(episode('r1', 'g', 1), pos(7, 'e'), 0);
-    expect(a.lowestPending()).toEqual(new Map([['t\u00000', 5], ['e\u00000', 7]]));
+    expect(a.lowestPending()).toEqual(
+      new Map([
+        ['t\u00000', 5],
+        ['e\u00000', 7],
+      ]),
+    );
     expect(a.tick(999)).toEqual([]);
     expect(a.tick(1000)).toEqual([{ kind: 'incomplete', uid: 'g', episodes: 1, waitedMs: 1000 }]);
     expect(a.lowestPending().size).toBe(0);
@@ -94,7 +107,10 @@ describe('GroupAssembler', () => {
   });
 
   describe('prompt deltas', () => {
-    const delta = (previous: string, prefix_length: number, suffix: number[]) => ({ prompt_token_ids: null, prompt_token_ids_delta: { previous_transition_id: previous, prefix_length, suffix } });
+    const delta = (previous: string, prefix_length: number, suffix: number[]) => ({
+      prompt_token_ids: null,
+      prompt_token_ids_delta: { previous_transition_id: previous, prefix_length, suffix },
+    });
 
     it('rebuilds each full prompt from the previous transition of the episode: its prompt, its response, then the suffix', () => {
       const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
@@ -104,7 +120,11 @@ describe('GroupAssembler', () => {
       a.addTransition(transition('r1', 2, 'g', { response_token_ids: [8], ...delta('r1/0/1', 6, [7]) } as Partial<Transition>), pos(2), 0);
       const [ev] = a.addEpisode(episode('r1', 'g', 3), pos(0, 'e'), 0);
       const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
-      expect(g.batch.prompt_ids).toEqual([[1, 2], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7]]);
+      expect(g.batch.prompt_ids).toEqual([
+        [1, 2],
+        [1, 2, 3, 4, 5],
+        [1, 2, 3, 4, 5, 6, 7],
+      ]);
       expect(g.skipped_no_token_ids).toBe(0);
     });
 

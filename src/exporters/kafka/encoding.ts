@@ -29,7 +29,12 @@ const INLINE_ONLY = new TransitionWriter(() => {
  * Encodes a transition; `writer` resolves what is still in the journal (bodies, id ranges).
  * JSON copies those bytes as they are; protobuf decodes them into its fields.
  */
-export function encodeTransition(record: TransitionRecord | OutgoingTransition, encoding: Encoding, writer: TransitionWriter = INLINE_ONLY, extra?: { prompt_token_ids_delta?: PromptIdsDelta }): Buffer {
+export function encodeTransition(
+  record: TransitionRecord | OutgoingTransition,
+  encoding: Encoding,
+  writer: TransitionWriter = INLINE_ONLY,
+  extra?: { prompt_token_ids_delta?: PromptIdsDelta },
+): Buffer {
   if (encoding === 'json') return writer.json(record, extra);
   const t: OutgoingTransition = { ...writer.materialize(record), ...extra };
   const msg = {
@@ -72,7 +77,9 @@ export function decodeTransition(bytes: Buffer, encoding: Encoding): OutgoingTra
     join: c.join ?? null,
   }));
   if (o.bodies_dropped) out.bodies_dropped = true;
-  out.translation = o.translation ? { upstream_api: (o.translation as { upstream_api: string }).upstream_api, notes: (o.translation as { notes?: string[] }).notes ?? [] } : null;
+  out.translation = o.translation
+    ? { upstream_api: (o.translation as { upstream_api: string }).upstream_api, notes: (o.translation as { notes?: string[] }).notes ?? [] }
+    : null;
   out.token_ids_missing = o.token_ids_missing ?? null;
   const d = o.prompt_token_ids_delta as { previous_transition_id: string; prefix_length: number; suffix: number[] } | undefined;
   if (d) out.prompt_token_ids_delta = { previous_transition_id: d.previous_transition_id, prefix_length: d.prefix_length, suffix: d.suffix };
@@ -109,9 +116,37 @@ export function decodeEpisode(bytes: Buffer, encoding: Encoding): EpisodeSummary
 
 /** Scalar fields copied as they are (optional ones come back as null when unset). */
 const TRANSITION_FIELDS = [
-  'schema', 'transition_id', 'rollout_id', 'attempt_id', 'group_id', 'seq', 'choice_index', 'agent_name', 'model', 'policy_version', 'api',
-  'streamed', 'status', 'http_status', 'error', 'finish_reason', 'continues_previous', 'intermediate_reward', 'final_reward', 'reward', 'credit',
-  'is_last', 'episode_status', 'truncated', 'trace_id', 'span_id', 'started_at', 'ended_at', 'latency_ms', 'ttft_ms', 'injected',
+  'schema',
+  'transition_id',
+  'rollout_id',
+  'attempt_id',
+  'group_id',
+  'seq',
+  'choice_index',
+  'agent_name',
+  'model',
+  'policy_version',
+  'api',
+  'streamed',
+  'status',
+  'http_status',
+  'error',
+  'finish_reason',
+  'continues_previous',
+  'intermediate_reward',
+  'final_reward',
+  'reward',
+  'credit',
+  'is_last',
+  'episode_status',
+  'truncated',
+  'trace_id',
+  'span_id',
+  'started_at',
+  'ended_at',
+  'latency_ms',
+  'ttft_ms',
+  'injected',
 ] as const;
 
 function dropNulls<T extends object>(o: T): Record<string, unknown> {

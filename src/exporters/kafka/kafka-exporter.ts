@@ -95,14 +95,21 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     }
 
     private async send(items: Pending[]): Promise<void> {
-      const result: SendResult = await deps.producer.send(this.topic, items.map((c) => c.msg));
+      const result: SendResult = await deps.producer.send(
+        this.topic,
+        items.map((c) => c.msg),
+      );
       if (result.status === 'success') return;
       if (result.status === 'failure' && result.tooLarge) {
         if (items.length === 1) {
           // The broker's own limit is below max_message_bytes: this record cannot go to Kafka as configured.
           m.exportOversize.inc({ action: 'dead_letter' });
           this.abandoned.add(items[0].recordId);
-          await deadLetter(this.kind, items[0].record(), `broker refused the size: ${result.error.message} (lower exporters.kafka.max_message_bytes to the broker's limit)`);
+          await deadLetter(
+            this.kind,
+            items[0].record(),
+            `broker refused the size: ${result.error.message} (lower exporters.kafka.max_message_bytes to the broker's limit)`,
+          );
           return;
         }
         const half = Math.ceil(items.length / 2);
@@ -112,7 +119,10 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       }
       const retryable = result.status === 'retryable';
       m.exportErrors.inc({ exporter: 'kafka', kind: retryable ? 'retryable' : 'permanent' });
-      if (!retryable) log.once(`permanent:${result.error.message}`, 'error', `exporter kafka: ${result.error.message}; records stay in the journal and are retried`, { topic: this.topic });
+      if (!retryable)
+        log.once(`permanent:${result.error.message}`, 'error', `exporter kafka: ${result.error.message}; records stay in the journal and are retried`, {
+          topic: this.topic,
+        });
       throw new ExportError(`exporter kafka: ${result.error.message}`, retryable, result.error);
     }
   }
@@ -150,7 +160,9 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         const deltas = config.prompt_ids === 'delta' ? new DeltaTracker(writer) : null;
         for (const t of c.transitions) {
           const delta = deltas?.next(t) ?? null;
-          const value = delta ? encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: delta }) : encodeTransition(t, config.encoding, writer);
+          const value = delta
+            ? encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: delta })
+            : encodeTransition(t, config.encoding, writer);
           const h = headers('lightning.transition.v1', t);
           if (delta) h['lightning-prompt-ids'] = 'delta';
           if (value.length > config.max_record_bytes) {
@@ -165,7 +177,9 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       const episodes = new Batcher(config.episodes_topic, 'episodes');
       for (const c of batch) {
         const e = c.episode;
-        await episodes.add(messagesOf(e.rollout_id, encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e));
+        await episodes.add(
+          messagesOf(e.rollout_id, encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e),
+        );
       }
       await episodes.flush();
     },

@@ -24,7 +24,9 @@ export function kafkaClientOptions(k: Config['exporters']['kafka'], clientId = k
     connectionTimeoutMs: k.connection_timeout_ms,
     requestTimeoutMs: k.request_timeout_ms,
     sasl: k.sasl,
-    tls: k.tls ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify } : undefined,
+    tls: k.tls
+      ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify }
+      : undefined,
   };
 }
 
@@ -63,7 +65,13 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
   let connecting: Promise<void> | null = null;
 
   const make = (): KafkajsProducer => {
-    const p = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner, idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: true, retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 } });
+    const p = kafka.producer({
+      createPartitioner: Partitioners.DefaultPartitioner,
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: true,
+      retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
+    });
     p.on(p.events.CONNECT, () => (connected = true));
     p.on(p.events.DISCONNECT, () => (connected = false));
     return p;
@@ -121,7 +129,13 @@ interface KafkaError extends Error {
 export function classify(err: KafkaError): SendResult {
   const root = err.name === 'KafkaJSNumberOfRetriesExceeded' && err.cause instanceof Error ? (err.cause as KafkaError) : err;
   if (root.type === 'MESSAGE_TOO_LARGE' || root.type === 'RECORD_LIST_TOO_LARGE') return { status: 'failure', error: root, tooLarge: true };
-  const permanent = ['TOPIC_AUTHORIZATION_FAILED', 'CLUSTER_AUTHORIZATION_FAILED', 'SASL_AUTHENTICATION_FAILED', 'INVALID_TOPIC_EXCEPTION', 'UNSUPPORTED_VERSION'];
+  const permanent = [
+    'TOPIC_AUTHORIZATION_FAILED',
+    'CLUSTER_AUTHORIZATION_FAILED',
+    'SASL_AUTHENTICATION_FAILED',
+    'INVALID_TOPIC_EXCEPTION',
+    'UNSUPPORTED_VERSION',
+  ];
   if (root.type && permanent.includes(root.type)) return { status: 'failure', error: root, tooLarge: false };
   if (err.retriable === false && root.retriable === false && root.type) return { status: 'failure', error: root, tooLarge: false };
   return { status: 'retryable', error: root };

@@ -113,7 +113,7 @@ function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
     if (k === 'tool_calls') {
       if (Array.isArray(v)) for (const tc of v) if (isObject(tc)) mergeToolCall(acc.toolCalls, tc);
     } else if (typeof v === 'string' && typeof acc.message[k] === 'string' && k !== 'role') {
-      acc.message[k] = (acc.message[k]) + v;
+      acc.message[k] = acc.message[k] + v;
     } else if (v !== null || !(k in acc.message)) {
       acc.message[k] = v;
     }

@@ -28,13 +28,26 @@ export const requestKey = (seq: number, choice: number, index: number): string =
  *  3. the span's result equals a tool-result message in a later request (`role: "tool"`,
  *     Responses `function_call_output`, Anthropic `tool_result`) whose call id names the call.
  */
-export function joinToolSpans<C extends CallRecord>(calls: readonly C[], spans: readonly ToolSpanRecord[], requestOf: (call: C) => unknown = (c) => c.request): Map<string, Joined> {
+export function joinToolSpans<C extends CallRecord>(
+  calls: readonly C[],
+  spans: readonly ToolSpanRecord[],
+  requestOf: (call: C) => unknown = (c) => c.request,
+): Map<string, Joined> {
   const requested: RequestedToolCall[] = [];
   const byId = new Map<string, RequestedToolCall>();
   for (const call of calls) {
     for (const choice of call.choices ?? []) {
       choice.toolCalls.forEach((tc, index) => {
-        const r: RequestedToolCall = { seq: call.seq, choice: choice.index, index, id: tc.id, name: tc.name, arguments: tc.arguments, traceId: call.traceId, endedAt: call.endedAt };
+        const r: RequestedToolCall = {
+          seq: call.seq,
+          choice: choice.index,
+          index,
+          id: tc.id,
+          name: tc.name,
+          arguments: tc.arguments,
+          traceId: call.traceId,
+          endedAt: call.endedAt,
+        };
         requested.push(r);
         if (tc.id && !byId.has(tc.id)) byId.set(tc.id, r);
       });
@@ -97,7 +110,10 @@ export function joinToolSpans<C extends CallRecord>(calls: readonly C[], spans: 
 }
 
 /** Tool results the agent sent back in later requests, with the call id they answer. */
-export function toolResultsInRequests<C extends CallRecord>(calls: readonly C[], requestOf: (call: C) => unknown = (c) => c.request): { callId: string; content: string }[] {
+export function toolResultsInRequests<C extends CallRecord>(
+  calls: readonly C[],
+  requestOf: (call: C) => unknown = (c) => c.request,
+): { callId: string; content: string }[] {
   const out: { callId: string; content: string }[] = [];
   // Agents resend their history: the latest request holds every earlier tool result, so read from the end.
   const seen = new Set<string>();
@@ -126,7 +142,11 @@ export function toolResultsInRequests<C extends CallRecord>(calls: readonly C[],
 
 function text(v: unknown): string {
   if (typeof v === 'string') return v.trim();
-  if (Array.isArray(v)) return v.map((p) => (p && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : '')).join('').trim();
+  if (Array.isArray(v))
+    return v
+      .map((p) => (p && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : ''))
+      .join('')
+      .trim();
   return v === undefined || v === null ? '' : JSON.stringify(v);
 }
 
@@ -142,6 +162,11 @@ function normalizedJson(s: string | null): string | null {
 
 function sortKeys(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sortKeys);
-  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v).sort().map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
+  if (v && typeof v === 'object')
+    return Object.fromEntries(
+      Object.keys(v)
+        .sort()
+        .map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]),
+    );
   return v;
 }

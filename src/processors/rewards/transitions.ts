@@ -1,5 +1,16 @@
 import type { CreditConfig } from '../../config/schema';
-import type { AgentSpanRecord, CallRecord, ChoiceCapture, ClosedEpisode, EpisodeStatus, RawBody, TokenIds, ToolSpanRecord, TransitionRecord, TransitionToolCall } from '../../model/records';
+import type {
+  AgentSpanRecord,
+  CallRecord,
+  ChoiceCapture,
+  ClosedEpisode,
+  EpisodeStatus,
+  RawBody,
+  TokenIds,
+  ToolSpanRecord,
+  TransitionRecord,
+  TransitionToolCall,
+} from '../../model/records';
 import { looksLikeIntArray, startsWithConcat } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
@@ -92,8 +103,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       const toolCalls: TransitionToolCall[] = (choice?.toolCalls ?? []).map((tc, i) => {
         const j = choice ? joined.get(requestKey(call.seq, choice.index, i)) : undefined;
         const status = j ? j.span.outcome : instrumented ? 'missing' : null;
-        const reward =
-          status !== null && options.air ? options.air({ toolName: tc.name, outcome: status, attributes: j?.span.attributes ?? {} }) : null;
+        const reward = status !== null && options.air ? options.air({ toolName: tc.name, outcome: status, attributes: j?.span.attributes ?? {} }) : null;
         return { id: tc.id, name: tc.name, status, reward, span_id: j?.span.spanId ?? null, join: j?.method ?? null };
       });
       const rewarded = toolCalls.filter((tc) => tc.reward !== null);
@@ -182,7 +192,8 @@ function agentOf(call: CallRecord, spans: readonly AgentSpanRecord[]): string | 
 
 /** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */
 function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
-  const valid = (ids: CallFacts['promptTokenIds']) => (ids === null || Array.isArray(ids) || (response !== null && looksLikeIntArray(response, ids.start, ids.end)) ? ids : null);
+  const valid = (ids: CallFacts['promptTokenIds']) =>
+    ids === null || Array.isArray(ids) || (response !== null && looksLikeIntArray(response, ids.start, ids.end)) ? ids : null;
   f.promptTokenIds = valid(f.promptTokenIds);
   for (const c of f.choices) {
     c.promptTokenIds = valid(c.promptTokenIds);
@@ -201,7 +212,14 @@ interface Ids {
 function continuesFrom(cur: Ids, prev: Ids): boolean {
   if (cur.prompt === null || prev.prompt === null || prev.response === null) return false;
   if (!Array.isArray(cur.prompt) && !Array.isArray(prev.prompt) && !Array.isArray(prev.response) && cur.body && prev.body) {
-    const byBytes = startsWithConcat(cur.body, cur.prompt.start, cur.prompt.end, prev.body, [prev.prompt.start, prev.prompt.end], [prev.response.start, prev.response.end]);
+    const byBytes = startsWithConcat(
+      cur.body,
+      cur.prompt.start,
+      cur.prompt.end,
+      prev.body,
+      [prev.prompt.start, prev.prompt.end],
+      [prev.response.start, prev.response.end],
+    );
     if (byBytes !== null) return byBytes;
   }
   const prompt = resolveIds(cur.prompt, cur.body);

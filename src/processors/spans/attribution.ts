@@ -39,7 +39,7 @@ export function spanAttribution(span: Span): RolloutAttribution {
         rolloutId,
         attemptId: pick(attrs, ATTEMPT),
         groupId: pick(attrs, GROUP),
-        agentName: typeof attrs['gen_ai.agent.name'] === 'string' ? (attrs['gen_ai.agent.name']).slice(0, 128) : null,
+        agentName: typeof attrs['gen_ai.agent.name'] === 'string' ? attrs['gen_ai.agent.name'].slice(0, 128) : null,
         source,
       };
     }

@@ -25,17 +25,20 @@ export interface RewardInfo {
   provisional: boolean;
 }
 
-export type SpanClass = { kind: 'tool'; tool: ToolSpanInfo } | { kind: 'reward'; reward: RewardInfo } | { kind: 'agent'; agent: { name: string } } | { kind: 'other' };
+export type SpanClass =
+  { kind: 'tool'; tool: ToolSpanInfo } | { kind: 'reward'; reward: RewardInfo } | { kind: 'agent'; agent: { name: string } } | { kind: 'other' };
 
 /** GenAI agent spans (`invoke_agent` / `create_agent`): the agent whose LLM calls run inside them. */
 const AGENT_OPERATIONS = new Set(['invoke_agent', 'create_agent']);
 
-const str = (v: AttributeValue | undefined): string | null => (typeof v === 'string' && v !== '' ? v : typeof v === 'number' || typeof v === 'boolean' ? String(v) : null);
+const str = (v: AttributeValue | undefined): string | null =>
+  typeof v === 'string' && v !== '' ? v : typeof v === 'number' || typeof v === 'boolean' ? String(v) : null;
 
 /** Which convention marks a span as a tool execution (reference §4.6, in priority order). */
 function toolConvention(span: Span): string | null {
   const a = span.attributes;
-  if (a['gen_ai.operation.name'] === 'execute_tool') return a['mcp.method.name'] === 'tools/call' ? 'mcp' : a['traceloop.span.kind'] !== undefined ? 'traceloop' : 'gen_ai';
+  if (a['gen_ai.operation.name'] === 'execute_tool')
+    return a['mcp.method.name'] === 'tools/call' ? 'mcp' : a['traceloop.span.kind'] !== undefined ? 'traceloop' : 'gen_ai';
   if (a['openinference.span.kind'] === 'TOOL') return 'openinference';
   const tl = a['traceloop.span.kind'];
   if (tl === 'tool' || (tl === 'task' && span.name.startsWith('execute_tool '))) return 'traceloop';
@@ -82,7 +85,12 @@ function langchainToolMessage(output: string | null): { toolCallId: string | nul
     if (!Array.isArray(o.id) || o.id[o.id.length - 1] !== 'ToolMessage' || !o.kwargs) return null;
     const k = o.kwargs;
     const content = typeof k.content === 'string' ? k.content : k.content === undefined ? null : JSON.stringify(k.content);
-    return { toolCallId: typeof k.tool_call_id === 'string' ? k.tool_call_id : null, name: typeof k.name === 'string' ? k.name : null, content, failed: k.status === 'error' };
+    return {
+      toolCallId: typeof k.tool_call_id === 'string' ? k.tool_call_id : null,
+      name: typeof k.name === 'string' ? k.name : null,
+      content,
+      failed: k.status === 'error',
+    };
   } catch {
     return null;
   }
@@ -101,7 +109,8 @@ function langchainArgs(input: string | null): string | null {
 
 function toolInfo(span: Span, convention: string, maxPayloadChars: number): ToolSpanInfo {
   const a = span.attributes;
-  let toolName = str(a['gen_ai.tool.name']) ?? str(a['tool.name']) ?? str(a['ai.toolCall.name']) ?? str(a['traceloop.entity.name']) ?? nameFromSpanName(span.name);
+  let toolName =
+    str(a['gen_ai.tool.name']) ?? str(a['tool.name']) ?? str(a['ai.toolCall.name']) ?? str(a['traceloop.entity.name']) ?? nameFromSpanName(span.name);
   let toolCallId = str(a['gen_ai.tool.call.id']) ?? str(a['tool.id']) ?? str(a['ai.toolCall.id']);
   let rawArgs = first(span, ['gen_ai.tool.call.arguments', 'input.value', 'ai.toolCall.args', 'ai.toolCall.input', 'traceloop.entity.input']);
   let rawResult = first(span, ['gen_ai.tool.call.result', 'output.value', 'ai.toolCall.result', 'ai.toolCall.output', 'traceloop.entity.output']);
@@ -118,7 +127,7 @@ function toolInfo(span: Span, convention: string, maxPayloadChars: number): Tool
   const args = cap(rawArgs, maxPayloadChars);
   const result = cap(rawResult, maxPayloadChars);
   const exception = span.events.find((e) => e.name === 'exception');
-  const errorType = str(a['error.type']) ?? (exception ? str(exception.attributes['exception.type']) ?? 'exception' : null);
+  const errorType = str(a['error.type']) ?? (exception ? (str(exception.attributes['exception.type']) ?? 'exception') : null);
   const failed = span.status.code === 2 || a['error.type'] !== undefined || exception !== undefined || messageFailed;
   return {
     convention,
@@ -128,7 +137,7 @@ function toolInfo(span: Span, convention: string, maxPayloadChars: number): Tool
     result: result.value,
     truncated: args.truncated || result.truncated,
     outcome: failed ? 'error' : 'ok',
-    errorType: failed ? errorType ?? (span.status.message || 'error') : null,
+    errorType: failed ? (errorType ?? (span.status.message || 'error')) : null,
     agentName: str(a['gen_ai.agent.name']),
   };
 }
@@ -183,6 +192,7 @@ export function classifySpan(span: Span, options: { maxPayloadChars?: number } =
   const convention = toolConvention(span);
   if (convention) return { kind: 'tool', tool: toolInfo(span, convention, options.maxPayloadChars ?? 4096) };
   const agent = span.attributes['gen_ai.agent.name'];
-  if (typeof agent === 'string' && agent !== '' && AGENT_OPERATIONS.has(span.attributes['gen_ai.operation.name'] as string)) return { kind: 'agent', agent: { name: agent.slice(0, 128) } };
+  if (typeof agent === 'string' && agent !== '' && AGENT_OPERATIONS.has(span.attributes['gen_ai.operation.name'] as string))
+    return { kind: 'agent', agent: { name: agent.slice(0, 128) } };
   return { kind: 'other' };
 }

@@ -7,7 +7,10 @@ export const ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 
 export class CorrelationError extends Error {
   readonly code = 'INVALID_ID';
-  constructor(readonly field: string, value: string) {
+  constructor(
+    readonly field: string,
+    value: string,
+  ) {
     super(`${field} '${value.length > 140 ? `${value.slice(0, 140)}…` : value}' is invalid: ids are 1-128 characters of [A-Za-z0-9._:-]`);
   }
 }
@@ -63,7 +66,10 @@ export function parseBaggage(value: string | undefined, wanted: readonly string[
     if (eq < 0) continue;
     const key = member.slice(0, eq).trim();
     if (!wanted.includes(key)) continue;
-    const raw = member.slice(eq + 1).split(';')[0].trim();
+    const raw = member
+      .slice(eq + 1)
+      .split(';')[0]
+      .trim();
     out.set(key, decodeSegment(raw));
   }
   return out;
@@ -81,11 +87,7 @@ const BAGGAGE_KEYS = ['lightning.rollout_id', 'lightning.attempt_id', 'lightning
  * path prefix, then `x-*` headers, then baggage, then the trace id, then a fresh id.
  * Throws CorrelationError for an id that is present but malformed.
  */
-export function resolveCorrelation(
-  routed: RoutedPath,
-  headers: IncomingHttpHeaders,
-  trace: TraceContext | null,
-): Correlation {
+export function resolveCorrelation(routed: RoutedPath, headers: IncomingHttpHeaders, trace: TraceContext | null): Correlation {
   const baggage = parseBaggage(header(headers, 'baggage'), BAGGAGE_KEYS);
   let source: Correlation['source'] = 'self';
   let rolloutId: string | undefined;
@@ -107,18 +109,14 @@ export function resolveCorrelation(
   const attemptId =
     routed.attemptId !== null
       ? check('attempt id', routed.attemptId)
-      : optional('x-attempt-id', header(headers, 'x-attempt-id')) ??
-        optional('baggage lightning.attempt_id', baggage.get('lightning.attempt_id')) ??
-        '0';
+      : (optional('x-attempt-id', header(headers, 'x-attempt-id')) ?? optional('baggage lightning.attempt_id', baggage.get('lightning.attempt_id')) ?? '0');
   const groupId =
     optional('x-group-id', header(headers, 'x-group-id')) ??
     optional('x-task-id', header(headers, 'x-task-id')) ??
     optional('baggage lightning.group_id', baggage.get('lightning.group_id')) ??
     null;
   const agentName =
-    optional('x-agent-name', header(headers, 'x-agent-name')) ??
-    optional('baggage lightning.agent_name', baggage.get('lightning.agent_name')) ??
-    null;
+    optional('x-agent-name', header(headers, 'x-agent-name')) ?? optional('baggage lightning.agent_name', baggage.get('lightning.agent_name')) ?? null;
   return { rolloutId, attemptId, groupId, agentName, source };
 }
 

@@ -85,7 +85,10 @@ export class UpstreamFlavor {
     this.deps.metrics.injectionRefused.inc({ field });
     if (this.s.rejected) return;
     this.s.rejected = `${field}: ${detail}`;
-    this.log.warn('the model server refused a field the sidecar adds for token ids; no more fields are added (calls are served, transitions have no token ids)', { field, detail, flavor: this.s.flavor });
+    this.log.warn(
+      'the model server refused a field the sidecar adds for token ids; no more fields are added (calls are served, transitions have no token ids)',
+      { field, detail, flavor: this.s.flavor },
+    );
     this.publish();
   }
 
@@ -102,9 +105,21 @@ export class UpstreamFlavor {
       const known = d.flavor === 'vllm' || d.flavor === 'sglang' || d.flavor === 'openai';
       // A server that stops answering keeps what was found; a different answer replaces it.
       if (!known && before.source === 'detected') return;
-      this.s = { flavor: known ? (d.flavor as Flavor) : 'openai', source: known ? 'detected' : 'unknown', evidence: d.evidence, serverVersion: d.serverVersion, rejected: before.rejected };
+      this.s = {
+        flavor: known ? (d.flavor as Flavor) : 'openai',
+        source: known ? 'detected' : 'unknown',
+        evidence: d.evidence,
+        serverVersion: d.serverVersion,
+        rejected: before.rejected,
+      };
       if (before.flavor !== this.s.flavor || before.source !== this.s.source) {
-        this.log.info(known ? `model server identified as ${d.flavor}` : 'model server not identified; no fields are added for token ids', { flavor: this.s.flavor, source: this.s.source, evidence: d.evidence, server_version: d.serverVersion, upstream: this.baseUrl });
+        this.log.info(known ? `model server identified as ${d.flavor}` : 'model server not identified; no fields are added for token ids', {
+          flavor: this.s.flavor,
+          source: this.s.source,
+          evidence: d.evidence,
+          server_version: d.serverVersion,
+          upstream: this.baseUrl,
+        });
       }
       this.publish();
     })().finally(() => (this.probing = null));

@@ -19,11 +19,7 @@ const HOP_BY_HOP = new Set([
  * Filters a flat `rawHeaders` list ([name, value, name, value, …]) into a flat list to forward.
  * `replace` substitutes values by lower-case name (e.g. host); `drop` removes more names.
  */
-export function forwardHeaders(
-  raw: readonly string[],
-  replace: Readonly<Record<string, string>> = {},
-  drop: ReadonlySet<string> = EMPTY,
-): string[] {
+export function forwardHeaders(raw: readonly string[], replace: Readonly<Record<string, string>> = {}, drop: ReadonlySet<string> = EMPTY): string[] {
   let named: Set<string> | null = null;
   for (let i = 0; i < raw.length; i += 2) {
     if (raw[i].length === 10 && raw[i].toLowerCase() === 'connection') {

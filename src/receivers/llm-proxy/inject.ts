@@ -132,7 +132,10 @@ export class StreamInjector {
     this.inserting = insert;
     this.head = [];
     if (!insert) return head.length > 0 ? [head] : [];
-    const text = Object.entries(this.fields).map(([k, v]) => `"${k}":${v}`).join(',') + (empty ? '' : ',');
+    const text =
+      Object.entries(this.fields)
+        .map(([k, v]) => `"${k}":${v}`)
+        .join(',') + (empty ? '' : ',');
     this.insertion = Buffer.from(text);
     this.insertedAt = at;
     return [Buffer.concat([head.subarray(0, at), this.insertion, head.subarray(at)])];
@@ -144,7 +147,8 @@ export class StreamInjector {
     const keep = 32;
     // The chunk itself, and the seam with the previous one (a name split across two chunks).
     const seam = this.tail.length > 0 ? Buffer.concat([this.tail, chunk.subarray(0, keep)]) : null;
-    for (const [k, needle] of this.needles) if (!this.seen.has(k) && (chunk.indexOf(needle) >= 0 || (seam !== null && seam.indexOf(needle) >= 0))) this.seen.add(k);
+    for (const [k, needle] of this.needles)
+      if (!this.seen.has(k) && (chunk.indexOf(needle) >= 0 || (seam !== null && seam.indexOf(needle) >= 0))) this.seen.add(k);
     const joined = Buffer.concat([this.tail, chunk.subarray(Math.max(0, chunk.length - keep))]);
     this.tail = joined.subarray(Math.max(0, joined.length - keep));
   }

@@ -83,7 +83,12 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   // requestTimeout 0: a whole request may take long (big bodies on slow links); slow or stalled
   // clients are cut by the header timeout and by the body idle timeout (guardBody) instead.
   const server = http.createServer(
-    { keepAlive: true, requestTimeout: 0, headersTimeout: config.client_header_timeout_ms, connectionsCheckingInterval: Math.max(100, Math.min(1000, config.client_header_timeout_ms / 2)) },
+    {
+      keepAlive: true,
+      requestTimeout: 0,
+      headersTimeout: config.client_header_timeout_ms,
+      connectionsCheckingInterval: Math.max(100, Math.min(1000, config.client_header_timeout_ms / 2)),
+    },
     handle,
   );
   server.keepAliveTimeout = 65_000;
@@ -115,7 +120,10 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       if (r.go) return admit(req, res, routed, api);
       m.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
       req.resume();
-      sendProxyError(res, 429, 'policy_update', `${r.reason}; retry after ${r.retryAfterS} s`, api, { 'retry-after': String(r.retryAfterS), 'x-lightning-paused': 'true' });
+      sendProxyError(res, 429, 'policy_update', `${r.reason}; retry after ${r.retryAfterS} s`, api, {
+        'retry-after': String(r.retryAfterS),
+        'x-lightning-paused': 'true',
+      });
     });
     inFlight.add(waiting);
     void waiting.finally(() => inFlight.delete(waiting));
@@ -128,7 +136,14 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       log.once('body_idle', 'warn', 'a client stopped sending its request body; abandoned', { timeout_ms: config.client_body_idle_timeout_ms });
       if (!res.headersSent) {
         res.shouldKeepAlive = false;
-        sendProxyError(res, 408, 'request_timeout', `request body idle for ${config.client_body_idle_timeout_ms} ms (receivers.llm_proxy.client_body_idle_timeout_ms)`, api, { connection: 'close' });
+        sendProxyError(
+          res,
+          408,
+          'request_timeout',
+          `request body idle for ${config.client_body_idle_timeout_ms} ms (receivers.llm_proxy.client_body_idle_timeout_ms)`,
+          api,
+          { connection: 'close' },
+        );
       }
       req.destroy();
     }, config.client_body_idle_timeout_ms);
@@ -370,7 +385,11 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         if (capture) capture.responseStatus = code;
         if (!timeout) flavors.unreachable();
         sendProxyError(res, code, timeout ? 'upstream_timeout' : 'upstream_unreachable', message, api);
-        log.once(`upstream:${err.code ?? (timeout ? 'timeout' : 'error')}`, 'warn', 'upstream request failed', { code: err.code, timeout, upstream: upstream.host });
+        log.once(`upstream:${err.code ?? (timeout ? 'timeout' : 'error')}`, 'warn', 'upstream request failed', {
+          code: err.code,
+          timeout,
+          upstream: upstream.host,
+        });
         settle('error', message, `${Math.floor(code / 100)}xx`);
       };
 
@@ -488,7 +507,14 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
 
   function startCapture(capture: CallCapture): void {
     try {
-      capture.callId = deps.capture.callStarted({ type: 'call_start', correlation: capture.correlation, seq: capture.seq, api: capture.api, traceId: capture.traceId, at: capture.startedAt });
+      capture.callId = deps.capture.callStarted({
+        type: 'call_start',
+        correlation: capture.correlation,
+        seq: capture.seq,
+        api: capture.api,
+        traceId: capture.traceId,
+        at: capture.startedAt,
+      });
     } catch (err) {
       m.captureDrops.inc({ reason: 'capture_error' });
       log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err });

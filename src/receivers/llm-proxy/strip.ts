@@ -18,7 +18,8 @@ export function broughtMembers(injected: readonly string[]): string[] {
  */
 export function nullMembers(buf: Buffer, members: readonly string[]): Buffer {
   const cuts: [number, number][] = [];
-  for (const m of members) for (const f of findMembers(buf, m)) if (!(buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4)) cuts.push([f.valueStart, f.valueEnd]);
+  for (const m of members)
+    for (const f of findMembers(buf, m)) if (!(buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4)) cuts.push([f.valueStart, f.valueEnd]);
   if (cuts.length === 0) return buf;
   cuts.sort((a, b) => a[0] - b[0]);
   const parts: Buffer[] = [];

@@ -57,7 +57,12 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
   const base = baseUrl.replace(/\/+$/, '');
   const root = base.replace(/\/v1$/, '');
   const fetchImpl = options.fetchImpl ?? nodeGet;
-  const get = (url: string) => fetchImpl(url, { timeoutMs: options.timeoutMs, headers: { accept: 'application/json', ...options.headers }, maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024 });
+  const get = (url: string) =>
+    fetchImpl(url, {
+      timeoutMs: options.timeoutMs,
+      headers: { accept: 'application/json', ...options.headers },
+      maxBodyBytes: options.maxBodyBytes ?? 1024 * 1024,
+    });
   const modelsPath = `${pathOf(base)}/models`;
 
   const models = await get(`${base}/models`);
@@ -68,7 +73,11 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
   }
   if (owners?.includes('sglang')) {
     const info = await sglangInfo(get, root);
-    return { flavor: 'sglang', evidence: `GET ${modelsPath}: owned_by sglang${info ? `; GET ${info.path}: ${info.version}` : ''}`, serverVersion: info?.version ?? null };
+    return {
+      flavor: 'sglang',
+      evidence: `GET ${modelsPath}: owned_by sglang${info ? `; GET ${info.path}: ${info.version}` : ''}`,
+      serverVersion: info?.version ?? null,
+    };
   }
   if (owners && owners.length > 0) {
     return { flavor: 'openai', evidence: `GET ${modelsPath}: models owned by ${[...new Set(owners)].join(', ')}, not vllm or sglang`, serverVersion: null };
@@ -76,10 +85,20 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
 
   // No usable listing: the servers' own info routes, which no other server answers this way.
   const info = await sglangInfo(get, root);
-  if (info) return { flavor: 'sglang', evidence: `GET ${info.path}: SGLang server info, version ${info.version} (${describe(models, modelsPath)})`, serverVersion: info.version };
+  if (info)
+    return {
+      flavor: 'sglang',
+      evidence: `GET ${info.path}: SGLang server info, version ${info.version} (${describe(models, modelsPath)})`,
+      serverVersion: info.version,
+    };
   if (models.status === 401 || models.status === 403) {
     const version = versionOf(await get(`${root}/version`));
-    if (version) return { flavor: 'vllm', evidence: `GET ${modelsPath}: ${models.status} (key required, as vLLM's --api-key does for /v1 only); GET /version: ${version}`, serverVersion: version };
+    if (version)
+      return {
+        flavor: 'vllm',
+        evidence: `GET ${modelsPath}: ${models.status} (key required, as vLLM's --api-key does for /v1 only); GET /version: ${version}`,
+        serverVersion: version,
+      };
   }
   return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null };
 }
@@ -100,7 +119,9 @@ function ownersOf(r: ProbeResult): string[] | null {
   if (r.status !== 200) return null;
   const o = parseObject(r.body);
   if (!o || !Array.isArray(o.data)) return null;
-  return o.data.flatMap((m) => (typeof m === 'object' && m !== null && typeof (m as { owned_by?: unknown }).owned_by === 'string' ? [(m as { owned_by: string }).owned_by] : []));
+  return o.data.flatMap((m) =>
+    typeof m === 'object' && m !== null && typeof (m as { owned_by?: unknown }).owned_by === 'string' ? [(m as { owned_by: string }).owned_by] : [],
+  );
 }
 
 function versionOf(r: ProbeResult): string | null {

@@ -112,7 +112,12 @@ function normalize(req: Obj, json: boolean): Decoded {
       for (const s of list(field(ss, 'spans', json), 'spans')) {
         const traceId = id(field(s, 'trace_id', json), json);
         const spanId = id(field(s, 'span_id', json), json);
-        const problem = traceId === null || traceId.length !== 32 || /^0+$/.test(traceId) ? 'invalid trace id (must be 16 non-zero bytes)' : spanId === null || spanId.length !== 16 || /^0+$/.test(spanId) ? 'invalid span id (must be 8 non-zero bytes)' : null;
+        const problem =
+          traceId === null || traceId.length !== 32 || /^0+$/.test(traceId)
+            ? 'invalid trace id (must be 16 non-zero bytes)'
+            : spanId === null || spanId.length !== 16 || /^0+$/.test(spanId)
+              ? 'invalid span id (must be 8 non-zero bytes)'
+              : null;
         if (problem) {
           rejected++;
           rejectReason ??= problem;
@@ -130,17 +135,17 @@ function normalize(req: Obj, json: boolean): Decoded {
           startTimeUnixNano: nanos(field(s, 'start_time_unix_nano', json)),
           endTimeUnixNano: nanos(field(s, 'end_time_unix_nano', json)),
           attributes: attributes(s.attributes, json),
-          events: list(s.events, 'events').map(
-            (e): SpanEvent => ({ name: strOf(e.name), timeUnixNano: nanos(field(e, 'time_unix_nano', json)), attributes: attributes(e.attributes, json) }),
-          ),
-          links: list(s.links, 'links').map(
-            (l): SpanLink => ({
-              traceId: id(field(l, 'trace_id', json), json) ?? '',
-              spanId: id(field(l, 'span_id', json), json) ?? '',
-              traceState: strOf(field(l, 'trace_state', json)),
-              attributes: attributes(l.attributes, json),
-            }),
-          ),
+          events: list(s.events, 'events').map((e): SpanEvent => ({
+            name: strOf(e.name),
+            timeUnixNano: nanos(field(e, 'time_unix_nano', json)),
+            attributes: attributes(e.attributes, json),
+          })),
+          links: list(s.links, 'links').map((l): SpanLink => ({
+            traceId: id(field(l, 'trace_id', json), json) ?? '',
+            spanId: id(field(l, 'span_id', json), json) ?? '',
+            traceState: strOf(field(l, 'trace_state', json)),
+            attributes: attributes(l.attributes, json),
+          })),
           status: { code: intOf(status.code), message: strOf(status.message) },
           resource,
           scope,
@@ -230,7 +235,9 @@ export function encodeStatus(code: number, message: string, retryAfterMs?: numbe
           {
             type_url: 'type.googleapis.com/google.rpc.RetryInfo',
             value: type('google.rpc.RetryInfo')
-              .encode(type('google.rpc.RetryInfo').fromObject({ retry_delay: { seconds: Math.floor(retryAfterMs / 1000), nanos: (retryAfterMs % 1000) * 1e6 } }))
+              .encode(
+                type('google.rpc.RetryInfo').fromObject({ retry_delay: { seconds: Math.floor(retryAfterMs / 1000), nanos: (retryAfterMs % 1000) * 1e6 } }),
+              )
               .finish(),
           },
         ];
@@ -239,7 +246,11 @@ export function encodeStatus(code: number, message: string, retryAfterMs?: numbe
 
 export function decodeStatus(bytes: Uint8Array): { code: number; message: string; retryDelayMs: number | null } {
   const t = type('google.rpc.Status');
-  const s = t.toObject(t.decode(bytes), { longs: Number, defaults: true }) as { code: number; message: string; details: { type_url: string; value: Uint8Array }[] };
+  const s = t.toObject(t.decode(bytes), { longs: Number, defaults: true }) as {
+    code: number;
+    message: string;
+    details: { type_url: string; value: Uint8Array }[];
+  };
   const retry = s.details.find((d) => d.type_url.endsWith('google.rpc.RetryInfo'));
   let retryDelayMs: number | null = null;
   if (retry) {

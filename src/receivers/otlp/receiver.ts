@@ -50,7 +50,10 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
   const authorized = bearerAuth(options.authToken);
 
   /** Decoded spans into the pipeline; the answer for both transports. */
-  async function ingest(transport: 'grpc' | 'http', decoded: Decoded): Promise<{ ok: true; rejected: number; message: string } | { ok: false; retryAfterMs: number; reason: string }> {
+  async function ingest(
+    transport: 'grpc' | 'http',
+    decoded: Decoded,
+  ): Promise<{ ok: true; rejected: number; message: string } | { ok: false; retryAfterMs: number; reason: string }> {
     count(transport, 'rejected', 'invalid_span', decoded.rejected);
     if (decoded.spans.length > 0) {
       let result: SpanSinkResult;
@@ -89,7 +92,13 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
       const headers: Record<string, string> = { 'content-type': json ? 'application/json' : 'application/x-protobuf' };
       if (retryAfterMs !== undefined) headers['retry-after'] = String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
       const body = json
-        ? Buffer.from(JSON.stringify({ code, message, details: retryAfterMs === undefined ? [] : [{ '@type': 'type.googleapis.com/google.rpc.RetryInfo', retryDelay: `${retryAfterMs / 1000}s` }] }))
+        ? Buffer.from(
+            JSON.stringify({
+              code,
+              message,
+              details: retryAfterMs === undefined ? [] : [{ '@type': 'type.googleapis.com/google.rpc.RetryInfo', retryDelay: `${retryAfterMs / 1000}s` }],
+            }),
+          )
         : Buffer.from(encodeStatus(code, message, retryAfterMs));
       res.writeHead(status, { ...headers, 'content-length': String(body.length) }).end(body);
     };
@@ -188,7 +197,9 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
       if (options.grpcAddr) {
         const [host, port] = splitAddress(options.grpcAddr);
         grpcPort = await new Promise<number>((resolve, reject) =>
-          grpcServer.bindAsync(`${host.includes(':') ? `[${host}]` : host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+          grpcServer.bindAsync(`${host.includes(':') ? `[${host}]` : host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) =>
+            err ? reject(err) : resolve(p),
+          ),
         );
         grpcStarted = true;
       }
@@ -278,4 +289,3 @@ function readBody(req: IncomingMessage, encoding: string, max: number): Promise<
     req.on('error', (err) => finish(err));
   });
 }
-

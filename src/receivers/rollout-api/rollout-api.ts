@@ -41,7 +41,12 @@ export function createRolloutApi(options: { maxBodyBytes: number; apiToken?: str
     }
     const apiKey = req.headers['x-api-key'];
     if (!authorized(req.headers.authorization, typeof apiKey === 'string' ? apiKey : undefined)) {
-      reply(res, 401, { error: { message: 'missing or wrong API token (Authorization: Bearer <service.api_token>)', type: 'authentication_error' } }, { 'www-authenticate': 'Bearer' });
+      reply(
+        res,
+        401,
+        { error: { message: 'missing or wrong API token (Authorization: Bearer <service.api_token>)', type: 'authentication_error' } },
+        { 'www-authenticate': 'Bearer' },
+      );
       deps.metrics.rolloutApi.inc({ route, outcome: '401' });
       req.resume();
       return true;
@@ -76,7 +81,12 @@ export function createRolloutApi(options: { maxBodyBytes: number; apiToken?: str
           reply(res, err.status, { error: { message: err.message, type: 'invalid_request_error', param: err.field } });
         } else if (err instanceof RefusedError) {
           deps.metrics.rolloutApi.inc({ route, outcome: '503' });
-          reply(res, 503, { error: { message: err.message, type: 'unavailable', code: err.code } }, { 'retry-after': String(Math.ceil(err.retryAfterMs / 1000)) });
+          reply(
+            res,
+            503,
+            { error: { message: err.message, type: 'unavailable', code: err.code } },
+            { 'retry-after': String(Math.ceil(err.retryAfterMs / 1000)) },
+          );
         } else {
           deps.metrics.rolloutApi.inc({ route, outcome: '500' });
           log.once('internal', 'error', 'rollout api failed', { err });

@@ -7,7 +7,17 @@ import { callRecord } from '../../support/records';
 
 const episode = (rolloutId: string, calls: number) =>
   buildEpisode(
-    { rolloutId, attemptId: '0', groupId: 'g', calls: Array.from({ length: calls }, (_, i) => callRecord(rolloutId, i, 10 + i)), toolSpans: [], rewards: [], finalReward: 1, startedAt: 0, endedAt: 100 },
+    {
+      rolloutId,
+      attemptId: '0',
+      groupId: 'g',
+      calls: Array.from({ length: calls }, (_, i) => callRecord(rolloutId, i, 10 + i)),
+      toolSpans: [],
+      rewards: [],
+      finalReward: 1,
+      startedAt: 0,
+      endedAt: 100,
+    },
     'completed',
     { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
   );
@@ -21,11 +31,19 @@ describe('file exporter', () => {
     await exporter.shutdown();
     const files = readdirSync(path.join(dir, 'transitions')).sort();
     expect(files.length).toBeGreaterThan(2);
-    const lines = files.flatMap((f) => readFileSync(path.join(dir, 'transitions', f), 'utf8').trimEnd().split('\n'));
+    const lines = files.flatMap((f) =>
+      readFileSync(path.join(dir, 'transitions', f), 'utf8')
+        .trimEnd()
+        .split('\n'),
+    );
     expect(lines).toHaveLength(30);
     expect(lines.map((l) => JSON.parse(l).transition_id)).toEqual(Array.from({ length: 10 }, (_, i) => [0, 1, 2].map((s) => `r${i}/0/${s}`)).flat());
     for (const f of files) expect(readFileSync(path.join(dir, 'transitions', f)).length).toBeLessThanOrEqual(4096 + 2048);
-    const eps = readdirSync(path.join(dir, 'episodes')).flatMap((f) => readFileSync(path.join(dir, 'episodes', f), 'utf8').trimEnd().split('\n'));
+    const eps = readdirSync(path.join(dir, 'episodes')).flatMap((f) =>
+      readFileSync(path.join(dir, 'episodes', f), 'utf8')
+        .trimEnd()
+        .split('\n'),
+    );
     expect(eps.map((l) => JSON.parse(l).rollout_id)).toEqual(Array.from({ length: 10 }, (_, i) => `r${i}`));
   });
 });

@@ -20,7 +20,10 @@ function episode(rolloutId: string, calls: number, bodyBytes = 10) {
       attemptId: '0',
       groupId: 'grp',
       calls: Array.from({ length: calls }, (_, i) =>
-        callRecord(rolloutId, i, 10 + i, { request: { messages: [{ role: 'user', content: 'b'.repeat(bodyBytes) }] }, toolCalls: [{ id: `c${i}`, name: 'calc', arguments: '{}' }] }),
+        callRecord(rolloutId, i, 10 + i, {
+          request: { messages: [{ role: 'user', content: 'b'.repeat(bodyBytes) }] },
+          toolCalls: [{ id: `c${i}`, name: 'calc', arguments: '{}' }],
+        }),
       ),
       toolSpans: [],
       rewards: [{ name: 'primary', value: 1, final: true }],
@@ -51,7 +54,8 @@ class FakeProducer implements Producer {
   async disconnect() {}
 }
 
-const kafkaConfig = (extra: Record<string, unknown> = {}) => configSchema.parse({ exporters: { kafka: { brokers: ['127.0.0.1:9'], ...extra } } }).exporters.kafka;
+const kafkaConfig = (extra: Record<string, unknown> = {}) =>
+  configSchema.parse({ exporters: { kafka: { brokers: ['127.0.0.1:9'], ...extra } } }).exporters.kafka;
 
 function setup(extra: Record<string, unknown> = {}) {
   const producer = new FakeProducer();
@@ -83,7 +87,13 @@ describe('kafka exporter', () => {
     // Chunks of one record are consecutive and in index order; each says what it belongs to.
     const first = messages.filter((m) => m.headers['lightning-record-id'] === 'big/0/0');
     expect(first.map((m) => m.headers['lightning-chunk-index'])).toEqual(first.map((_, i) => String(i)));
-    expect(first[0].headers).toMatchObject({ 'lightning-chunk': 'v1', 'lightning-chunk-count': String(first.length), 'lightning-schema': 'lightning.transition.v1', 'rollout-id': 'big', 'group-id': 'grp' });
+    expect(first[0].headers).toMatchObject({
+      'lightning-chunk': 'v1',
+      'lightning-chunk-count': String(first.length),
+      'lightning-schema': 'lightning.transition.v1',
+      'rollout-id': 'big',
+      'group-id': 'grp',
+    });
     // Interleaved and duplicated on the wire, they still reassemble to the exact records.
     const r = new ChunkReassembler({ timeoutMs: 1000, maxBytes: 1 << 20 });
     const wire = [...messages.slice(0, 2), ...messages.slice(0, 1), ...messages.slice(2)];
@@ -107,11 +117,24 @@ describe('kafka exporter', () => {
 
   it('with prompt_ids: delta, sends only the new prompt ids of a call that continues the previous one', async () => {
     const calls = [
-      callRecord('d', 0, 10, { promptTokenIds: [1, 2], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [3, 4], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
-      callRecord('d', 1, 11, { promptTokenIds: [1, 2, 3, 4, 5, 6], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [7], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
-      callRecord('d', 2, 12, { promptTokenIds: [9, 9], choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [8], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }] }),
+      callRecord('d', 0, 10, {
+        promptTokenIds: [1, 2],
+        choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [3, 4], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }],
+      }),
+      callRecord('d', 1, 11, {
+        promptTokenIds: [1, 2, 3, 4, 5, 6],
+        choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [7], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }],
+      }),
+      callRecord('d', 2, 12, {
+        promptTokenIds: [9, 9],
+        choices: [{ index: 0, finishReason: 'stop', responseTokenIds: [8], responseLogprobs: null, promptTokenIds: null, toolCalls: [] }],
+      }),
     ];
-    const ep = buildEpisode({ rolloutId: 'd', attemptId: '0', groupId: null, calls, toolSpans: [], rewards: [], finalReward: null, startedAt: 0, endedAt: 20 }, 'completed', { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] });
+    const ep = buildEpisode(
+      { rolloutId: 'd', attemptId: '0', groupId: null, calls, toolSpans: [], rewards: [], finalReward: null, startedAt: 0, endedAt: 20 },
+      'completed',
+      { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
+    );
     for (const encoding of ['json', 'protobuf'] as const) {
       const { producer, exporter } = setup({ prompt_ids: 'delta', encoding });
       await exporter.export([ep]);
@@ -131,7 +154,9 @@ describe('kafka exporter', () => {
     const { producer, exporter, deadLetterDir } = setup({ max_batch_bytes: 1 << 20 });
     producer.maxBytes = 2500;
     await exporter.export([episode('s', 6, 400)]);
-    const delivered = producer.sent.filter((s) => s.topic === 'lightning.transitions').flatMap((s) => s.messages.map((m) => JSON.parse(m.value.toString()).transition_id));
+    const delivered = producer.sent
+      .filter((s) => s.topic === 'lightning.transitions')
+      .flatMap((s) => s.messages.map((m) => JSON.parse(m.value.toString()).transition_id));
     expect(delivered.sort()).toEqual(['s/0/0', 's/0/1', 's/0/2', 's/0/3', 's/0/4', 's/0/5']);
     producer.maxBytes = 10;
     producer.sent = [];
@@ -155,16 +180,29 @@ describe('kafka exporter', () => {
 
   it('classifies kafkajs errors: retriable, retries exhausted, size and authorization', () => {
     expect(classify(Object.assign(new Error('x'), { retriable: true, type: 'NOT_LEADER_OR_FOLLOWER' })).status).toBe('retryable');
-    const exhausted = Object.assign(new Error('retries'), { name: 'KafkaJSNumberOfRetriesExceeded', retriable: false, cause: Object.assign(new Error('t/o'), { retriable: true, type: 'REQUEST_TIMED_OUT' }) });
+    const exhausted = Object.assign(new Error('retries'), {
+      name: 'KafkaJSNumberOfRetriesExceeded',
+      retriable: false,
+      cause: Object.assign(new Error('t/o'), { retriable: true, type: 'REQUEST_TIMED_OUT' }),
+    });
     expect(classify(exhausted).status).toBe('retryable');
     expect(classify(Object.assign(new Error('big'), { retriable: false, type: 'MESSAGE_TOO_LARGE' }))).toMatchObject({ status: 'failure', tooLarge: true });
-    expect(classify(Object.assign(new Error('no'), { retriable: false, type: 'TOPIC_AUTHORIZATION_FAILED' }))).toMatchObject({ status: 'failure', tooLarge: false });
+    expect(classify(Object.assign(new Error('no'), { retriable: false, type: 'TOPIC_AUTHORIZATION_FAILED' }))).toMatchObject({
+      status: 'failure',
+      tooLarge: false,
+    });
     expect(classify(Object.assign(new Error('Connection error: ECONNREFUSED'), { name: 'KafkaJSConnectionError', retriable: true })).status).toBe('retryable');
   });
 
   it.each(['json', 'protobuf'] as const)('encodes transitions and episodes so they decode to the same record (%s)', (encoding) => {
     const c = episode('enc', 2);
-    c.transitions[1] = { ...c.transitions[1], response_logprobs: null, group_id: null, tool_calls: [{ id: 'c1', name: 'calc', status: 'error', reward: -0.5, span_id: 'abcdef0123456789', join: 'trace_and_name' }], intermediate_reward: -0.5 };
+    c.transitions[1] = {
+      ...c.transitions[1],
+      response_logprobs: null,
+      group_id: null,
+      tool_calls: [{ id: 'c1', name: 'calc', status: 'error', reward: -0.5, span_id: 'abcdef0123456789', join: 'trace_and_name' }],
+      intermediate_reward: -0.5,
+    };
     for (const t of c.transitions) expect(decodeTransition(encodeTransition(t, encoding), encoding)).toEqual(t);
     expect(decodeEpisode(encodeEpisode(c.episode, encoding), encoding)).toEqual(c.episode);
   });

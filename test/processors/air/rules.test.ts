@@ -26,7 +26,16 @@ describe('AIR rule predicates', () => {
   });
 
   it('rejects predicates it cannot parse, naming the rule path', () => {
-    const r = configSchema.safeParse({ processors: { air: { rules: [{ where: ['status is bad'], reward: 1 }, { where: ['x ~= ('], reward: 1 }] } } });
+    const r = configSchema.safeParse({
+      processors: {
+        air: {
+          rules: [
+            { where: ['status is bad'], reward: 1 },
+            { where: ['x ~= ('], reward: 1 },
+          ],
+        },
+      },
+    });
     expect(r.success).toBe(false);
     expect(r.error!.issues.map((i) => i.path.join('.'))).toEqual(['processors.air.rules.0.where.0', 'processors.air.rules.1.where.0']);
   });
@@ -63,6 +72,10 @@ describe('AIR rules', () => {
 
   it('has documented defaults: error −0.5, missing −0.25, ok +0.1', () => {
     const d = compileRules(configSchema.parse({}).processors.air.rules);
-    expect([d({ toolName: 't', outcome: 'error', attributes: {} }), d({ toolName: 't', outcome: 'missing', attributes: {} }), d({ toolName: 't', outcome: 'ok', attributes: {} })]).toEqual([-0.5, -0.25, 0.1]);
+    expect([
+      d({ toolName: 't', outcome: 'error', attributes: {} }),
+      d({ toolName: 't', outcome: 'missing', attributes: {} }),
+      d({ toolName: 't', outcome: 'ok', attributes: {} }),
+    ]).toEqual([-0.5, -0.25, 0.1]);
   });
 });

@@ -27,7 +27,12 @@ function generation(promptLength: number, n = 1): Generation {
     withIds: true,
     withLogprobs: true,
     promptIds: Array.from({ length: promptLength }, (_, i) => 100_000 + i * 37),
-    choices: Array.from({ length: n }, (_, index) => ({ index, content: `answer ${index}`, toolCalls: index === 0 ? [{ id: 'call_1', name: 'calc', arguments: '{"x":1}' }] : [], tokens: [5 + index, 6, 7] })),
+    choices: Array.from({ length: n }, (_, index) => ({
+      index,
+      content: `answer ${index}`,
+      toolCalls: index === 0 ? [{ id: 'call_1', name: 'calc', arguments: '{"x":1}' }] : [],
+      tokens: [5 + index, 6, 7],
+    })),
     includeUsage: true,
   };
 }
@@ -37,7 +42,26 @@ function captured(api: Api, streamed: boolean, request: Buffer, response: Buffer
   for (let i = 0; i < response.length; i += chunk) parts.push(response.subarray(i, i + chunk));
   const { read, offsets } = store({ request: [request], response: parts });
   const base = callRecord('r', 0, 10);
-  const call: CallRecord = { type: 'call', correlation: base.correlation, seq: 0, api, traceId: null, spanId: null, callId: 1, bodies: { request: offsets.request, response: offsets.response, encoding: null }, streamed, status: 'ok', httpStatus: 200, error: null, injected: ['return_token_ids'], truncated: false, startedAt: 5, endedAt: 10, latencyMs: 5, ttftMs: 1 };
+  const call: CallRecord = {
+    type: 'call',
+    correlation: base.correlation,
+    seq: 0,
+    api,
+    traceId: null,
+    spanId: null,
+    callId: 1,
+    bodies: { request: offsets.request, response: offsets.response, encoding: null },
+    streamed,
+    status: 'ok',
+    httpStatus: 200,
+    error: null,
+    injected: ['return_token_ids'],
+    truncated: false,
+    startedAt: 5,
+    endedAt: 10,
+    latencyMs: 5,
+    ttftMs: 1,
+  };
   return { call, read };
 }
 
@@ -45,7 +69,14 @@ function captured(api: Api, streamed: boolean, request: Buffer, response: Buffer
 function written(call: CallRecord, read: (o: readonly number[]) => Buffer, choice = 0): Record<string, unknown> {
   const { facts } = extractFacts(call, read);
   const c = facts.choices[choice];
-  const t = { transition_id: 'r/0/0', request: facts.request, response: facts.response, prompt_token_ids: c.promptTokenIds ?? facts.promptTokenIds, response_token_ids: c.responseTokenIds, source: call.bodies } as unknown as TransitionRecord;
+  const t = {
+    transition_id: 'r/0/0',
+    request: facts.request,
+    response: facts.response,
+    prompt_token_ids: c.promptTokenIds ?? facts.promptTokenIds,
+    response_token_ids: c.responseTokenIds,
+    source: call.bodies,
+  } as unknown as TransitionRecord;
   return JSON.parse(new TransitionWriter(read).json(t).toString('utf8')) as Record<string, unknown>;
 }
 
@@ -53,7 +84,10 @@ describe('extracting a captured call from its journaled bodies', () => {
   const request = Buffer.from(JSON.stringify({ model: 'policy-7', messages: [{ role: 'user', content: 'hi "there"' }], return_token_ids: true }));
 
   it('gives the same facts as parsing the whole body, with big id arrays left as byte ranges', () => {
-    for (const [api, build] of [['chat.completions', buildChat], ['completions', buildCompletions]] as const) {
+    for (const [api, build] of [
+      ['chat.completions', buildChat],
+      ['completions', buildCompletions],
+    ] as const) {
       const g = generation(400, 2);
       const body = build(g, false).body;
       const { call, read } = captured(api, false, request, Buffer.from(JSON.stringify(body)));
@@ -62,7 +96,9 @@ describe('extracting a captured call from its journaled bodies', () => {
       expect(facts.model).toBe('policy-7');
       expect(facts.usage).toEqual(whole.usage);
       const ids = (v: Parameters<typeof resolveIds>[0]) => Array.from(resolveIds(v, responseBytes) ?? []);
-      expect(facts.choices.map((c) => [c.finishReason, ids(c.responseTokenIds), c.responseLogprobs, c.toolCalls])).toEqual(whole.choices.map((c) => [c.finishReason, c.responseTokenIds, c.responseLogprobs, c.toolCalls]));
+      expect(facts.choices.map((c) => [c.finishReason, ids(c.responseTokenIds), c.responseLogprobs, c.toolCalls])).toEqual(
+        whole.choices.map((c) => [c.finishReason, c.responseTokenIds, c.responseLogprobs, c.toolCalls]),
+      );
       // The prompt's 400 ids are not parsed at extraction: a range of the response body.
       expect(Array.isArray(facts.promptTokenIds ?? facts.choices[0].promptTokenIds)).toBe(false);
       const out = written(call, read);
@@ -118,7 +154,12 @@ describe('extracting a captured call from its journaled bodies', () => {
   });
 
   it('writes a request that is not JSON as null rather than breaking the transition', () => {
-    const { call, read } = captured('chat.completions', false, Buffer.from('{"model": "x", oops'), Buffer.from(JSON.stringify(buildChat(generation(3), false).body)));
+    const { call, read } = captured(
+      'chat.completions',
+      false,
+      Buffer.from('{"model": "x", oops'),
+      Buffer.from(JSON.stringify(buildChat(generation(3), false).body)),
+    );
     expect(written(call, read).request).toBeNull();
   });
 });

@@ -10,7 +10,10 @@ function spaced(value: unknown, ws: string[]): string {
   const w = () => ws[k++ % ws.length];
   const go = (v: unknown): string => {
     if (Array.isArray(v)) return `[${w()}${v.map((x) => go(x)).join(`${w()},${w()}`)}${w()}]`;
-    if (v !== null && typeof v === 'object') return `{${w()}${Object.entries(v).map(([key, x]) => `${JSON.stringify(key)}${w()}:${w()}${go(x)}`).join(`${w()},${w()}`)}${w()}}`;
+    if (v !== null && typeof v === 'object')
+      return `{${w()}${Object.entries(v)
+        .map(([key, x]) => `${JSON.stringify(key)}${w()}:${w()}${go(x)}`)
+        .join(`${w()},${w()}`)}${w()}}`;
     return JSON.stringify(v);
   };
   return go(value);
@@ -20,7 +23,14 @@ const whitespace = fc.array(fc.constantFrom('', ' ', '\n', '\t', '\r\n'), { minL
 /** Keys that collide with the ones the capture looks for, and hostile ones (quotes, backslashes). */
 const key = fc.oneof(fc.constantFrom('prompt_token_ids', 'token_ids', 'logprobs', 'model', 'a\\"token_ids', 'x"'), fc.string({ maxLength: 6 }));
 const value = fc.letrec((tie) => ({
-  leaf: fc.oneof(fc.integer(), fc.double({ noNaN: true, noDefaultInfinity: true }), fc.boolean(), fc.constant(null), fc.string({ maxLength: 8 }), fc.constantFrom('"prompt_token_ids":[1,2]', '\\', '"token_ids"')),
+  leaf: fc.oneof(
+    fc.integer(),
+    fc.double({ noNaN: true, noDefaultInfinity: true }),
+    fc.boolean(),
+    fc.constant(null),
+    fc.string({ maxLength: 8 }),
+    fc.constantFrom('"prompt_token_ids":[1,2]', '\\', '"token_ids"'),
+  ),
   arr: fc.array(tie('node'), { maxLength: 4 }),
   obj: fc.dictionary(key, tie('node'), { maxKeys: 4 }),
   node: fc.oneof({ depthSize: 'small' }, tie('leaf'), tie('arr'), tie('obj')),
@@ -66,7 +76,11 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
   });
 
   it('cuts a member out and leaves a document equal to the value without it', () => {
-    const others = fc.dictionary(fc.string({ maxLength: 6 }).filter((k) => k !== 'token_ids'), value.filter((v) => membersOf(v, 'token_ids').length === 0), { maxKeys: 4 });
+    const others = fc.dictionary(
+      fc.string({ maxLength: 6 }).filter((k) => k !== 'token_ids'),
+      value.filter((v) => membersOf(v, 'token_ids').length === 0),
+      { maxKeys: 4 },
+    );
     fc.assert(
       fc.property(others, value, fc.nat(), whitespace, (rest, ids, at, ws) => {
         const entries = Object.entries(rest);
@@ -90,7 +104,8 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
       }),
       RUN,
     );
-    for (const bad of ['[1.5]', '[1,]', '["1"]', '[1e3]', '[null]', '[2147483648]', '{}', '[1 2]']) expect(readIntArray(Buffer.from(bad), 0, bad.length)).toBeNull();
+    for (const bad of ['[1.5]', '[1,]', '["1"]', '[1e3]', '[null]', '[2147483648]', '{}', '[1 2]'])
+      expect(readIntArray(Buffer.from(bad), 0, bad.length)).toBeNull();
   });
 
   it('decides prefix continuity by bytes only when the text settles it, and then as the numbers do', () => {

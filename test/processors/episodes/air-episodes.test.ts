@@ -11,7 +11,14 @@ describe('AIR on closed episodes', () => {
   it('gives each call the rewards of its tool calls and adds them to the credited final reward', () => {
     const a = assembler();
     a.apply(callRecord('r', 0, 10, { toolCalls: [{ id: 'ok1', name: 'calc', arguments: '{}' }] }));
-    a.apply(callRecord('r', 1, 20, { toolCalls: [{ id: 'bad1', name: 'sql', arguments: '{}' }, { id: 'lost', name: 'sql', arguments: '{}' }] }));
+    a.apply(
+      callRecord('r', 1, 20, {
+        toolCalls: [
+          { id: 'bad1', name: 'sql', arguments: '{}' },
+          { id: 'lost', name: 'sql', arguments: '{}' },
+        ],
+      }),
+    );
     a.apply(callRecord('r', 2, 30));
     a.apply(toolSpan('r', 'sp-ok', 12, { toolCallId: 'ok1', toolName: 'calc' }));
     a.apply(toolSpan('r', 'sp-bad', 22, { toolCallId: 'bad1', toolName: 'sql', outcome: 'error' }));
@@ -19,7 +26,10 @@ describe('AIR on closed episodes', () => {
     const [closed] = a.apply({ type: 'tick', at: 200 });
     const [t0, t1, t2] = closed.transitions;
     expect(t0.tool_calls).toEqual([{ id: 'ok1', name: 'calc', status: 'ok', reward: 0.1, span_id: 'sp-ok', join: 'tool_call_id' }]);
-    expect(t1.tool_calls.map((t) => [t.status, t.reward])).toEqual([['error', -0.5], ['missing', -0.25]]);
+    expect(t1.tool_calls.map((t) => [t.status, t.reward])).toEqual([
+      ['error', -0.5],
+      ['missing', -0.25],
+    ]);
     expect([t0.intermediate_reward, t1.intermediate_reward, t2.intermediate_reward]).toEqual([0.1, -0.75, null]);
     expect([t0.reward, t1.reward, t2.reward]).toEqual([1.1, 0.25, 1]);
     expect(t1.credit).toBe(1);
@@ -35,7 +45,10 @@ describe('AIR on closed episodes', () => {
   });
 
   it('honours the AIR weight and can be turned off', () => {
-    for (const [air, expected] of [[{ weight: 2 }, 1.2], [{ enabled: false }, 1]] as const) {
+    for (const [air, expected] of [
+      [{ weight: 2 }, 1.2],
+      [{ enabled: false }, 1],
+    ] as const) {
       const a = assembler({ air });
       a.apply(callRecord('r', 0, 10, { toolCalls: [{ id: 'x', name: 'calculator', arguments: '{}' }] }));
       a.apply(toolSpan('r', 's', 12, { toolCallId: 'x' }));
@@ -61,7 +74,10 @@ describe('AIR on closed episodes', () => {
     agents.forEach((name, seq) => a.apply(callRecord('r', seq, 10 + seq, { correlation: corr('r', { agentName: name }) })));
     a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'p', final: true, at: 30, source: 'rollout_api' });
     const [closed] = a.apply({ type: 'tick', at: 200 });
-    expect(closed.transitions.map((t) => [t.seq, t.agent_name, t.is_last])).toEqual([[0, 'writer', false], [2, 'rewriter', true]]);
+    expect(closed.transitions.map((t) => [t.seq, t.agent_name, t.is_last])).toEqual([
+      [0, 'writer', false],
+      [2, 'rewriter', true],
+    ]);
     const b = assembler({ capture: { exclude_agents: ['checker'] }, episodes: { idle_timeout_ms: 1000 } });
     b.apply(callRecord('q', 0, 0, { correlation: corr('q', { agentName: 'writer' }) }));
     b.apply(callRecord('q', 1, 900, { correlation: corr('q', { agentName: 'checker' }) }));

@@ -4,7 +4,14 @@ import type { CallRecord, Correlation } from '../../../src/model/records';
 const episodes = { idle_timeout_ms: 1000, tool_span_wait_ms: 100, max_open_episodes: 3, tick_interval_ms: 10 };
 const make = (mode: 'identical' | 'last' | 'discounted' = 'identical') => new EpisodeAssembler({ episodes, credit: { mode, gamma: 0.5 } });
 
-const corr = (rolloutId: string, extra: Partial<Correlation> = {}): Correlation => ({ rolloutId, attemptId: '0', groupId: null, agentName: null, source: 'path', ...extra });
+const corr = (rolloutId: string, extra: Partial<Correlation> = {}): Correlation => ({
+  rolloutId,
+  attemptId: '0',
+  groupId: null,
+  agentName: null,
+  source: 'path',
+  ...extra,
+});
 
 function call(rolloutId: string, seq: number, at: number, extra: Partial<CallRecord> = {}): CallRecord {
   return {
@@ -116,7 +123,12 @@ describe('episode assembler', () => {
   });
 
   it('is deterministic: the same events give the same transitions', () => {
-    const events = [call('r', 0, 1), call('r', 1, 2), { type: 'reward' as const, rolloutId: 'r', attemptId: '0', value: 0.5, name: 'p', final: true, at: 3, source: 'rollout_api' as const }, { type: 'tick' as const, at: 1000 }];
+    const events = [
+      call('r', 0, 1),
+      call('r', 1, 2),
+      { type: 'reward' as const, rolloutId: 'r', attemptId: '0', value: 0.5, name: 'p', final: true, at: 3, source: 'rollout_api' as const },
+      { type: 'tick' as const, at: 1000 },
+    ];
     const run = () => {
       const a = make('discounted');
       return events.flatMap((e) => a.apply(e));

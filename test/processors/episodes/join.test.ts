@@ -5,8 +5,18 @@ const T = 'a'.repeat(32);
 
 describe('joining tool spans to the calls that requested them', () => {
   it('joins by tool call id first', () => {
-    const calls = [callRecord('r', 0, 10, { toolCalls: [{ id: 'call_1', name: 'search', arguments: '{}' }, { id: 'call_2', name: 'search', arguments: '{}' }] })];
-    const spans = [toolSpan('r', 's2', 20, { toolCallId: 'call_2', toolName: 'search' }), toolSpan('r', 's1', 21, { toolCallId: 'call_1', toolName: 'search' })];
+    const calls = [
+      callRecord('r', 0, 10, {
+        toolCalls: [
+          { id: 'call_1', name: 'search', arguments: '{}' },
+          { id: 'call_2', name: 'search', arguments: '{}' },
+        ],
+      }),
+    ];
+    const spans = [
+      toolSpan('r', 's2', 20, { toolCallId: 'call_2', toolName: 'search' }),
+      toolSpan('r', 's1', 21, { toolCallId: 'call_1', toolName: 'search' }),
+    ];
     const j = joinToolSpans(calls, spans);
     expect(j.get(requestKey(0, 0, 0))).toMatchObject({ method: 'tool_call_id', span: { spanId: 's1' } });
     expect(j.get(requestKey(0, 0, 1))).toMatchObject({ method: 'tool_call_id', span: { spanId: 's2' } });
@@ -55,7 +65,10 @@ describe('joining tool spans to the calls that requested them', () => {
       callRecord('r', 0, 10, { traceId: T, toolCalls: [{ id: 'a', name: 'search', arguments: '{"q":"x","n":1}' }] }),
       callRecord('r', 1, 30, { traceId: T, toolCalls: [{ id: 'b', name: 'search', arguments: '{"q":"y","n":1}' }] }),
     ];
-    const spans = [toolSpan('r', 'unnamed', 40, { traceId: T, toolName: null, arguments: '{"n":1,"q":"x"}' }), toolSpan('r', 'no-args', 41, { traceId: T, toolName: null, arguments: null })];
+    const spans = [
+      toolSpan('r', 'unnamed', 40, { traceId: T, toolName: null, arguments: '{"n":1,"q":"x"}' }),
+      toolSpan('r', 'no-args', 41, { traceId: T, toolName: null, arguments: null }),
+    ];
     const j = joinToolSpans(calls, spans);
     expect(j.get(requestKey(0, 0, 0))).toMatchObject({ method: 'trace_and_arguments', span: { spanId: 'unnamed' } });
     expect(j.has(requestKey(1, 0, 0))).toBe(false);
@@ -63,4 +76,3 @@ describe('joining tool spans to the calls that requested them', () => {
     expect(joinToolSpans(calls, [toolSpan('r', 's', 40, { traceId: 'c'.repeat(32), toolName: null, arguments: '{"q":"x","n":1}' })]).size).toBe(0);
   });
 });
-

@@ -12,8 +12,24 @@ function agentSpan(name: string, spanId: string, startedAt: number, endedAt: num
 
 describe('agent names from GenAI agent spans', () => {
   it('classifies invoke_agent spans with gen_ai.agent.name, and nothing else, as agent spans', () => {
-    const span = (attributes: Record<string, string>) => ({ traceId: TRACE, spanId: 'b'.repeat(16), name: 'x', kind: 1, startTimeUnixNano: '0', endTimeUnixNano: '1', attributes, resource: {}, events: [], links: [], status: { code: 0 } }) as never;
-    expect(classifySpan(span({ 'gen_ai.operation.name': 'invoke_agent', 'gen_ai.agent.name': 'writer' }))).toEqual({ kind: 'agent', agent: { name: 'writer' } });
+    const span = (attributes: Record<string, string>) =>
+      ({
+        traceId: TRACE,
+        spanId: 'b'.repeat(16),
+        name: 'x',
+        kind: 1,
+        startTimeUnixNano: '0',
+        endTimeUnixNano: '1',
+        attributes,
+        resource: {},
+        events: [],
+        links: [],
+        status: { code: 0 },
+      }) as never;
+    expect(classifySpan(span({ 'gen_ai.operation.name': 'invoke_agent', 'gen_ai.agent.name': 'writer' }))).toEqual({
+      kind: 'agent',
+      agent: { name: 'writer' },
+    });
     expect(classifySpan(span({ 'gen_ai.operation.name': 'chat', 'gen_ai.agent.name': 'writer' })).kind).toBe('other');
     expect(classifySpan(span({ 'gen_ai.operation.name': 'invoke_agent' })).kind).toBe('other');
   });
@@ -28,7 +44,11 @@ describe('agent names from GenAI agent spans', () => {
     // The orchestrator spans everything; the writer and the checker run inside it.
     const agentSpans = [agentSpan('orchestrator', 'o', 0, 400), agentSpan('writer', 'w', 5, 100), agentSpan('checker', 'k', 110, 200)];
     const build = (exclude: string[]) =>
-      buildEpisode({ rolloutId: 'r', attemptId: '0', groupId: null, calls, toolSpans: [], agentSpans, rewards: [], finalReward: 1, startedAt: 0, endedAt: 400 }, 'completed', { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: exclude.map(globToRegExp) });
+      buildEpisode(
+        { rolloutId: 'r', attemptId: '0', groupId: null, calls, toolSpans: [], agentSpans, rewards: [], finalReward: 1, startedAt: 0, endedAt: 400 },
+        'completed',
+        { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: exclude.map(globToRegExp) },
+      );
     expect(build([]).transitions.map((t) => [t.seq, t.agent_name])).toEqual([
       [0, 'writer'],
       [1, 'checker'],

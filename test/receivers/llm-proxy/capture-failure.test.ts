@@ -39,7 +39,11 @@ describe('capture failures', () => {
     await proxy.start();
     try {
       for (let i = 0; i < 6; i++) {
-        const res = await fetch(`http://127.0.0.1:${proxy.port()}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model":"m","messages":[]}' });
+        const res = await fetch(`http://127.0.0.1:${proxy.port()}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: '{"model":"m","messages":[]}',
+        });
         expect(res.status).toBe(200);
         expect(((await res.json()) as { object: string }).object).toBe('chat.completion');
       }

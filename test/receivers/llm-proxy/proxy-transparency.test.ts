@@ -42,7 +42,10 @@ describe('proxy transparency', () => {
     await setup({ flavor: 'vllm' });
     const body = chatBody({ return_token_ids: true });
     const direct = await request(`${upstream.url}/chat/completions`, { body });
-    const proxied = await request(`${sidecar.baseUrl}/chat/completions`, { body, headers: { traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', baggage: 'k=v' } });
+    const proxied = await request(`${sidecar.baseUrl}/chat/completions`, {
+      body,
+      headers: { traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', baggage: 'k=v' },
+    });
     expect(proxied.status).toBe(direct.status);
     expect(proxied.body.equals(direct.body)).toBe(true);
     for (const h of ['content-type', 'content-length', 'x-fake-upstream']) expect(proxied.headers[h]).toBe(direct.headers[h]);
@@ -146,12 +149,16 @@ describe('proxy transparency', () => {
   it('aborts the upstream request when the agent disconnects mid-stream and records the call as aborted', async () => {
     await setup({ flavor: 'vllm', chunkDelayMs: 30 });
     await new Promise<void>((resolve, reject) => {
-      const req = http.request(`${sidecar.origin}/rollout/abort-1/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
-        res.once('data', () => {
-          req.destroy();
-          resolve();
-        });
-      });
+      const req = http.request(
+        `${sidecar.origin}/rollout/abort-1/v1/chat/completions`,
+        { method: 'POST', headers: { 'content-type': 'application/json' } },
+        (res) => {
+          res.once('data', () => {
+            req.destroy();
+            resolve();
+          });
+        },
+      );
       req.on('error', () => {});
       req.end(chatBody({ stream: true }));
       setTimeout(() => reject(new Error('no data')), 3000).unref();
@@ -170,10 +177,14 @@ describe('proxy transparency', () => {
     expect(res.status).toBe(413);
     expect(JSON.parse(res.body.toString()).error).toMatchObject({ type: 'invalid_request_error', code: 'request_too_large' });
     const chunked = await new Promise<number>((resolve, reject) => {
-      const req = http.request(`${sidecar.baseUrl}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } }, (r) => {
-        r.resume();
-        resolve(r.statusCode!);
-      });
+      const req = http.request(
+        `${sidecar.baseUrl}/chat/completions`,
+        { method: 'POST', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } },
+        (r) => {
+          r.resume();
+          resolve(r.statusCode!);
+        },
+      );
       req.on('error', reject);
       for (let i = 0; i < 8; i++) req.write(Buffer.alloc(512, 0x20));
       req.end();
@@ -194,7 +205,10 @@ describe('proxy transparency', () => {
 
   it('passes a gzip-encoded response through as bytes and still records its content', async () => {
     await setup({ flavor: 'vllm', gzip: true });
-    const res = await request(`${sidecar.origin}/rollout/gz/v1/chat/completions`, { body: chatBody({ return_token_ids: true }), headers: { 'accept-encoding': 'gzip' } });
+    const res = await request(`${sidecar.origin}/rollout/gz/v1/chat/completions`, {
+      body: chatBody({ return_token_ids: true }),
+      headers: { 'accept-encoding': 'gzip' },
+    });
     expect(res.headers['content-encoding']).toBe('gzip');
     expect(res.body.equals(upstream.responses[0])).toBe(true);
     await fetch(`${sidecar.origin}/lightning/v1/rollouts/gz/end`, { method: 'POST', body: '{}' });

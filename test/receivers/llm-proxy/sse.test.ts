@@ -6,18 +6,41 @@ import { parseSse, sseJsonPayloads } from '../../../src/formats/sse';
 describe('SSE parsing', () => {
   it('handles LF, CRLF and CR line ends, comments, event names and multi-line data', () => {
     const text = ': keep-alive\r\nevent: a\r\ndata: 1\r\ndata: 2\r\n\r\ndata:3\n\ndata: x\r\r';
-    expect(parseSse(text)).toEqual({ events: [{ event: 'a', data: '1\n2' }, { event: 'message', data: '3' }, { event: 'message', data: 'x' }], complete: true });
+    expect(parseSse(text)).toEqual({
+      events: [
+        { event: 'a', data: '1\n2' },
+        { event: 'message', data: '3' },
+        { event: 'message', data: 'x' },
+      ],
+      complete: true,
+    });
   });
   it('returns the last event of a cut stream, flagged incomplete', () => {
-    expect(parseSse('data: {"a":1}\n\ndata: {"b"')).toEqual({ events: [{ event: 'message', data: '{"a":1}' }, { event: 'message', data: '{"b"' }], complete: false });
+    expect(parseSse('data: {"a":1}\n\ndata: {"b"')).toEqual({
+      events: [
+        { event: 'message', data: '{"a":1}' },
+        { event: 'message', data: '{"b"' },
+      ],
+      complete: false,
+    });
   });
   it('captures the same call whatever byte boundaries the stream arrived in, multi-byte characters included', () => {
-    const text = 'data: {"choices":[{"index":0,"delta":{"content":"h\u00e9"},"token_ids":[5]}],"prompt_token_ids":[1]}\r\n\r\n' +
+    const text =
+      'data: {"choices":[{"index":0,"delta":{"content":"h\u00e9"},"token_ids":[5]}],"prompt_token_ids":[1]}\r\n\r\n' +
       'data: {"choices":[{"index":0,"delta":{"content":"llo ✓ é"},"token_ids":[6],"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n';
     const bytes = Buffer.from(text.replace('\\u00e9', 'é'));
     const finish = (chunks: Buffer[]) => {
       const { sink, read } = memoryCapture();
-      const c = new CallCapture('chat.completions', { rolloutId: 'r', attemptId: '0', groupId: null, agentName: null, source: 'path' }, 0, null, null, 0, 1 << 20, sink);
+      const c = new CallCapture(
+        'chat.completions',
+        { rolloutId: 'r', attemptId: '0', groupId: null, agentName: null, source: 'path' },
+        0,
+        null,
+        null,
+        0,
+        1 << 20,
+        sink,
+      );
       c.callId = sink.callStarted({ type: 'call_start', correlation: c.correlation, seq: 0, traceId: null, at: 0 });
       c.streamed = true;
       c.responseStatus = 200;

@@ -17,10 +17,11 @@ async function fixedServer(routes: Record<string, { status?: number; body: strin
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: () => new Promise<void>((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -28,7 +29,11 @@ describe('detectUpstream', () => {
   it('identifies vLLM by owned_by on /v1/models and reads its /version', async () => {
     const s = await startVllmLikeServer({ version: '0.11.2' });
     try {
-      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({ flavor: 'vllm', evidence: 'GET /v1/models: owned_by vllm; GET /version: 0.11.2', serverVersion: '0.11.2' });
+      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({
+        flavor: 'vllm',
+        evidence: 'GET /v1/models: owned_by vllm; GET /version: 0.11.2',
+        serverVersion: '0.11.2',
+      });
       expect(s.requests.map((r) => r.path)).toEqual(['/v1/models', '/version']);
     } finally {
       await s.close();
@@ -47,18 +52,27 @@ describe('detectUpstream', () => {
 
   it('identifies SGLang by owned_by and reads the version from /server_info', async () => {
     const s = await fixedServer({
-      '/v1/models': { body: JSON.stringify({ object: 'list', data: [{ id: 'qwen', object: 'model', created: 1, owned_by: 'sglang', root: 'qwen', max_model_len: 32768 }] }) },
+      '/v1/models': {
+        body: JSON.stringify({ object: 'list', data: [{ id: 'qwen', object: 'model', created: 1, owned_by: 'sglang', root: 'qwen', max_model_len: 32768 }] }),
+      },
       '/server_info': { body: JSON.stringify({ model_path: 'Qwen/Qwen3-8B', tp_size: 1, version: '0.5.4' }) },
     });
     try {
-      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({ flavor: 'sglang', evidence: 'GET /v1/models: owned_by sglang; GET /server_info: 0.5.4', serverVersion: '0.5.4' });
+      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({
+        flavor: 'sglang',
+        evidence: 'GET /v1/models: owned_by sglang; GET /server_info: 0.5.4',
+        serverVersion: '0.5.4',
+      });
     } finally {
       await s.close();
     }
   });
 
   it('identifies an older SGLang by /get_server_info when /v1/models does not answer a listing', async () => {
-    const s = await fixedServer({ '/v1/models': { status: 500, body: 'oops' }, '/get_server_info': { body: JSON.stringify({ model_path: 'm', version: '0.4.9' }) } });
+    const s = await fixedServer({
+      '/v1/models': { status: 500, body: 'oops' },
+      '/get_server_info': { body: JSON.stringify({ model_path: 'm', version: '0.4.9' }) },
+    });
     try {
       const d = await detectUpstream(s.url, { timeoutMs: 2000 });
       expect(d.flavor).toBe('sglang');
@@ -91,7 +105,11 @@ describe('detectUpstream', () => {
     const html = await fixedServer({ '/v1/models': { body: '<html>login</html>' } });
     const other = await fixedServer({ '/v1/models': { body: '{"models":[]}' } });
     try {
-      expect(await detectUpstream(html.url, { timeoutMs: 2000 })).toEqual({ flavor: 'unknown', evidence: 'GET /v1/models: answer is not JSON', serverVersion: null });
+      expect(await detectUpstream(html.url, { timeoutMs: 2000 })).toEqual({
+        flavor: 'unknown',
+        evidence: 'GET /v1/models: answer is not JSON',
+        serverVersion: null,
+      });
       expect((await detectUpstream(other.url, { timeoutMs: 2000 })).evidence).toBe('GET /v1/models: not a model listing');
     } finally {
       await html.close();
@@ -104,7 +122,11 @@ describe('detectUpstream', () => {
     await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
     const port = (probe.address() as AddressInfo).port;
     await new Promise<void>((r) => probe.close(() => r()));
-    expect(await detectUpstream(`http://127.0.0.1:${port}/v1`, { timeoutMs: 2000 })).toEqual({ flavor: 'unknown', evidence: 'GET /v1/models: ECONNREFUSED', serverVersion: null });
+    expect(await detectUpstream(`http://127.0.0.1:${port}/v1`, { timeoutMs: 2000 })).toEqual({
+      flavor: 'unknown',
+      evidence: 'GET /v1/models: ECONNREFUSED',
+      serverVersion: null,
+    });
   });
 
   it('a server that never answers is unknown after the timeout', async () => {

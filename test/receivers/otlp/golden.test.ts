@@ -16,8 +16,30 @@ const values: [string, object, object][] = [
   ['i_big', { int_value: '9007199254740993' }, { intValue: '9007199254740993' }],
   ['d', { double_value: 1.5 }, { doubleValue: 1.5 }],
   ['bytes', { bytes_value: BYTES }, { bytesValue: BYTES.toString('base64') }],
-  ['arr', { array_value: { values: [{ string_value: 'x' }, { int_value: 1 }, { array_value: { values: [{ bool_value: false }] } }] } }, { arrayValue: { values: [{ stringValue: 'x' }, { intValue: '1' }, { arrayValue: { values: [{ boolValue: false }] } }] } }],
-  ['kv', { kvlist_value: { values: [{ key: 'inner', value: { double_value: 2.25 } }, { key: 'deep', value: { kvlist_value: { values: [{ key: 'z', value: { string_value: 'q' } }] } } }] } }, { kvlistValue: { values: [{ key: 'inner', value: { doubleValue: 2.25 } }, { key: 'deep', value: { kvlistValue: { values: [{ key: 'z', value: { stringValue: 'q' } }] } } }] } }],
+  [
+    'arr',
+    { array_value: { values: [{ string_value: 'x' }, { int_value: 1 }, { array_value: { values: [{ bool_value: false }] } }] } },
+    { arrayValue: { values: [{ stringValue: 'x' }, { intValue: '1' }, { arrayValue: { values: [{ boolValue: false }] } }] } },
+  ],
+  [
+    'kv',
+    {
+      kvlist_value: {
+        values: [
+          { key: 'inner', value: { double_value: 2.25 } },
+          { key: 'deep', value: { kvlist_value: { values: [{ key: 'z', value: { string_value: 'q' } }] } } },
+        ],
+      },
+    },
+    {
+      kvlistValue: {
+        values: [
+          { key: 'inner', value: { doubleValue: 2.25 } },
+          { key: 'deep', value: { kvlistValue: { values: [{ key: 'z', value: { stringValue: 'q' } }] } } },
+        ],
+      },
+    },
+  ],
   ['empty', {}, {}],
 ];
 
@@ -45,7 +67,9 @@ const pbRequest = {
               end_time_unix_nano: '1700000001987654321',
               attributes: pbAttrs,
               dropped_attributes_count: 2,
-              events: [{ time_unix_nano: '1700000000500000000', name: 'exception', attributes: [{ key: 'exception.type', value: { string_value: 'ValueError' } }] }],
+              events: [
+                { time_unix_nano: '1700000000500000000', name: 'exception', attributes: [{ key: 'exception.type', value: { string_value: 'ValueError' } }] },
+              ],
               dropped_events_count: 3,
               links: [{ trace_id: LINK_TRACE, span_id: LINK_SPAN, trace_state: 'l=2', attributes: [{ key: 'la', value: { bool_value: true } }], flags: 1 }],
               dropped_links_count: 4,
@@ -79,9 +103,19 @@ const jsonRequest = {
               endTimeUnixNano: '1700000001987654321',
               attributes: jsonAttrs,
               droppedAttributesCount: 2,
-              events: [{ timeUnixNano: '1700000000500000000', name: 'exception', attributes: [{ key: 'exception.type', value: { stringValue: 'ValueError' } }] }],
+              events: [
+                { timeUnixNano: '1700000000500000000', name: 'exception', attributes: [{ key: 'exception.type', value: { stringValue: 'ValueError' } }] },
+              ],
               droppedEventsCount: 3,
-              links: [{ traceId: LINK_TRACE.toString('hex'), spanId: LINK_SPAN.toString('hex'), traceState: 'l=2', attributes: [{ key: 'la', value: { boolValue: true } }], flags: 1 }],
+              links: [
+                {
+                  traceId: LINK_TRACE.toString('hex'),
+                  spanId: LINK_SPAN.toString('hex'),
+                  traceState: 'l=2',
+                  attributes: [{ key: 'la', value: { boolValue: true } }],
+                  flags: 1,
+                },
+              ],
               droppedLinksCount: 4,
               status: { code: 2, message: 'failed' },
               unknownFieldFromTheFuture: { ignored: true },

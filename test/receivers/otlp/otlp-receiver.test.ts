@@ -44,7 +44,17 @@ async function sendWith(exporter: SpanExporter): Promise<void> {
     spanProcessors: [new SimpleSpanProcessor(exporter)],
   });
   const tracer = provider.getTracer('test-scope', '1.2.3');
-  const span = tracer.startSpan('execute_tool search', { attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': 'search', 'gen_ai.tool.call.id': 'call_9', big: 2 ** 40, ratio: 0.5, ok: true, tags: ['a', 'b'] } });
+  const span = tracer.startSpan('execute_tool search', {
+    attributes: {
+      'gen_ai.operation.name': 'execute_tool',
+      'gen_ai.tool.name': 'search',
+      'gen_ai.tool.call.id': 'call_9',
+      big: 2 ** 40,
+      ratio: 0.5,
+      ok: true,
+      tags: ['a', 'b'],
+    },
+  });
   span.recordException(new Error('boom'));
   span.setStatus({ code: SpanStatusCode.ERROR, message: 'boom' });
   span.end();
@@ -80,7 +90,12 @@ describe('OTLP receiver with the real OpenTelemetry exporters', () => {
   });
 });
 
-function post(path: string, body: Buffer | string, headers: Record<string, string>, method = 'POST'): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer }> {
+function post(
+  path: string,
+  body: Buffer | string,
+  headers: Record<string, string>,
+  method = 'POST',
+): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer }> {
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port: receiver.httpPort(), path, method, headers }, (res) => {
       const parts: Buffer[] = [];
@@ -107,7 +122,9 @@ describe('OTLP/HTTP responses (spec-exact)', () => {
   });
 
   it('answers partial success with rejected_spans for individually invalid spans, keeping the valid ones', async () => {
-    const res = await post('/v1/traces', jsonBody(jsonSpan(T, 'EEE19B7EC3C1B174'), jsonSpan('abcd', 'EEE19B7EC3C1B175'), jsonSpan(T, '0000000000000000')), { 'content-type': 'application/json' });
+    const res = await post('/v1/traces', jsonBody(jsonSpan(T, 'EEE19B7EC3C1B174'), jsonSpan('abcd', 'EEE19B7EC3C1B175'), jsonSpan(T, '0000000000000000')), {
+      'content-type': 'application/json',
+    });
     expect(res.status).toBe(200);
     const body = JSON.parse(res.body.toString());
     expect(body.partialSuccess.rejectedSpans).toBe('2');
@@ -157,17 +174,27 @@ describe('OTLP/gRPC statuses', () => {
   const call = (body: Buffer): Promise<{ err: grpc.ServiceError | null; res?: Buffer }> => {
     const client = new grpc.Client(`127.0.0.1:${receiver.grpcPort()}`, grpc.credentials.createInsecure());
     return new Promise((resolve) => {
-      client.makeUnaryRequest('/opentelemetry.proto.collector.trace.v1.TraceService/Export', (b: Buffer) => b, (b: Buffer) => b, body, (err, res) => {
-        client.close();
-        resolve({ err, res });
-      });
+      client.makeUnaryRequest(
+        '/opentelemetry.proto.collector.trace.v1.TraceService/Export',
+        (b: Buffer) => b,
+        (b: Buffer) => b,
+        body,
+        (err, res) => {
+          client.close();
+          resolve({ err, res });
+        },
+      );
     });
   };
 
   it('answers UNAVAILABLE with RetryInfo when the pipeline refuses', async () => {
     answer = { status: 'refused', retryAfterMs: 1500, reason: 'JOURNAL_FULL' };
     const req = otlpRoot().lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
-    const body = Buffer.from(req.encode(req.fromObject({ resource_spans: [{ scope_spans: [{ spans: [{ trace_id: Buffer.alloc(16, 1), span_id: Buffer.alloc(8, 2), name: 'x' }] }] }] })).finish());
+    const body = Buffer.from(
+      req
+        .encode(req.fromObject({ resource_spans: [{ scope_spans: [{ spans: [{ trace_id: Buffer.alloc(16, 1), span_id: Buffer.alloc(8, 2), name: 'x' }] }] }] }))
+        .finish(),
+    );
     const { err } = await call(body);
     expect(err?.code).toBe(grpc.status.UNAVAILABLE);
     const details = err!.metadata.get('grpc-status-details-bin')[0] as Buffer;

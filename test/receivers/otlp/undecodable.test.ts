@@ -7,7 +7,9 @@ import { silentLogger } from '../../../src/telemetry/logger';
 
 const TRACE = '5B8EFFF798038103D269B633813FC60C';
 const span = (extra: Record<string, unknown> = {}) => ({ traceId: TRACE, spanId: 'EEE19B7EC3C1B174', name: 's', ...extra });
-const doc = (spans: unknown, scope: Record<string, unknown> = {}, rs: Record<string, unknown> = {}) => ({ resourceSpans: [{ ...rs, scopeSpans: [{ ...scope, spans }] }] });
+const doc = (spans: unknown, scope: Record<string, unknown> = {}, rs: Record<string, unknown> = {}) => ({
+  resourceSpans: [{ ...rs, scopeSpans: [{ ...scope, spans }] }],
+});
 
 describe('OTLP/JSON that is not a well-formed request is undecodable', () => {
   it.each<[string, unknown]>([
@@ -30,7 +32,15 @@ describe('OTLP/JSON that is not a well-formed request is undecodable', () => {
   });
 
   it('well-formed requests still decode, null and absent fields reading as empty', () => {
-    const d = decodeJson(JSON.stringify(doc([span({ attributes: [{ key: 'k', value: { arrayValue: { values: [{ intValue: '1' }] } } }], status: null, events: null })], { scope: null }, { resource: null })));
+    const d = decodeJson(
+      JSON.stringify(
+        doc(
+          [span({ attributes: [{ key: 'k', value: { arrayValue: { values: [{ intValue: '1' }] } } }], status: null, events: null })],
+          { scope: null },
+          { resource: null },
+        ),
+      ),
+    );
     expect(d.spans).toHaveLength(1);
     expect(d.spans[0].attributes).toEqual({ k: [1] });
   });
@@ -54,18 +64,24 @@ describe('the OTLP receiver answers undecodable requests with 400 / INVALID_ARGU
   let receiver: OtlpReceiver;
   const received: Span[][] = [];
   beforeAll(async () => {
-    receiver = createOtlpReceiver({ grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0', maxRequestBytes: 1024 * 1024 }, { logger: silentLogger, sink: (spans) => (received.push(spans), { status: 'accepted' }) });
+    receiver = createOtlpReceiver(
+      { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0', maxRequestBytes: 1024 * 1024 },
+      { logger: silentLogger, sink: (spans) => (received.push(spans), { status: 'accepted' }) },
+    );
     await receiver.start();
   });
   afterAll(() => receiver.shutdown());
 
   function post(body: string | Buffer, contentType: string): Promise<{ status: number; body: Buffer }> {
     return new Promise((resolve, reject) => {
-      const req = http.request({ host: '127.0.0.1', port: receiver.httpPort(), path: '/v1/traces', method: 'POST', headers: { 'content-type': contentType } }, (res) => {
-        const parts: Buffer[] = [];
-        res.on('data', (c: Buffer) => parts.push(c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(parts) }));
-      });
+      const req = http.request(
+        { host: '127.0.0.1', port: receiver.httpPort(), path: '/v1/traces', method: 'POST', headers: { 'content-type': contentType } },
+        (res) => {
+          const parts: Buffer[] = [];
+          res.on('data', (c: Buffer) => parts.push(c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(parts) }));
+        },
+      );
       req.on('error', reject);
       req.end(body);
     });
@@ -92,7 +108,13 @@ describe('the OTLP receiver answers undecodable requests with 400 / INVALID_ARGU
     const Client = grpc.makeGenericClientConstructor({}, 'TraceService');
     const client = new Client(`127.0.0.1:${receiver.grpcPort()}`, grpc.credentials.createInsecure());
     const err = await new Promise<grpc.ServiceError | null>((resolve) =>
-      client.makeUnaryRequest('/opentelemetry.proto.collector.trace.v1.TraceService/Export', (b: Buffer) => b, (b: Buffer) => b, Buffer.from([0x0a, 0x04, 0x12, 0x0a, 0x0a, 0x00]), (e) => resolve(e)),
+      client.makeUnaryRequest(
+        '/opentelemetry.proto.collector.trace.v1.TraceService/Export',
+        (b: Buffer) => b,
+        (b: Buffer) => b,
+        Buffer.from([0x0a, 0x04, 0x12, 0x0a, 0x0a, 0x00]),
+        (e) => resolve(e),
+      ),
     );
     client.close();
     expect(err?.code).toBe(grpc.status.INVALID_ARGUMENT);

@@ -14,7 +14,8 @@ afterEach(async () => {
 });
 
 type ErrorJson = { error: { message: string } };
-const post = (path: string, body: string, method = 'POST') => fetch(`${sidecar.origin}${path}`, { method, headers: { 'content-type': 'application/json' }, body: method === 'GET' ? undefined : body });
+const post = (path: string, body: string, method = 'POST') =>
+  fetch(`${sidecar.origin}${path}`, { method, headers: { 'content-type': 'application/json' }, body: method === 'GET' ? undefined : body });
 
 describe('rollout API', () => {
   it.each([
@@ -56,7 +57,13 @@ describe('rollout API', () => {
     expect(res.status).toBe(202);
     expect(await res.json()).toEqual({ accepted: true, rollout_id: 'rw', attempt_id: '0' });
     const [ep] = await sidecar.waitForEpisodes(1);
-    expect(ep).toMatchObject({ final_reward: 2.5, rewards: [{ name: 'format', value: 0.1, final: false }, { name: 'primary', value: 2.5, final: true }] });
+    expect(ep).toMatchObject({
+      final_reward: 2.5,
+      rewards: [
+        { name: 'format', value: 0.1, final: false },
+        { name: 'primary', value: 2.5, final: true },
+      ],
+    });
     expect(sidecar.transitions().map((t) => t.reward)).toEqual([2.5, 2.5]);
   });
 

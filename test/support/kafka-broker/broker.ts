@@ -147,7 +147,10 @@ export class KafkaTestBroker {
 
   createTopic(name: string, partitions = this.options.defaultPartitions ?? 1): boolean {
     if (this.topicsMap.has(name)) return false;
-    this.topicsMap.set(name, Array.from({ length: partitions }, () => ({ batches: [], next: 0 })));
+    this.topicsMap.set(
+      name,
+      Array.from({ length: partitions }, () => ({ batches: [], next: 0 })),
+    );
     return true;
   }
 
@@ -158,7 +161,9 @@ export class KafkaTestBroker {
   /** Every record of a topic (all partitions, or one), decoded. */
   records(topic: string, partition?: number): (StoredRecord & { partition: number })[] {
     const parts = this.topicsMap.get(topic) ?? [];
-    return parts.flatMap((p, i) => (partition === undefined || partition === i ? p.batches.flatMap((b) => decodeRecords(b.bytes).map((r) => ({ ...r, partition: i }))) : []));
+    return parts.flatMap((p, i) =>
+      partition === undefined || partition === i ? p.batches.flatMap((b) => decodeRecords(b.bytes).map((r) => ({ ...r, partition: i }))) : [],
+    );
   }
 
   private accept(socket: net.Socket): void {
@@ -178,9 +183,11 @@ export class KafkaTestBroker {
         const frame = pending.subarray(4, 4 + size);
         pending = pending.subarray(4 + size);
         // Responses go out in request order on a connection, as Kafka guarantees.
-        chain = chain.then(() => this.handle(socket, Buffer.from(frame))).catch(() => {
-          socket.destroy();
-        });
+        chain = chain
+          .then(() => this.handle(socket, Buffer.from(frame)))
+          .catch(() => {
+            socket.destroy();
+          });
       }
     });
     socket.on('error', () => {});
@@ -198,7 +205,13 @@ export class KafkaTestBroker {
     const range = VERSIONS[apiKey];
     let body: Buffer | null;
     if (!range || version < range[0] || version > range[1]) {
-      body = apiKey === API.ApiVersions ? new Writer().int16(ERR.UNSUPPORTED_VERSION).array([], () => {}).build() : null;
+      body =
+        apiKey === API.ApiVersions
+          ? new Writer()
+              .int16(ERR.UNSUPPORTED_VERSION)
+              .array([], () => {})
+              .build()
+          : null;
       if (!body) {
         socket.destroy();
         return;
@@ -207,7 +220,11 @@ export class KafkaTestBroker {
       body = await this.dispatch(apiKey, version, r, clientId);
     }
     if (body === null || socket.destroyed) return;
-    const out = new Writer().int32(body.length + 4).int32(correlationId).raw(body).build();
+    const out = new Writer()
+      .int32(body.length + 4)
+      .int32(correlationId)
+      .raw(body)
+      .build();
     socket.write(out);
   }
 
@@ -245,7 +262,9 @@ export class KafkaTestBroker {
           return { topic, partitions };
         });
         r.int32();
-        return w.array(reqs, (x, t) => x.string(t.topic).int16(this.createTopic(t.topic, t.partitions > 0 ? t.partitions : 1) ? ERR.NONE : ERR.TOPIC_ALREADY_EXISTS)).build();
+        return w
+          .array(reqs, (x, t) => x.string(t.topic).int16(this.createTopic(t.topic, t.partitions > 0 ? t.partitions : 1) ? ERR.NONE : ERR.TOPIC_ALREADY_EXISTS))
+          .build();
       }
       case API.InitProducerId: {
         r.nullableString();
@@ -264,7 +283,10 @@ export class KafkaTestBroker {
             x.string(t.topic).array(t.partitions, (y, p) => {
               const part = this.topicsMap.get(t.topic)?.[p.partition];
               const first = part?.batches[0]?.base ?? part?.next ?? 0;
-              y.int32(p.partition).int16(part ? ERR.NONE : ERR.UNKNOWN_TOPIC_OR_PARTITION).int64(-1).int64(p.timestamp === -2n ? first : part?.next ?? 0);
+              y.int32(p.partition)
+                .int16(part ? ERR.NONE : ERR.UNKNOWN_TOPIC_OR_PARTITION)
+                .int64(-1)
+                .int64(p.timestamp === -2n ? first : (part?.next ?? 0));
             }),
           )
           .build();
@@ -312,7 +334,10 @@ export class KafkaTestBroker {
         r.int32();
         r.string();
         r.int64();
-        const topics = r.array((x) => ({ topic: x.string(), partitions: x.array((y) => ({ partition: y.int32(), offset: y.int64(), meta: y.nullableString() })) }));
+        const topics = r.array((x) => ({
+          topic: x.string(),
+          partitions: x.array((y) => ({ partition: y.int32(), offset: y.int64(), meta: y.nullableString() })),
+        }));
         for (const t of topics) for (const p of t.partitions) group.offsets.set(`${t.topic}:${p.partition}`, p.offset);
         return w.array(topics, (x, t) => x.string(t.topic).array(t.partitions, (y, p) => y.int32(p.partition).int16(ERR.NONE))).build();
       }
@@ -320,7 +345,15 @@ export class KafkaTestBroker {
         const group = this.group(r.string());
         const topics = r.array((x) => ({ topic: x.string(), partitions: x.array((y) => y.int32()) }));
         return w
-          .array(topics, (x, t) => x.string(t.topic).array(t.partitions, (y, p) => y.int32(p).int64(group.offsets.get(`${t.topic}:${p}`) ?? -1n).string('').int16(ERR.NONE)))
+          .array(topics, (x, t) =>
+            x.string(t.topic).array(t.partitions, (y, p) =>
+              y
+                .int32(p)
+                .int64(group.offsets.get(`${t.topic}:${p}`) ?? -1n)
+                .string('')
+                .int16(ERR.NONE),
+            ),
+          )
           .build();
       }
     }
@@ -332,10 +365,18 @@ export class KafkaTestBroker {
     w.array([0], (x) => x.int32(0).string('127.0.0.1').int32(this.port).string(null)).int32(0);
     w.array(names, (x, name) => {
       const parts = this.topicsMap.get(name);
-      x.int16(parts ? ERR.NONE : ERR.UNKNOWN_TOPIC_OR_PARTITION).string(name).bool(false);
+      x.int16(parts ? ERR.NONE : ERR.UNKNOWN_TOPIC_OR_PARTITION)
+        .string(name)
+        .bool(false);
       x.array(
         (parts ?? []).map((_, i) => i),
-        (y, i) => y.int16(ERR.NONE).int32(i).int32(0).array([0], (z, n) => z.int32(n)).array([0], (z, n) => z.int32(n)),
+        (y, i) =>
+          y
+            .int16(ERR.NONE)
+            .int32(i)
+            .int32(0)
+            .array([0], (z, n) => z.int32(n))
+            .array([0], (z, n) => z.int32(n)),
       );
     });
     return w.build();
@@ -440,7 +481,15 @@ export class KafkaTestBroker {
     return new Writer()
       .int32(0)
       .array(result, (x, t) =>
-        x.string(t.topic).array(t.partitions, (y, p) => y.int32(p.partition).int16(p.error).int64(p.hw).int64(p.hw).array([], () => {}).bytes(p.set)),
+        x.string(t.topic).array(t.partitions, (y, p) =>
+          y
+            .int32(p.partition)
+            .int16(p.error)
+            .int64(p.hw)
+            .int64(p.hw)
+            .array([], () => {})
+            .bytes(p.set),
+        ),
       )
       .build();
   }
@@ -451,4 +500,3 @@ export async function startKafkaTestBroker(options: KafkaTestBrokerOptions = {})
   await broker.start();
   return broker;
 }
-

@@ -79,7 +79,10 @@ export class Group {
         protocol: this.protocol,
         leaderId: this.leader,
         memberId: id,
-        members: id === this.leader ? ids.map((m) => ({ id: m, metadata: this.members.get(m)!.protocols.find((p) => p.name === this.protocol)?.metadata ?? Buffer.alloc(0) })) : [],
+        members:
+          id === this.leader
+            ? ids.map((m) => ({ id: m, metadata: this.members.get(m)!.protocols.find((p) => p.name === this.protocol)?.metadata ?? Buffer.alloc(0) }))
+            : [],
       });
     }
   }

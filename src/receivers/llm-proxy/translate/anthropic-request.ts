@@ -26,7 +26,21 @@ const HARMLESS = new Set([
   'speed',
 ]);
 
-const MAPPED = new Set(['model', 'messages', 'system', 'max_tokens', 'temperature', 'top_p', 'top_k', 'stop_sequences', 'stream', 'tools', 'tool_choice', 'thinking', 'output_config']);
+const MAPPED = new Set([
+  'model',
+  'messages',
+  'system',
+  'max_tokens',
+  'temperature',
+  'top_p',
+  'top_k',
+  'stop_sequences',
+  'stream',
+  'tools',
+  'tool_choice',
+  'thinking',
+  'output_config',
+]);
 
 const EFFORTS = new Set(['low', 'medium', 'high']);
 
@@ -58,7 +72,9 @@ function translate(body: unknown): AnthropicRequestTranslation {
   if (!isObject(body)) return { ok: false, reason: 'not_json_object' };
   for (const [key, value] of Object.entries(body)) {
     if (!isSet(value) || HARMLESS.has(key) || MAPPED.has(key)) continue;
-    throw new Unmappable(key === 'container' || key === 'mcp_servers' || key === 'context_management' || key === 'diagnostics' ? key : `unsupported_field:${key}`);
+    throw new Unmappable(
+      key === 'container' || key === 'mcp_servers' || key === 'context_management' || key === 'diagnostics' ? key : `unsupported_field:${key}`,
+    );
   }
   if (isSet(body.thinking) && !(isObject(body.thinking) && body.thinking.type === 'disabled')) throw new Unmappable('thinking');
 
@@ -78,7 +94,7 @@ function translate(body: unknown): AnthropicRequestTranslation {
   const stopSequences: string[] = [];
   if (isSet(body.stop_sequences)) {
     if (!Array.isArray(body.stop_sequences) || !body.stop_sequences.every((s) => typeof s === 'string')) throw new Unmappable('stop_sequences');
-    stopSequences.push(...(body.stop_sequences));
+    stopSequences.push(...body.stop_sequences);
     if (stopSequences.length > 0) chat.stop = stopSequences;
   }
   const tools = isSet(body.tools) ? toolsOf(body.tools) : [];

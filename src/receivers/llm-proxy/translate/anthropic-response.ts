@@ -14,7 +14,12 @@ export function anthropicMessageId(upstreamId: unknown, seed: string): string {
  * `stop_reason` names one of the request's stop sequences; length → max_tokens; tool_calls →
  * tool_use (also when the server said stop but returned tool calls); content_filter → refusal.
  */
-export function stopReasonOf(finishReason: string | null, stopReason: string | number | null, hasToolCalls: boolean, ctx: AnthropicContext): { stopReason: string; stopSequence: string | null } {
+export function stopReasonOf(
+  finishReason: string | null,
+  stopReason: string | number | null,
+  hasToolCalls: boolean,
+  ctx: AnthropicContext,
+): { stopReason: string; stopSequence: string | null } {
   if (finishReason === 'length') return { stopReason: 'max_tokens', stopSequence: null };
   if (finishReason === 'content_filter') return { stopReason: 'refusal', stopSequence: null };
   if (finishReason === 'tool_calls' || hasToolCalls) return { stopReason: 'tool_use', stopSequence: null };

@@ -103,12 +103,22 @@ export class ChatStreamToAnthropicEvents {
       this.blockCount = 1;
     }
     const stop = stopReasonOf(this.finishReason, this.stopReason, this.hadToolCalls, this.ctx);
-    const usage = usageOrCounts({ usage: this.usage, promptTokenCount: this.promptTokenCount, completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null });
+    const usage = usageOrCounts({
+      usage: this.usage,
+      promptTokenCount: this.promptTokenCount,
+      completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null,
+    });
     const u = anthropicUsage(usage);
     out += sseEvent('message_delta', {
       type: 'message_delta',
       delta: { stop_reason: stop.stopReason, stop_sequence: stop.stopSequence, stop_details: null },
-      usage: { input_tokens: u.input_tokens, output_tokens: u.output_tokens, cache_creation_input_tokens: null, cache_read_input_tokens: u.cache_read_input_tokens, server_tool_use: null },
+      usage: {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_creation_input_tokens: null,
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        server_tool_use: null,
+      },
     });
     out += sseEvent('message_stop', { type: 'message_stop' });
     this.finished = true;
@@ -149,7 +159,11 @@ export class ChatStreamToAnthropicEvents {
       if (malformed) this.noteList.push(`malformed_tool_arguments:${tool.id}`);
       const block: Json = { type: 'tool_use', id: tool.id, name: tool.name, input: {} };
       out += sseEvent('content_block_start', { type: 'content_block_start', index, content_block: block });
-      out += sseEvent('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'input_json_delta', partial_json: malformed ? '{}' : tool.arguments } });
+      out += sseEvent('content_block_delta', {
+        type: 'content_block_delta',
+        index,
+        delta: { type: 'input_json_delta', partial_json: malformed ? '{}' : tool.arguments },
+      });
       out += sseEvent('content_block_stop', { type: 'content_block_stop', index });
       this.flushed.add(tool.toolIndex);
     }

@@ -71,7 +71,10 @@ export function usageOrCounts(a: Pick<ChatAnswer, 'usage' | 'promptTokenCount' |
 
 function textOf(content: unknown): string {
   if (typeof content === 'string') return content;
-  if (Array.isArray(content)) return objects(content).map((p) => str(p.text) ?? '').join('');
+  if (Array.isArray(content))
+    return objects(content)
+      .map((p) => str(p.text) ?? '')
+      .join('');
   return '';
 }
 
@@ -119,7 +122,11 @@ export function readChatChunk(chunk: Json): ChatDelta {
   const error = streamError(chunk);
   const choice = objects(chunk.choices).find((c) => (num(c.index) ?? 0) === 0) ?? null;
   const delta = choice && isObject(choice.delta) ? choice.delta : {};
-  const promptIds = Array.isArray(chunk.prompt_token_ids) ? chunk.prompt_token_ids : choice && Array.isArray(choice.prompt_token_ids) ? choice.prompt_token_ids : null;
+  const promptIds = Array.isArray(chunk.prompt_token_ids)
+    ? chunk.prompt_token_ids
+    : choice && Array.isArray(choice.prompt_token_ids)
+      ? choice.prompt_token_ids
+      : null;
   return {
     id: str(chunk.id),
     model: str(chunk.model),

@@ -45,7 +45,25 @@ const HARMLESS = new Set([
   'max_tool_calls', // limits built-in tool calls, and built-in tools are refused
 ]);
 
-const MAPPED = new Set(['model', 'input', 'instructions', 'tools', 'tool_choice', 'temperature', 'top_p', 'max_output_tokens', 'stream', 'parallel_tool_calls', 'text', 'reasoning', 'user', 'top_logprobs', 'include', 'background', 'truncation']);
+const MAPPED = new Set([
+  'model',
+  'input',
+  'instructions',
+  'tools',
+  'tool_choice',
+  'temperature',
+  'top_p',
+  'max_output_tokens',
+  'stream',
+  'parallel_tool_calls',
+  'text',
+  'reasoning',
+  'user',
+  'top_logprobs',
+  'include',
+  'background',
+  'truncation',
+]);
 
 /** `include` values that need nothing the translation cannot give. */
 const INCLUDE_OK = new Set([
@@ -81,7 +99,9 @@ function translate(body: unknown): ResponsesRequestTranslation {
   if (!isObject(body)) return { ok: false, reason: 'not_json_object' };
   for (const [key, value] of Object.entries(body)) {
     if (!isSet(value) || HARMLESS.has(key) || MAPPED.has(key)) continue;
-    throw new Unmappable(key === 'previous_response_id' || key === 'conversation' || key === 'prompt' || key === 'context_management' ? key : `unsupported_field:${key}`);
+    throw new Unmappable(
+      key === 'previous_response_id' || key === 'conversation' || key === 'prompt' || key === 'context_management' ? key : `unsupported_field:${key}`,
+    );
   }
   if (body.background === true) throw new Unmappable('background');
   if (isSet(body.truncation) && body.truncation !== 'disabled') throw new Unmappable(`truncation:${String(body.truncation)}`);
@@ -106,7 +126,12 @@ function translate(body: unknown): ResponsesRequestTranslation {
   if (tools.length > 0) chat.tools = tools;
   if (isSet(body.tool_choice)) chat.tool_choice = toolChoiceOf(body.tool_choice);
   if (typeof body.parallel_tool_calls === 'boolean' && tools.length > 0) chat.parallel_tool_calls = body.parallel_tool_calls;
-  for (const [from, to] of [['temperature', 'temperature'], ['top_p', 'top_p'], ['max_output_tokens', 'max_tokens'], ['top_logprobs', 'top_logprobs']] as const) {
+  for (const [from, to] of [
+    ['temperature', 'temperature'],
+    ['top_p', 'top_p'],
+    ['max_output_tokens', 'max_tokens'],
+    ['top_logprobs', 'top_logprobs'],
+  ] as const) {
     if (!isSet(body[from])) continue;
     if (num(body[from]) === null) throw new Unmappable(from);
     chat[to] = body[from];
@@ -190,7 +215,11 @@ function inputMessages(input: unknown): Json[] {
       const name = str(item.name);
       if (!callId || name === null) throw new Unmappable('input_item:function_call');
       assistant ??= { content: null, reasoning: null, toolCalls: [] };
-      assistant.toolCalls.push({ id: callId, type: 'function', function: { name, arguments: typeof item.arguments === 'string' ? item.arguments : JSON.stringify(item.arguments ?? {}) } });
+      assistant.toolCalls.push({
+        id: callId,
+        type: 'function',
+        function: { name, arguments: typeof item.arguments === 'string' ? item.arguments : JSON.stringify(item.arguments ?? {}) },
+      });
     } else if (type === 'function_call_output') {
       const callId = str(item.call_id);
       if (!callId) throw new Unmappable('input_item:function_call_output');

@@ -83,7 +83,11 @@ export function logprobsOf(entries: Json[]): Json[] {
     token: str(e.token) ?? '',
     logprob: num(e.logprob) ?? 0,
     bytes: Array.isArray(e.bytes) ? e.bytes : [],
-    top_logprobs: objects(e.top_logprobs).map((t) => ({ token: str(t.token) ?? '', logprob: num(t.logprob) ?? 0, bytes: Array.isArray(t.bytes) ? t.bytes : [] })),
+    top_logprobs: objects(e.top_logprobs).map((t) => ({
+      token: str(t.token) ?? '',
+      logprob: num(t.logprob) ?? 0,
+      bytes: Array.isArray(t.bytes) ? t.bytes : [],
+    })),
   }));
 }
 
@@ -125,7 +129,10 @@ export function chatToResponsesResponse(chat: unknown, ctx: ResponsesContext): R
     output.push(functionCallItem(ids.functionCall(output.length), call, call.id ?? ids.callId(i), 'completed'));
   });
   const { status, incompleteReason } = statusOf(a.finishReason);
-  const response = responseObject({ id: ids.response, createdAt: a.created ?? 0, model: a.model, status, output, usage: usageOrCounts(a), incompleteReason }, ctx);
+  const response = responseObject(
+    { id: ids.response, createdAt: a.created ?? 0, model: a.model, status, output, usage: usageOrCounts(a), incompleteReason },
+    ctx,
+  );
   return { ok: true, response, notes };
 }
 

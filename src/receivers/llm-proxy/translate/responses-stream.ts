@@ -1,6 +1,16 @@
 import { readChatChunk, usageOrCounts, type ChatUsage } from './chat-answer';
 import type { ResponsesContext } from './responses-request';
-import { functionCallItem, logprobsOf, messageItem, outputTextPart, reasoningItem, responseObject, responsesIds, statusOf, validJson } from './responses-response';
+import {
+  functionCallItem,
+  logprobsOf,
+  messageItem,
+  outputTextPart,
+  reasoningItem,
+  responseObject,
+  responsesIds,
+  statusOf,
+  validJson,
+} from './responses-response';
 import { sseEvent, type Json } from './values';
 
 type Open =
@@ -80,7 +90,13 @@ export class ChatStreamToResponsesEvents {
       const logprobs = this.ctx.includeLogprobs ? logprobsOf(d.logprobs) : [];
       open.text += d.content;
       open.logprobs.push(...logprobs);
-      out += this.emit('response.output_text.delta', { item_id: this.items[open.index].id, output_index: open.index, content_index: 0, delta: d.content, logprobs });
+      out += this.emit('response.output_text.delta', {
+        item_id: this.items[open.index].id,
+        output_index: open.index,
+        content_index: 0,
+        delta: d.content,
+        logprobs,
+      });
     }
     for (const tc of d.toolCalls) {
       let tool = this.tools.get(tc.index);
@@ -115,8 +131,15 @@ export class ChatStreamToResponsesEvents {
     let out = this.close();
     this.foldLateArguments();
     const { status, incompleteReason } = statusOf(this.finishReason);
-    const usage = usageOrCounts({ usage: this.usage, promptTokenCount: this.promptTokenCount, completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null });
-    const response = responseObject({ id: this.ids.response, createdAt: this.createdAt, model: this.model, status, output: this.items, usage, incompleteReason }, this.ctx);
+    const usage = usageOrCounts({
+      usage: this.usage,
+      promptTokenCount: this.promptTokenCount,
+      completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null,
+    });
+    const response = responseObject(
+      { id: this.ids.response, createdAt: this.createdAt, model: this.model, status, output: this.items, usage, incompleteReason },
+      this.ctx,
+    );
     out += this.emit(status === 'completed' ? 'response.completed' : 'response.incomplete', { response });
     this.finished = true;
     return out;
@@ -139,7 +162,10 @@ export class ChatStreamToResponsesEvents {
     this.ids = responsesIds(id, this.ctx.idSeed);
     this.createdAt = created ?? 0;
     this.model = model;
-    const response = responseObject({ id: this.ids.response, createdAt: this.createdAt, model: this.model, status: 'in_progress', output: [], usage: null }, this.ctx);
+    const response = responseObject(
+      { id: this.ids.response, createdAt: this.createdAt, model: this.model, status: 'in_progress', output: [], usage: null },
+      this.ctx,
+    );
     return this.emit('response.created', { response }) + this.emit('response.in_progress', { response });
   }
 
@@ -161,7 +187,12 @@ export class ChatStreamToResponsesEvents {
     this.open = { kind: 'message', index, text: '', logprobs: [] };
     return (
       this.emit('response.output_item.added', { output_index: index, item: { ...item, content: [] } }) +
-      this.emit('response.content_part.added', { item_id: item.id, output_index: index, content_index: 0, part: outputTextPart('', this.ctx.includeLogprobs ? [] : null) })
+      this.emit('response.content_part.added', {
+        item_id: item.id,
+        output_index: index,
+        content_index: 0,
+        part: outputTextPart('', this.ctx.includeLogprobs ? [] : null),
+      })
     );
   }
 
@@ -176,7 +207,12 @@ export class ChatStreamToResponsesEvents {
       this.items[open.index] = item;
       return (
         this.emit('response.reasoning_text.done', { item_id: id, output_index: open.index, content_index: 0, text: open.text }) +
-        this.emit('response.content_part.done', { item_id: id, output_index: open.index, content_index: 0, part: { type: 'reasoning_text', text: open.text } }) +
+        this.emit('response.content_part.done', {
+          item_id: id,
+          output_index: open.index,
+          content_index: 0,
+          part: { type: 'reasoning_text', text: open.text },
+        }) +
         this.emit('response.output_item.done', { output_index: open.index, item })
       );
     }

@@ -36,7 +36,9 @@ export function idBase(upstreamId: unknown, seed: string): string {
 
 /** A digest of a request body, the fallback id seed when an upstream answer carries no id. */
 export function seedOf(body: unknown): string {
-  return createHash('sha256').update(JSON.stringify(body) ?? '').digest('hex');
+  return createHash('sha256')
+    .update(JSON.stringify(body) ?? '')
+    .digest('hex');
 }
 
 /** One Server-Sent Event, with the `event:` line the Responses and Anthropic streams carry. */

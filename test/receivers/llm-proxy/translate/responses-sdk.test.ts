@@ -34,7 +34,13 @@ function defaultScript(r: ReceivedRequest): VllmTurn {
 }
 
 const client = () => new OpenAI({ baseURL: gateway.url, apiKey: 'test-key', maxRetries: 0 });
-const calculator = { type: 'function' as const, name: 'calculator', description: 'Evaluates an arithmetic expression.', parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'], additionalProperties: false }, strict: true };
+const calculator = {
+  type: 'function' as const,
+  name: 'calculator',
+  description: 'Evaluates an arithmetic expression.',
+  parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'], additionalProperties: false },
+  strict: true,
+};
 
 /** The upstream chat requests, in order. */
 const chatRequests = () => upstream.requests.filter((r) => r.path === '/v1/chat/completions');
@@ -68,13 +74,21 @@ describe('Responses API through chat completions, read by the real openai SDK', 
     const second = await c.responses.create({
       model: 'fake-model',
       tools: [calculator],
-      input: [{ role: 'user', content: 'What is 2+2?' }, ...first.output, { type: 'function_call_output', call_id: call!.type === 'function_call' ? call!.call_id : '', output: '4' }],
+      input: [
+        { role: 'user', content: 'What is 2+2?' },
+        ...first.output,
+        { type: 'function_call_output', call_id: call!.type === 'function_call' ? call!.call_id : '', output: '4' },
+      ],
     } as never);
     expect(second.output_text).toBe('The answer is 4.');
     const [req1, req2] = chatRequests();
     expect(req2.json!.messages).toEqual([
       { role: 'user', content: 'What is 2+2?' },
-      { role: 'assistant', content: null, tool_calls: [{ id: upstreamCallId, type: 'function', function: { name: 'calculator', arguments: '{"expression":"2+2"}' } }] },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: upstreamCallId, type: 'function', function: { name: 'calculator', arguments: '{"expression":"2+2"}' } }],
+      },
       { role: 'tool', tool_call_id: upstreamCallId, content: '4' },
     ]);
     // Exact token ids: the second prompt is the first prompt plus the first answer's tokens.
@@ -120,11 +134,16 @@ describe('Responses API through chat completions, read by the real openai SDK', 
     const c = client();
     for (const streamed of [false, true]) {
       upstream.requests.length = 0;
-      const first = streamed ? await c.responses.stream({ model: 'fake-model', input: 'What is 2+2?' }).finalResponse() : await c.responses.create({ model: 'fake-model', input: 'What is 2+2?' });
+      const first = streamed
+        ? await c.responses.stream({ model: 'fake-model', input: 'What is 2+2?' }).finalResponse()
+        : await c.responses.create({ model: 'fake-model', input: 'What is 2+2?' });
       expect(first.output.map((o) => o.type)).toEqual(['reasoning', 'message']);
       expect(first.output[0]).toMatchObject({ type: 'reasoning', content: [{ type: 'reasoning_text', text: 'two plus two is four' }] });
       expect(first.output_text).toBe('It is 4.');
-      await c.responses.create({ model: 'fake-model', input: [{ role: 'user', content: 'What is 2+2?' }, ...first.output, { role: 'user', content: 'Sure?' }] } as never);
+      await c.responses.create({
+        model: 'fake-model',
+        input: [{ role: 'user', content: 'What is 2+2?' }, ...first.output, { role: 'user', content: 'Sure?' }],
+      } as never);
       expect(chatRequests()[1].json!.messages).toEqual([
         { role: 'user', content: 'What is 2+2?' },
         { role: 'assistant', content: 'It is 4.', reasoning: 'two plus two is four' },
@@ -170,13 +189,23 @@ describe('Responses API through chat completions, read by the real openai SDK', 
 
 describe('upstream failures reach the Responses SDK as the errors it expects', () => {
   it('an upstream 400 is a BadRequestError with the upstream message', async () => {
-    fault = () => ({ kind: 'status', status: 400, body: JSON.stringify({ error: { message: "This model's maximum context length is 32768 tokens.", type: 'BadRequestError', param: null, code: 400 } }) });
-    await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({ status: 400, message: expect.stringContaining('maximum context length') });
+    fault = () => ({
+      kind: 'status',
+      status: 400,
+      body: JSON.stringify({ error: { message: "This model's maximum context length is 32768 tokens.", type: 'BadRequestError', param: null, code: 400 } }),
+    });
+    await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({
+      status: 400,
+      message: expect.stringContaining('maximum context length'),
+    });
   });
 
   it('an upstream 500 with a non-JSON body keeps its status and text', async () => {
     fault = () => ({ kind: 'status', status: 500, body: 'Internal Server Error', contentType: 'text/plain' });
-    await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({ status: 500, message: expect.stringContaining('Internal Server Error') });
+    await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({
+      status: 500,
+      message: expect.stringContaining('Internal Server Error'),
+    });
   });
 
   it('a 200 whose body is not a chat completion is a 502, not a hang', async () => {
@@ -241,7 +270,11 @@ describe('@openai/agents with its default (Responses) model through the translat
 
 /** Replays a recorded upstream request against the vLLM-like server to read its token ids. */
 async function tokenIdsOf(r: ReceivedRequest): Promise<{ prompt: number[]; completion: number[] }> {
-  const res = await fetch(`${upstream.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...r.json, stream: false, stream_options: undefined, return_token_ids: true }) });
+  const res = await fetch(`${upstream.url}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...r.json, stream: false, stream_options: undefined, return_token_ids: true }),
+  });
   const body = (await res.json()) as { prompt_token_ids: number[]; choices: { token_ids: number[] }[] };
   upstream.requests.pop();
   return { prompt: body.prompt_token_ids, completion: body.choices[0].token_ids };

@@ -60,7 +60,16 @@ export async function startTranslatingGateway(upstreamOrigin: string): Promise<T
       body = null;
     }
     const t = api === 'responses' ? responsesToChatRequest(body) : anthropicToChatRequest(body);
-    const call: GatewayCall = { api, agentRequest: body, translated: t.ok, reason: t.ok ? null : t.reason, chatRequest: t.ok ? t.chat : null, upstreamStatus: 0, notes: [], sent: '' };
+    const call: GatewayCall = {
+      api,
+      agentRequest: body,
+      translated: t.ok,
+      reason: t.ok ? null : t.reason,
+      chatRequest: t.ok ? t.chat : null,
+      upstreamStatus: 0,
+      notes: [],
+      sent: '',
+    };
     calls.push(call);
     if (!t.ok) {
       const up = await post(upstreamOrigin + path, raw, req.headers['content-type'] ?? 'application/json');
@@ -134,7 +143,10 @@ export async function startTranslatingGateway(upstreamOrigin: string): Promise<T
     }
     const out = api === 'responses' ? chatToResponsesResponse(parsed, t.context as never) : chatToAnthropicResponse(parsed, t.context as never);
     if (!out.ok) {
-      const e = api === 'responses' ? { error: { message: `upstream answer cannot be translated: ${out.reason}`, type: 'server_error', param: null, code: null } } : { type: 'error', error: { type: 'api_error', message: `upstream answer cannot be translated: ${out.reason}` } };
+      const e =
+        api === 'responses'
+          ? { error: { message: `upstream answer cannot be translated: ${out.reason}`, type: 'server_error', param: null, code: null } }
+          : { type: 'error', error: { type: 'api_error', message: `upstream answer cannot be translated: ${out.reason}` } };
       call.sent = JSON.stringify(e);
       return respond(res, 502, 'application/json', call.sent);
     }
