@@ -259,7 +259,8 @@ describe('a streamed response split at arbitrary byte boundaries', () => {
         const id = `split-${n++}`;
         const res = await fetch(`${sidecar.origin}/rollout/${id}/v1/chat/completions`, {
           method: 'POST',
-          body: JSON.stringify({ model: 'm', stream: true, messages: [] }),
+          // The agent asks for the ids itself, so the answer is its to see, as the server sent it.
+          body: JSON.stringify({ model: 'm', stream: true, messages: [], return_token_ids: true, logprobs: true }),
         });
         expect(Buffer.from(await res.arrayBuffer()).equals(stream)).toBe(true);
         await fetch(`${sidecar.origin}/lightning/v1/rollouts/${id}/end`, { method: 'POST', body: '{}' });
