@@ -61,7 +61,7 @@ export function upstreamPath(basePath: string, path: string): string {
   return path;
 }
 
-const POLICY_VERSION = /^[A-Za-z0-9._:+-]{1,64}$/;
+export const POLICY_VERSION = /^[A-Za-z0-9._:+-]{1,64}$/;
 
 export function forwardCall(
   ctx: ForwardContext,
@@ -71,6 +71,8 @@ export function forwardCall(
   api: Api | null,
   capture: CallCapture | null,
   t0: number,
+  /** The agent's whole body when it was read already (a call that could not be translated). */
+  preread: Buffer | null = null,
 ): Promise<void> {
   const { config, deps, upstream, flavors, log, m, tooLarge, finishCapture, journalRequest } = ctx;
   return new Promise<void>((resolve) => {
@@ -79,7 +81,7 @@ export function forwardCall(
     // The body is held whole only to redact it before journaling; fields for the model server
     // are added to the stream as it passes.
     const mustBuffer = capture !== null && !!deps.redact && !encoded;
-    const fields = capture !== null && !mustBuffer && !encoded ? fieldsFor(flavor, capture.api) : null;
+    const fields = capture !== null && !mustBuffer && !encoded && preread === null ? fieldsFor(flavor, capture.api) : null;
     const injector = fields ? new StreamInjector(fields) : null;
     let settled = false;
     let rejected = false;
@@ -293,7 +295,25 @@ export function forwardCall(
       resolve();
     };
 
-    if (mustBuffer) {
+    /** Sends a body held whole: fields added (when it is a captured call's) and journaled first. */
+    const sendWhole = (whole: Buffer): void => {
+      let body = whole;
+      if (capture) {
+        const injection = encoded ? null : injectFields(flavor, capture.api, body);
+        if (injection) {
+          body = injection.body;
+          capture.injected = injection.injected;
+        }
+        journalRequest(capture, body);
+      }
+      const headers = forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(body.length) }, DROP_WHEN_REWRITTEN);
+      ureq = dispatch(headers);
+      ureq.end(body);
+    };
+
+    if (preread !== null) {
+      sendWhole(preread);
+    } else if (mustBuffer) {
       const parts: Buffer[] = [];
       req.on('data', (chunk: Buffer) => {
         if (rejected) return;
@@ -303,16 +323,7 @@ export function forwardCall(
       });
       req.on('end', () => {
         if (rejected || settled) return;
-        let body: Buffer = Buffer.concat(parts);
-        const injection = injectFields(flavor, capture.api, body);
-        if (injection) {
-          body = injection.body;
-          capture.injected = injection.injected;
-        }
-        journalRequest(capture, body);
-        const headers = forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(body.length) }, DROP_WHEN_REWRITTEN);
-        ureq = dispatch(headers);
-        ureq.end(body);
+        sendWhole(Buffer.concat(parts));
       });
     } else {
       // With an injector, the upstream request starts once the body's first bytes show where the

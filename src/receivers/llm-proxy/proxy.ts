@@ -13,7 +13,9 @@ import { CallCapture } from './capture';
 import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
 import { sendProxyError } from './errors';
 import { UpstreamFlavor } from './flavor';
-import { forwardCall, parseUpstream, type ForwardContext } from './forward';
+import { forwardCall, parseUpstream, POLICY_VERSION, type ForwardContext } from './forward';
+import { fieldsFor } from './inject';
+import { planTranslation, serveTranslated, type TranslatedApi } from './translated-call';
 
 export interface ProxyDeps {
   logger: Logger;
@@ -142,7 +144,15 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       tooLarge(req, res, api, capture, t0);
       return;
     }
-    const done = forwardCall(ctx, req, res, routed.path, api, capture, t0);
+    const done =
+      capture && translatable(capture.api, req)
+        ? translate(req, res, routed.path, capture, t0).catch((err: unknown) => {
+            log.once('translate_error', 'error', 'a translated call failed inside the sidecar', { err });
+            if (!res.headersSent) sendProxyError(res, 500, 'translation_failed', 'the sidecar could not translate this call', api);
+            else res.destroy();
+            finishCapture(capture, 'error', `translation failed: ${(err as Error).message}`, t0);
+          })
+        : forwardCall(ctx, req, res, routed.path, api, capture, t0);
     inFlight.add(done);
     void done.finally(() => inFlight.delete(done));
   }
@@ -158,6 +168,54 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       capture.responseStatus = 413;
       finishCapture(capture, 'error', 'request body over max_request_bytes', t0);
     }
+  }
+
+  /** Responses / Anthropic calls go over chat completions (for token ids) when the server is vLLM or SGLang. */
+  function translatable(api: Api, req: IncomingMessage): api is TranslatedApi {
+    return (
+      (api === 'responses' || api === 'anthropic.messages') &&
+      config.translate.includes(api) &&
+      flavors.current() !== 'openai' &&
+      !req.headers['content-encoding']
+    );
+  }
+
+  /** Reads the agent's body, then serves the call translated, or passes it through with the reason. */
+  async function translate(req: IncomingMessage, res: ServerResponse, path: string, capture: CallCapture, t0: number): Promise<void> {
+    const api = capture.api as TranslatedApi;
+    const body = await readWhole(req, config.max_request_bytes);
+    if (body === 'too_large') return tooLarge(req, res, api, capture, t0);
+    if (body === 'aborted') return finishCapture(capture, 'aborted', 'the client stopped sending its request body', t0);
+    const planned = planTranslation(api, body);
+    if (!planned.ok) {
+      m.translatedCalls.inc({ api, result: 'passed_through' });
+      capture.tokenIdsMissing = `not translated: ${planned.reason}`;
+      return forwardCall(ctx, req, res, path, api, capture, t0, body);
+    }
+    m.translatedCalls.inc({ api, result: 'translated' });
+    const upstreamT0 = performance.now();
+    await serveTranslated(res, planned, {
+      body,
+      agentHeaders: req.rawHeaders,
+      upstream,
+      fields: fieldsFor(flavors.current(), 'chat.completions'),
+      timeoutMs: config.upstream_timeout_ms,
+      capture,
+      redact: deps.redact,
+      upstreamResponded: (ures) => {
+        m.upstreamTtfb.observe({ api }, (performance.now() - upstreamT0) / 1000);
+        const v = deps.policyHeader ? ures.headers[deps.policyHeader] : undefined;
+        if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
+      },
+      // Before the agent's last bytes: the call is written through first, as on every path.
+      settled: (o) => {
+        if (o.failure === 'upstream_unreachable') flavors.unreachable();
+        const statusClass = o.status === 'aborted' ? 'client_abort' : `${Math.floor((o.httpStatus ?? 502) / 100)}xx`;
+        m.proxyRequests.inc({ api, status_class: statusClass });
+        m.proxyDuration.observe({ api, streamed: o.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
+        finishCapture(capture, o.status, o.error, t0);
+      },
+    });
   }
 
   /** The request as sent upstream, redacted first when fields are configured to be. */
@@ -250,3 +308,25 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
 }
 
 export type LlmProxy = ReturnType<typeof createLlmProxy>;
+
+/** The whole body, or why not: over `limit` bytes, or the client went away first. */
+function readWhole(req: IncomingMessage, limit: number): Promise<Buffer | 'too_large' | 'aborted'> {
+  return new Promise((resolve) => {
+    const parts: Buffer[] = [];
+    let bytes = 0;
+    req.on('data', (c: Buffer) => {
+      bytes += c.length;
+      if (bytes > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        resolve('too_large');
+        return;
+      }
+      parts.push(c);
+    });
+    req.once('end', () => resolve(Buffer.concat(parts)));
+    req.once('close', () => {
+      if (!req.complete) resolve('aborted');
+    });
+  });
+}
