@@ -7,7 +7,7 @@ import { createKafkaControl } from '../control/kafka-control';
 import { createFileExporter } from '../exporters/file/file-exporter';
 import type { Exporter } from '../exporters/exporter';
 import { createKafkaExporter } from '../exporters/kafka/kafka-exporter';
-import { createKafkaClient, createKafkajsProducer, type KafkajsProducerOptions } from '../exporters/kafka/kafkajs-producer';
+import { createKafkaClient, createKafkajsProducer, kafkaClientOptions } from '../exporters/kafka/kafkajs-producer';
 import type { Producer } from '../exporters/kafka/producer';
 import type { Kafka } from 'kafkajs';
 import { createLlmProxy } from '../receivers/llm-proxy/proxy';
@@ -46,7 +46,7 @@ export function createApp(config: Config, deps: AppDeps) {
   const kafka =
     !deps.exporter && config.service.exporter === 'kafka'
       ? createKafkaExporter(config.exporters.kafka, {
-          producer: deps.producer ?? createKafkajsProducer(kafkaProducerOptions(config.exporters.kafka), log),
+          producer: deps.producer ?? createKafkajsProducer(kafkaClientOptions(config.exporters.kafka), log),
           logger: log,
           metrics,
           deadLetterDir: path.join(dataDir, 'dead-letter'),
@@ -73,7 +73,7 @@ export function createApp(config: Config, deps: AppDeps) {
   controller.onPolicy = (version) => void pipeline.submit({ type: 'policy', version, at: (deps.now ?? Date.now)() }).catch(() => {});
   const kafkaControl =
     config.service.exporter === 'kafka' && control.kafka && !deps.exporter
-      ? createKafkaControl(deps.kafka ?? createKafkaClient(kafkaProducerOptions(config.exporters.kafka), log), control.topic, controller, {
+      ? createKafkaControl(deps.kafka ?? createKafkaClient(kafkaClientOptions(config.exporters.kafka), log), control.topic, controller, {
           logger: log,
           metrics,
         })
@@ -156,7 +156,8 @@ export function createApp(config: Config, deps: AppDeps) {
       proxyUp = true;
       await telemetry.start();
       kafkaControl?.start();
-      log.info('lightning-sidecar started', { data_dir: dataDir, exporter: exporter.name });
+      // The start-up line a person reads is the `run` command's (cli/startup-line.ts).
+      log.debug('started', { data_dir: dataDir, exporter: exporter.name });
     },
     shutdown: once(async () => {
       log.info('shutting down', { in_flight: proxy.inFlight() });
@@ -174,20 +175,6 @@ export function createApp(config: Config, deps: AppDeps) {
 }
 
 export type App = ReturnType<typeof createApp>;
-
-function kafkaProducerOptions(k: Config['exporters']['kafka']): KafkajsProducerOptions {
-  return {
-    brokers: k.brokers,
-    clientId: k.client_id,
-    compression: k.compression,
-    connectionTimeoutMs: k.connection_timeout_ms,
-    requestTimeoutMs: k.request_timeout_ms,
-    sasl: k.sasl,
-    tls: k.tls
-      ? { enabled: k.tls.enabled, caFile: k.tls.ca_file, certFile: k.tls.cert_file, keyFile: k.tls.key_file, insecureSkipVerify: k.tls.insecure_skip_verify }
-      : undefined,
-  };
-}
 
 /** /readyz detail about the model server: null when fields for token ids are being added. */
 function upstreamCheck(u: FlavorState): string | null {

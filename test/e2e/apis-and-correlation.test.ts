@@ -9,7 +9,8 @@ let sidecar: TestSidecar;
 
 async function setup(flavor: 'vllm' | 'sglang' | 'openai', proxyFlavor: 'vllm' | 'sglang' | 'openai' = flavor): Promise<void> {
   upstream = await startFakeModelServer({ flavor });
-  sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: proxyFlavor } } });
+  // These suites record each API as the fake server speaks it natively (translation has its own tests).
+  sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: proxyFlavor, translate: [] } } });
 }
 
 afterEach(async () => {

@@ -40,7 +40,10 @@ describe('OpenAI Agents SDK (@openai/agents) through the sidecar', () => {
     process.env.OPENAI_AGENTS_DISABLE_TRACING = '1';
     setTracingDisabled(true);
     upstream = await startFakeModelServer({ flavor: 'vllm', script });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { episodes: { tool_span_wait_ms: 300 } } });
+    sidecar = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', translate: [] } },
+      processors: { episodes: { tool_span_wait_ms: 300 } },
+    });
   });
   afterAll(async () => {
     await sidecar.stop();

@@ -74,7 +74,10 @@ describe('with @opentelemetry/sdk-node auto-instrumentation (undici → tracepar
   beforeAll(async () => {
     resetOtelGlobals();
     upstream = await startFakeModelServer({ flavor: 'vllm', script: twoTools });
-    sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } }, processors: { episodes: { tool_span_wait_ms: 300 } } });
+    sidecar = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', translate: [] } },
+      processors: { episodes: { tool_span_wait_ms: 300 } },
+    });
     processor = new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces` }));
     sdk = new NodeSDK({
       resource: resourceFromAttributes({ 'service.name': 'sdk-node-agent' }),
