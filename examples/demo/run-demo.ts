@@ -7,8 +7,9 @@
  * (fields in docs/output-contract.md). The stand-in model server is the test suite's
  * (examples/README.md says why).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import os from 'node:os';
 import net from 'node:net';
 import path from 'node:path';
 import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
@@ -17,6 +18,14 @@ import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
 import { startFakeModelServer, type ReceivedRequest, type Turn } from '../../test/support/fake-model-server';
+import { startKafkaTestBroker, type KafkaTestBroker } from '../../test/support/kafka-broker';
+
+/**
+ * `npm run demo -- --kafka`: the same run with the Kafka exporter, against the project's own
+ * Kafka test broker (no Kafka cluster is needed), read back by the Python trainer client's
+ * `groups` command (clients/python; Debian's python3-confluent-kafka).
+ */
+const KAFKA = process.argv.includes('--kafka');
 
 /** The fields of a `lightning.transition.v1` line this demo prints. */
 interface Transition {
@@ -202,8 +211,10 @@ async function main(): Promise<void> {
   console.log(`  DEMO MODEL: a scripted stand-in that answers like vLLM (token ids, logprobs, tool calls, SSE) at ${model.url}`);
   console.log('  it is not a language model; its answers come from a script in examples/demo/run-demo.ts\n');
 
+  const broker: KafkaTestBroker | null = KAFKA ? await startKafkaTestBroker() : null;
   const env = {
     ...process.env,
+    ...(broker ? { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: broker.brokers.join(',') } : {}),
     LIGHTNING_UPSTREAM_URL: model.url,
     LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
     LIGHTNING_PROXY_ADDR: `127.0.0.1:${proxyPort}`,
@@ -253,6 +264,10 @@ async function main(): Promise<void> {
       if (res.status !== 202) throw new Error(`demo: reward was not accepted (${res.status})`);
     }
 
+    if (broker) {
+      await printGroupsFromKafka(broker, group, model.responses);
+      return;
+    }
     const episodes = await waitFor('3 closed episodes', () => {
       const eps = readNdjson<EpisodeSummary>(path.join(DATA_DIR, 'episodes')).filter((e) => e.group_id === group);
       return eps.length >= 3 ? eps : null;
@@ -306,9 +321,70 @@ async function main(): Promise<void> {
       await waitFor('the sidecar to stop', () => (exited ? true : null), 30_000);
     }
     await model.close();
+    await broker?.close();
   }
   if (sidecar.exitCode !== 0) throw new Error(`demo: the sidecar exited with ${sidecar.exitCode}`);
   console.log('\nsidecar stopped cleanly (SIGTERM → drained → exit 0). demo done.');
+}
+
+/** The Python client reads the group from Kafka; its rows' ids are checked against the model server's answers. */
+async function printGroupsFromKafka(broker: KafkaTestBroker, group: string, answers: Buffer[]): Promise<void> {
+  await waitFor('3 episodes in Kafka', () =>
+    broker.records('lightning.episodes').filter((r) => r.value?.toString().includes(group)).length >= 3 ? true : null,
+  );
+  const python = ['python3', '/usr/bin/python3'].find((p) => spawnSync(p, ['-c', 'import confluent_kafka'], { stdio: 'ignore' }).status === 0);
+  if (!python) throw new Error('demo --kafka: needs python3 with confluent_kafka (Debian: apt-get install python3-confluent-kafka)');
+  const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-demo-')), 'groups.jsonl');
+  const args = [
+    '-m',
+    'lightning_sidecar_client',
+    'groups',
+    '--brokers',
+    broker.brokers.join(','),
+    '--group-size',
+    '3',
+    '--group-id',
+    `demo-${group}`,
+    '--out',
+    out,
+    '--max-groups',
+    '1',
+  ];
+  console.log(`
+the trainer side: python3 ${args.join(' ')}`);
+  // Not spawnSync: the test broker runs in this process and must keep answering meanwhile.
+  const r = await new Promise<{ status: number | null; stderr: string }>((resolve) => {
+    const p = spawn(python, args, { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients/python') }, stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    p.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    const kill = setTimeout(() => p.kill('SIGKILL'), 60_000);
+    p.once('exit', (status) => {
+      clearTimeout(kill);
+      resolve({ status, stderr });
+    });
+  });
+  if (r.status !== 0) throw new Error(`demo --kafka: the Python client failed (${r.status}): ${r.stderr}`);
+  if (!existsSync(out)) throw new Error(`demo --kafka: the Python client emitted no group: ${r.stderr}`);
+  const [line] = readFileSync(out, 'utf8').trim().split('\n');
+  const g = JSON.parse(line) as { uid: string; batch: { transition_id: string[]; prompt_ids: number[][]; response_ids: number[][]; reward: number[] } };
+  // What the model server returned, call by call: the ids the group must carry exactly.
+  const served = answers.map((a) =>
+    JSON.stringify((JSON.parse(a.toString('utf8').match(/"prompt_token_ids":(\[[^\]]*\])/)?.[1] ?? 'null') as number[] | null) ?? null),
+  );
+  const exact = g.batch.prompt_ids.filter((ids) => served.includes(JSON.stringify(ids))).length;
+  console.log(`
+group ${g.uid}: ${g.batch.transition_id.length} rows, read from Kafka by the Python client
+`);
+  console.table(
+    g.batch.transition_id.map((id, i) => ({
+      transition: id.replace(`${group}-`, '…-'),
+      'prompt ids': `[${g.batch.prompt_ids[i].slice(0, 4).join(', ')}, …] (${g.batch.prompt_ids[i].length})`,
+      'response ids': `[${g.batch.response_ids[i].slice(0, 4).join(', ')}${g.batch.response_ids[i].length > 4 ? ', …' : ''}] (${g.batch.response_ids[i].length})`,
+      reward: Number(g.batch.reward[i].toFixed(3)),
+    })),
+  );
+  console.log(`prompt ids equal to what the model server returned: ${exact} of ${g.batch.prompt_ids.length}`);
+  if (exact !== g.batch.prompt_ids.length) throw new Error('demo --kafka: token ids differ from the model server’s');
 }
 
 main().then(
