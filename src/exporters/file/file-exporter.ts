@@ -11,6 +11,8 @@ export interface FileExporterOptions {
 }
 
 /** The embedded default: `{dir}/transitions/*.ndjson` and `{dir}/episodes/*.ndjson` (docs/output-contract.md). */
+const RUN_BYTES = 1 << 20;
+
 export function createFileExporter(options: FileExporterOptions): Exporter & { files(): { transitions: string | null; episodes: string | null } } {
   const transitions = new NdjsonWriter(path.join(options.dir, 'transitions'), 'transitions', options.maxFileBytes);
   const episodes = new NdjsonWriter(path.join(options.dir, 'episodes'), 'episodes', options.maxFileBytes);
@@ -19,9 +21,23 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
     async start() {},
     async export(batch: ClosedEpisode[], read = NO_JOURNAL) {
       const writer = new TransitionWriter(read);
-      // Transitions first: an episode line means all its transitions are on disk. One episode's
-      // transitions at a time, so memory holds one episode's bodies, not the batch's.
-      for (const c of batch) await transitions.append(c.transitions.map((t) => writer.jsonParts(t)));
+      // Transitions first: an episode line means all its transitions are on disk. Lines are
+      // written in runs of about 1 MiB: few writes for many small episodes, bounded memory for big ones.
+      let lines: Buffer[][] = [];
+      let bytes = 0;
+      for (const c of batch) {
+        for (const t of c.transitions) {
+          const parts = writer.jsonParts(t);
+          lines.push(parts);
+          for (const p of parts) bytes += p.length;
+        }
+        if (bytes >= RUN_BYTES) {
+          await transitions.append(lines);
+          lines = [];
+          bytes = 0;
+        }
+      }
+      await transitions.append(lines);
       await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
     },
     shutdown: once(async () => {
