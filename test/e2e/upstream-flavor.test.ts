@@ -112,4 +112,23 @@ describe('the model server, found by itself', () => {
       await sidecar.stop();
     }
   });
+
+  it('a translated call the server refuses over an added field is sent again without it, and the agent gets its answer', async () => {
+    const sidecar = await startSidecar(openaiLike.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+    try {
+      const before = openaiLike.requests.length;
+      const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/refused-2/v1`, apiKey: 'k', maxRetries: 0 });
+      const r = await client.responses.create({ model: 'm', input: 'what is 2+2?' });
+      expect(r.object).toBe('response');
+      const sent = openaiLike.requests.slice(before).map((q) => q.body.toString());
+      expect(sent).toHaveLength(2);
+      expect(sent[0]).toContain('"return_token_ids":true');
+      expect(sent[1]).not.toContain('return_token_ids');
+      expect(sidecar.app.proxy.upstream().rejected).toMatch(/return_token_ids/);
+      const [t] = await closeAndRead(sidecar, 'refused-2', 1);
+      expect(t).toMatchObject({ api: 'responses', status: 'ok', injected: [], translation: { upstream_api: 'chat.completions' } });
+    } finally {
+      await sidecar.stop();
+    }
+  });
 });

@@ -207,6 +207,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const v = deps.policyHeader ? ures.headers[deps.policyHeader] : undefined;
         if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
       },
+      refused: (field, detail) => flavors.refused(field, detail),
       // Before the agent's last bytes: the call is written through first, as on every path.
       settled: (o) => {
         if (o.failure === 'upstream_unreachable') flavors.unreachable();

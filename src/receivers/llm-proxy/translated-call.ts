@@ -60,6 +60,11 @@ export interface TranslatedCallOptions {
    * are written), so the call's record can be journaled first; for an abort, when it is seen.
    */
   settled?: (outcome: TranslatedOutcome) => void;
+  /**
+   * The model server refused the call over a field the sidecar added (a 400/422 naming it): the
+   * call is sent once more without the added fields, and this is told so it stops adding them.
+   */
+  refused?: (field: string, detail: string) => void;
 }
 
 /** Why a call did not end normally; null when it did (an upstream error status is passed on, and is not one of these). */
@@ -138,10 +143,14 @@ class TranslatedCall {
     this.capture = o.capture;
   }
 
+  private added: string[] = [];
+  private retried = false;
+
   start(): void {
     const { plan, o, capture } = this;
     const fields = o.fields ?? {};
     const added = Object.keys(fields).filter((name) => !Object.hasOwn(plan.chat, name));
+    this.added = added;
     const chatBytes = withFields(plan.chat, added, fields);
     if (capture) {
       capture.translation = { upstreamApi: 'chat.completions', notes: [] };
@@ -160,6 +169,11 @@ class TranslatedCall {
       this.settle({ status: 'aborted', error: 'client closed the connection before the call was sent', failure: 'client_abort' });
       return;
     }
+    this.send(chatBytes);
+  }
+
+  private send(chatBytes: Buffer): void {
+    const { o } = this;
     const ureq = o.upstream.client.request({
       hostname: o.upstream.hostname,
       port: o.upstream.port,
@@ -216,6 +230,7 @@ class TranslatedCall {
     });
     if (status < 200 || status >= 300) {
       this.collect(ures, (body) => {
+        if (this.retryWithout(status, body)) return;
         const e = this.plan.api === 'responses' ? chatErrorToResponsesError(status, body) : chatErrorToAnthropicError(status, body);
         this.sendJson(e.status, e.body, { status: 'ok', error: null, failure: null });
       });
@@ -251,6 +266,27 @@ class TranslatedCall {
   }
 
   /** Reads a whole upstream answer (captured as it comes); an answer cut short ends the call instead. */
+  /** A refusal that names an added field: the chat request goes once more, without the added fields. */
+  private retryWithout(status: number, body: Buffer): boolean {
+    if (this.retried || this.added.length === 0 || (status !== 400 && status !== 422)) return false;
+    const text = body.toString('utf8', 0, Math.min(body.length, 64 * 1024));
+    const field = this.added.find((f) => text.includes(f));
+    if (field === undefined) return false;
+    this.retried = true;
+    this.o.refused?.(field, `${status}: ${text.slice(0, 200)}`);
+    const chatBytes = withFields(this.plan.chat, [], {});
+    if (this.capture) {
+      this.capture.injected = [];
+      // What reaches the model server now is the call without the fields: that is what is recorded.
+      this.capture.requestFrames.length = 0;
+      this.capture.responseFrames.length = 0;
+      const request = this.journaled(chatBytes);
+      if (request) this.capture.request(request);
+    }
+    this.send(chatBytes);
+    return true;
+  }
+
   private collect(ures: IncomingMessage, then: (body: Buffer) => void): void {
     const parts: Buffer[] = [];
     ures.on('data', (chunk: Buffer) => {
