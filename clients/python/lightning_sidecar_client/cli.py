@@ -116,6 +116,8 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
             episodes_topic=opts.get('--episodes-topic') or env.get('LIGHTNING_KAFKA_EPISODES_TOPIC') or DEFAULT_EPISODES_TOPIC,
             settings=settings,
             chunk_timeout_ms=timeout_ms,
+            # Brokers that cannot be reached end the command (exit 1), as the Node `groups` does.
+            give_up_s=float(env.get('LIGHTNING_KAFKA_GIVE_UP_MS', '30000')) / 1000,
         )
 
     kafka_log = logging.getLogger('lightning_sidecar_client.kafka')
@@ -157,6 +159,10 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
                 err.write(f'groups: dropped {ev.transitions} transitions whose episode never arrived\n')
             elif isinstance(ev, DeltaUnresolved):
                 err.write(f'groups: transition {ev.transition_id} has a prompt delta that cannot be made whole ({ev.reason}); its row is left out\n')
+            elif isinstance(ev, SourceEvent) and ev.kind == 'kafka_unreachable':
+                err.write(f'groups: {ev.message}\n')
+                err.flush()
+                return 1
             elif isinstance(ev, SourceEvent):
                 err.write(f'groups: {ev.message}\n')
             err.flush()

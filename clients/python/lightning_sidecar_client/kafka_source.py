@@ -59,6 +59,7 @@ class KafkaSource:
         max_batch: int = 500,
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         clock: Callable[[], float] = time.monotonic,
+        give_up_s: Optional[float] = None,
     ) -> None:
         servers = brokers if isinstance(brokers, str) else ','.join(brokers)
         if not servers:
@@ -68,6 +69,14 @@ class KafkaSource:
         self._max_batch = max_batch
         self._clock = clock
         self._chunks = ChunkAssembler(timeout_ms=chunk_timeout_ms, max_bytes=chunk_max_bytes)
+        # Giving up on brokers never reached (as the Node consumers do): after `give_up_s` with
+        # broker errors and no message, poll reports `kafka_unreachable`.
+        self._servers = servers
+        self._give_up_s = give_up_s
+        self._started = clock()
+        self._reached = False
+        self._broker_error: Optional[str] = None
+        self._gave_up = False
         self._last: dict[PartitionKey, int] = {}
         self._committed: dict[PartitionKey, int] = {}
         full = {
@@ -78,6 +87,7 @@ class KafkaSource:
             'auto.offset.reset': 'earliest',
             'fetch.wait.max.ms': 250,
             'logger': log,
+            'error_cb': self._on_error,
             **(settings or {}),
         }
         self._consumer = consumer_factory(full)
@@ -92,7 +102,10 @@ class KafkaSource:
             if err is not None:
                 if err.code() != _partition_eof():
                     events.append(SourceEvent('kafka_error', f'kafka: {err}'))
+                else:
+                    self._reached = True
                 continue
+            self._reached = True
             pos = Position(msg.topic(), msg.partition(), msg.offset())
             kind = EPISODE if pos.topic == self.episodes_topic else TRANSITION
             headers, value, record_pos = msg.headers(), msg.value() or b'', pos
@@ -117,7 +130,23 @@ class KafkaSource:
                 continue
             # The record counts from its first chunk, so commits stay below all of it until done.
             items.append(Incoming(kind, record, record_pos, pos))
+        if not self._reached and self._consumer_assigned():
+            self._reached = True
+        waited = self._clock() - self._started
+        if not self._reached and not self._gave_up and self._give_up_s is not None and self._broker_error is not None and waited >= self._give_up_s:
+            self._gave_up = True
+            events.append(SourceEvent('kafka_unreachable', f'gave up on Kafka at {self._servers} after {round(waited)} s: {self._broker_error}'))
         return items, events
+
+    def _on_error(self, err: Any) -> None:
+        # librdkafka's client-level errors: brokers down, name resolution, transport.
+        self._broker_error = err.str() if hasattr(err, 'str') else str(err)
+
+    def _consumer_assigned(self) -> bool:
+        try:
+            return len(self._consumer.assignment()) > 0
+        except Exception:
+            return False
 
     def processed(self, item: Incoming) -> None:
         pos = item.read_at or item.position

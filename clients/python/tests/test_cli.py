@@ -74,3 +74,17 @@ def test_the_module_runs_as_a_command():
     assert done.returncode == 0 and done.stdout.startswith('usage: python3 -m lightning_sidecar_client groups')
     done = subprocess.run([sys.executable, '-m', 'lightning_sidecar_client', 'nope'], cwd=PACKAGE_ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and "unknown command 'nope'" in done.stderr
+
+
+def test_brokers_that_cannot_be_reached_end_the_command_with_one_clear_line_and_exit_1():
+    import socket
+
+    # A port nothing listens on: bound, then closed.
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+    s.close()
+    code, _, err = run(['--group-size', '2', '--brokers', f'127.0.0.1:{port}', '--group-id', 'gone'], {'LIGHTNING_KAFKA_GIVE_UP_MS': '1500'})
+    assert code == 1
+    assert f'groups: gave up on Kafka at 127.0.0.1:{port} after ' in err
+    assert 'Connection refused' in err
