@@ -29,10 +29,7 @@ function skipString(buf: Buffer, i: number, end: number): number {
     let k = q - 1;
     while (k > i && buf[k] === BACKSLASH) k--;
     // An even number of backslashes before the quote: it closes the string.
-    if ((q - 1 - k) % 2 === 0) {
-      // Control characters are not allowed raw inside a string.
-      return q + 1;
-    }
+    if ((q - 1 - k) % 2 === 0) return q + 1;
     j = q + 1;
   }
 }

@@ -8,15 +8,6 @@ import { crc32 } from 'node:zlib';
 export const HEADER_BYTES = 16;
 export const MAX_FRAME_PAYLOAD = 256 * 1024 * 1024;
 
-export function encodeFrame(offset: number, payload: Buffer): Buffer {
-  const frame = Buffer.allocUnsafe(HEADER_BYTES + payload.length);
-  frame.writeUInt32BE(payload.length, 0);
-  frame.writeBigUInt64BE(BigInt(offset), 8);
-  payload.copy(frame, HEADER_BYTES);
-  frame.writeUInt32BE(crc32(frame.subarray(8)), 4);
-  return frame;
-}
-
 export type DecodeResult =
   | { kind: 'frame'; offset: number; payload: Buffer; next: number }
   /** Not enough bytes for a whole frame: a torn write at the end. */
