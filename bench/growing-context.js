@@ -128,7 +128,9 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
       // The sidecar then closes every episode and exports it: that is capture work too.
       let exportS = 0;
       if (t.name === 'sidecar') exportS = await endRollouts(prefix, agents);
-      const totalCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
+      const after = before ? proc(t.pid) : null;
+      const totalCpu = before ? after.cpu - before.cpu : NaN;
+      const mainCpu = before ? after.mainCpu - before.mainCpu : NaN;
       if (timer) clearInterval(timer);
       if (t.pid) peak = Math.max(peak, proc(t.pid).rss);
       const x = (out.targets[t.name] ??= { rounds: [] });
@@ -136,6 +138,7 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
         ...res,
         cpu_us_per_call_load: (loadCpu / res.calls) * 1e6,
         cpu_us_per_call: (totalCpu / res.calls) * 1e6,
+        cpu_us_per_call_main: (mainCpu / res.calls) * 1e6,
         peak_rss_mib: peak / 2 ** 20,
         export_s: exportS,
       });

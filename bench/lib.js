@@ -13,13 +13,27 @@ const CLK_TCK = (() => {
   }
 })();
 
-/** CPU seconds (user + system) and RSS bytes of a process, from /proc. */
-function proc(pid) {
-  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+/** CPU seconds (user + system) of a process or one of its threads, from a /proc stat file. */
+function statCpu(file) {
+  const stat = fs.readFileSync(file, 'utf8');
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const cpu = (Number(f[11]) + Number(f[12])) / CLK_TCK;
+  return (Number(f[11]) + Number(f[12])) / CLK_TCK;
+}
+
+/**
+ * CPU seconds (user + system) and RSS bytes of a process, from /proc; `mainCpu` is its main
+ * thread's (for Node: the event loop; the rest is the thread pool's file I/O and fsync, GC helpers).
+ */
+function proc(pid) {
+  const cpu = statCpu(`/proc/${pid}/stat`);
+  let mainCpu = NaN;
+  try {
+    mainCpu = statCpu(`/proc/${pid}/task/${pid}/stat`);
+  } catch {
+    // No per-thread figures here.
+  }
   const rss = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) * 1024;
-  return { cpu, rss };
+  return { cpu, mainCpu, rss };
 }
 
 function quantile(sorted, q) {

@@ -15,6 +15,11 @@ function markdown(r) {
     `Machine: ${r.machine.cpu}, ${r.machine.cores} cores, ${r.machine.memory_gib} GiB, Node ${r.machine.node}, ${r.machine.os}. ${r.rounds} round(s) of ${r.duration_ms} ms per target, alternating order; medians with min–max over rounds. Run ${r.started_at}.`,
     '',
   );
+  if (r.memory_touch)
+    L.push(
+      `Fresh memory on this machine: first touch ${r.memory_touch.first_us_per_mib.toFixed(0)} µs/MiB, a second touch ${r.memory_touch.again_us_per_mib.toFixed(0)} µs/MiB (${r.memory_touch.mib} MiB in a child process). Where the first figure is much the larger, every newly written page (journal, output files, fresh buffers) costs it.`,
+      '',
+    );
   for (const conns of [1, 16]) {
     const s = r.scenarios[`json_c${conns}`];
     if (!s) continue;
@@ -58,16 +63,19 @@ function markdown(r) {
       '',
     );
     L.push(
-      'Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export). Medians of per-round values, min–max over rounds.',
+      'Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). Medians of per-round values, min–max over rounds.',
       '',
     );
-    L.push('| target | added p50 ms | p99 ms | CPU µs/call (load) | CPU µs/call (load + export) | peak RSS MiB | errors |', '|---|---|---|---|---|---|---|');
+    L.push(
+      '| target | added p50 ms | p99 ms | CPU µs/call (load) | CPU µs/call (load + export) | of which main thread | peak RSS MiB | errors |',
+      '|---|---|---|---|---|---|---|---|',
+    );
     const med = (xs, k) => summarize(xs.map((x) => x[k]));
     const direct = med(gc.targets.direct.rounds, 'p50');
     for (const [name, x] of Object.entries(gc.targets)) {
       const p50 = med(x.rounds, 'p50');
       L.push(
-        `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
+        `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_main'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
       );
     }
     for (const v of gc.targets.sidecar?.verify ?? [])

@@ -160,8 +160,25 @@ const CHAT = Buffer.from(
 );
 const CHAT_STREAM = Buffer.from(JSON.stringify({ model: 'bench-policy', stream: true, messages: [{ role: 'user', content: 'x'.repeat(900) }] }));
 
+/**
+ * What fresh memory costs on this machine: 256 MiB touched once, then again. A virtual machine
+ * may back guest memory lazily and take freed pages back (free page reporting); then every new
+ * page (journal and output files, fresh buffers) costs the first figure, and reused ones the
+ * second. Kept in the results to read the other figures by.
+ */
+function memoryTouchCost() {
+  const script = `const t=(f)=>{const a=performance.now();f();return performance.now()-a};const bs=[];
+const first=t(()=>{for(let i=0;i<4;i++){const b=Buffer.allocUnsafeSlow(64<<20);b.fill(1);bs.push(b)}});
+const again=t(()=>{for(const b of bs)b.fill(2)});
+process.stdout.write(JSON.stringify({mib:256,first_us_per_mib:first*1000/256,again_us_per_mib:again*1000/256}))`;
+  const out = JSON.parse(execFileSync(process.execPath, ['-e', script], { encoding: 'utf8' }));
+  log(`fresh memory: first touch ${out.first_us_per_mib.toFixed(0)} µs/MiB, again ${out.again_us_per_mib.toFixed(0)} µs/MiB`);
+  return out;
+}
+
 async function main() {
   if (!fs.existsSync(path.join(ROOT, 'dist/main.js'))) throw new Error('dist/main.js is missing: run `npm run build` (npm run bench does)');
+  results.memory_touch = memoryTouchCost();
   const model = await startNodeChild(path.join(__dirname, 'model-server.js'), ['1']);
   children.push(model.proc);
   const bare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(model.port)]);

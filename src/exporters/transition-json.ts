@@ -11,8 +11,36 @@ import { isJson, readIntArray } from '../formats/json-scan';
 export class TransitionWriter {
   private cachedSource: unknown = null;
   private cachedResponse: Buffer | null = null;
+  private used = 0;
 
-  constructor(private readonly read: BodyReader) {}
+  /**
+   * `arena`: a buffer bodies are read into, one after another, instead of fresh allocations; the
+   * parts returned point into it until `reuseArena` (call it once they are written). Bodies that
+   * do not fit are read into buffers of their own.
+   */
+  constructor(
+    private readonly reader: BodyReader,
+    private readonly arena: Buffer | null = null,
+  ) {}
+
+  /** Bytes of the arena holding parts not yet released. */
+  get arenaUsed(): number {
+    return this.used;
+  }
+
+  /** The parts returned so far are written: the arena's bytes may be overwritten. */
+  reuseArena(): void {
+    this.used = 0;
+    this.cachedSource = null;
+    this.cachedResponse = null;
+  }
+
+  private read(offsets: readonly number[]): Buffer {
+    const room = this.arena && this.used < this.arena.length ? this.arena.subarray(this.used) : undefined;
+    const bytes = this.reader(offsets, room);
+    if (room && bytes.buffer === room.buffer && bytes.byteOffset === room.byteOffset) this.used += bytes.length;
+    return bytes;
+  }
 
   /** The transition's JSON bytes; `extra` members are appended (e.g. `bodies_dropped`). */
   json(t: TransitionRecord, extra?: Record<string, unknown>): Buffer {

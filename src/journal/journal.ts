@@ -77,6 +77,8 @@ export class Journal {
   private refusedForSpace = false;
   private syncTimer: NodeJS.Timeout | null = null;
   private closed = false;
+  /** Reused for reading runs of frames. */
+  private span: Buffer | null = null;
   lastWriteError: Error | null = null;
 
   constructor(
@@ -264,17 +266,34 @@ export class Journal {
     }
     const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
     let at = 0;
-    for (const [seg, pos, len] of locs) {
-      seg.readFd ??= openSync(seg.file, 'r');
-      let done = 0;
-      while (done < len) {
-        const n = readSync(seg.readFd, out, at + done, len - done, pos + done);
-        if (n === 0) throw new Error(`journal: body frame at ${seg.file}:${pos} is cut short`);
-        done += n;
+    for (let i = 0; i < locs.length;) {
+      // A run of frames close together in one segment (a streamed answer's chunks, between other
+      // calls' frames) is read with one system call and copied out, not one read per frame.
+      const [seg, pos] = locs[i];
+      let j = i + 1;
+      let spanEnd = pos + locs[i][2];
+      while (j < locs.length && locs[j][0] === seg && locs[j][1] >= spanEnd && locs[j][1] - spanEnd <= RUN_GAP && locs[j][1] + locs[j][2] - pos <= RUN_SPAN) {
+        spanEnd = locs[j][1] + locs[j][2];
+        j++;
       }
-      at += len;
+      seg.readFd ??= openSync(seg.file, 'r');
+      if (j === i + 1) {
+        readFully(seg, out, at, locs[i][2], pos);
+        at += locs[i][2];
+      } else {
+        const span = this.spanBuffer(spanEnd - pos);
+        readFully(seg, span, 0, spanEnd - pos, pos);
+        for (let k = i; k < j; k++) at += span.copy(out, at, locs[k][1] - pos, locs[k][1] - pos + locs[k][2]);
+      }
+      i = j;
     }
     return out;
+  }
+
+  /** A reused buffer for runs of frames (they are at most RUN_SPAN bytes). */
+  private spanBuffer(bytes: number): Buffer {
+    if (!this.span || this.span.length < bytes) this.span = Buffer.allocUnsafeSlow(Math.max(bytes, 64 * 1024));
+    return this.span;
   }
 
   private segmentOf(offset: number): Segment | undefined {
@@ -366,6 +385,18 @@ export class Journal {
 }
 
 const noop = (): void => {};
+/** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
+const RUN_GAP = 16 * 1024;
+const RUN_SPAN = 1024 * 1024;
+
+function readFully(seg: Segment, into: Buffer, at: number, len: number, pos: number): void {
+  let done = 0;
+  while (done < len) {
+    const n = readSync(seg.readFd!, into, at + done, len - done, pos + done);
+    if (n === 0) throw new Error(`journal: body frame at ${seg.file}:${pos} is cut short`);
+    done += n;
+  }
+}
 const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 
 function writeAll(fd: number, parts: Buffer[], total: number): void {

@@ -61,7 +61,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     { dir: path.join(dataDir, 'journal'), fsync: j.fsync, maxBytes: j.max_bytes, segmentBytes: j.segment_bytes, highWatermark: j.high_watermark },
     log.child('journal'),
   );
-  const read = (offsets: readonly number[]) => journal.readBodies(offsets);
+  const read = (offsets: readonly number[], scratch?: Buffer) => journal.readBodies(offsets, scratch);
   const assembler = new EpisodeAssembler({
     episodes: config.processors.episodes,
     credit: config.processors.credit,
@@ -274,9 +274,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     flush(): void {
       journal.flushNow();
     },
-    read(frames: readonly number[]): Buffer {
+    read(frames: readonly number[], scratch?: Buffer): Buffer {
       journal.flushNow();
-      return journal.readBodies(frames);
+      return journal.readBodies(frames, scratch);
     },
   };
 

@@ -171,4 +171,26 @@ describe('journal body frames', () => {
     expect(() => j2.readBodies(frames)).toThrow(/not in the journal/);
     await j2.close();
   });
+
+  it('reads a body of many frames between other frames (a streamed answer among others) as the same bytes, near or far apart', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20 });
+    const a = j.append(Buffer.from('{"type":"call_start","n":1}')).offset;
+    const b = j.append(Buffer.from('{"type":"call_start","n":2}')).offset;
+    const mine: number[] = [];
+    const expected: Buffer[] = [];
+    for (let i = 0; i < 60; i++) {
+      const chunk = Buffer.from(`data: {"i":${i}}\n\n`);
+      expected.push(chunk);
+      mine.push(j.appendBody(a, 'response', chunk));
+      // Another call's frames in between: small ones, and now and then one bigger than a run's gap.
+      j.appendBody(b, 'response', Buffer.alloc(i % 20 === 19 ? 40_000 : 100, 0x61 + (i % 26)));
+      if (i % 7 === 0) j.flushNow();
+    }
+    j.flushNow();
+    expect(j.readBodies(mine).toString()).toBe(Buffer.concat(expected).toString());
+    expect(j.readBodies(mine, Buffer.alloc(4096)).toString()).toBe(Buffer.concat(expected).toString());
+    expect(j.readBodies([mine[3], mine[40]]).toString()).toBe(expected[3].toString() + expected[40].toString());
+    await j.close();
+  });
 });

@@ -16,29 +16,21 @@ const RUN_BYTES = 1 << 20;
 export function createFileExporter(options: FileExporterOptions): Exporter & { files(): { transitions: string | null; episodes: string | null } } {
   const transitions = new NdjsonWriter(path.join(options.dir, 'transitions'), 'transitions', options.maxFileBytes);
   const episodes = new NdjsonWriter(path.join(options.dir, 'episodes'), 'episodes', options.maxFileBytes);
+  // Bodies are read into one reused buffer (allocating a fresh one per body costs page faults
+  // per byte); a run is written once it or the arena is full.
+  const arena = Buffer.allocUnsafeSlow(2 * RUN_BYTES);
+  let arenaBusy = false;
   return {
     name: 'file',
     async start() {},
     async export(batch: ClosedEpisode[], read = NO_JOURNAL) {
-      const writer = new TransitionWriter(read);
-      // Transitions first: an episode line means all its transitions are on disk. Lines are
-      // written in runs of about 1 MiB: few writes for many small episodes, bounded memory for big ones.
-      let lines: Buffer[][] = [];
-      let bytes = 0;
-      for (const c of batch) {
-        for (const t of c.transitions) {
-          const parts = writer.jsonParts(t);
-          lines.push(parts);
-          for (const p of parts) bytes += p.length;
-        }
-        if (bytes >= RUN_BYTES) {
-          await transitions.append(lines);
-          lines = [];
-          bytes = 0;
-        }
+      const own = !arenaBusy;
+      arenaBusy = true;
+      try {
+        await exportBatch(batch, new TransitionWriter(read, own ? arena : null));
+      } finally {
+        if (own) arenaBusy = false;
       }
-      await transitions.append(lines);
-      await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
     },
     shutdown: once(async () => {
       await transitions.close();
@@ -46,4 +38,27 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
     }),
     files: () => ({ transitions: transitions.currentFile, episodes: episodes.currentFile }),
   };
+
+  async function exportBatch(batch: ClosedEpisode[], writer: TransitionWriter): Promise<void> {
+    // Transitions first: an episode line means all its transitions are on disk. Lines are
+    // written in runs of about 1 MiB: few writes for many small episodes, bounded memory for big ones.
+    let lines: Buffer[][] = [];
+    let bytes = 0;
+    for (const c of batch) {
+      for (const t of c.transitions) {
+        const parts = writer.jsonParts(t);
+        lines.push(parts);
+        for (const p of parts) bytes += p.length;
+        if (bytes >= RUN_BYTES || writer.arenaUsed >= RUN_BYTES) {
+          await transitions.append(lines);
+          writer.reuseArena();
+          lines = [];
+          bytes = 0;
+        }
+      }
+    }
+    await transitions.append(lines);
+    writer.reuseArena();
+    await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
+  }
 }

@@ -11,7 +11,7 @@ import type { UpstreamFlavor } from './flavor';
 import { forwardHeaders } from './forward-headers';
 import { fieldsFor, injectFields, StreamInjector } from './inject';
 import type { ProxyDeps } from './proxy';
-import { broughtMembers, nullMembers, SseStripper } from './strip';
+import { broughtMembers, nullMemberParts, SseStripper } from './strip';
 
 /**
  * One proxied call, from the agent's body to the end of the answer: the request streams to the
@@ -88,12 +88,14 @@ export function forwardCall(
     let upstreamT0 = 0;
     let received = 0;
     let ureq: http.ClientRequest | null = null;
-    const settle = (status: 'ok' | 'error' | 'aborted', error: string | null, statusClass: string): void => {
+    /** Ends the call: its record is journaled and written through, then `deliver` (the agent's last bytes), then metrics. */
+    const settle = (status: 'ok' | 'error' | 'aborted', error: string | null, statusClass: string, deliver?: () => void): void => {
       if (settled) return;
       settled = true;
+      if (capture) finishCapture(capture, status, error, t0);
+      deliver?.();
       m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
       m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
-      if (capture) finishCapture(capture, status, error, t0);
       resolve();
     };
     const upstreamBroke = (reason: string): void => {
@@ -165,13 +167,20 @@ export function forwardCall(
       if (strip.length > 0 && !streamed) return relayStrippedJson(ures, status, out, strip);
       const sse = strip.length > 0 ? new SseStripper(strip) : null;
       res.writeHead(status, ures.statusMessage, sse ? withoutLength(out) : out);
-      if (streamed) res.flushHeaders();
+      // A stream's headers go out with its first chunk when that arrives in the same turn of the
+      // event loop (one write), else on their own right after it (the agent sees them at once).
+      let wrote = false;
+      if (streamed)
+        setImmediate(() => {
+          if (!wrote && !res.writableEnded && !res.destroyed) res.flushHeaders();
+        });
       // A captured answer is complete for the agent only once its record is in the journal: the
       // chunk that completes a content-length body (or the chunked terminator) is held until then.
       const declared = capture && !sse ? Number(ures.headers['content-length']) : NaN;
       let passed = 0;
       let held: Buffer | undefined;
       const write = (chunk: Buffer): void => {
+        wrote = true;
         if (!res.write(chunk)) {
           ures.pause();
           res.once('drain', () => ures.resume());
@@ -193,8 +202,7 @@ export function forwardCall(
       ures.on('end', () => {
         if (streamed && api && capture) m.streamedChunks.inc({ api }, capture.chunks);
         const tail = sse ? Buffer.concat(sse.end()) : held;
-        settle('ok', null, `${Math.floor(status / 100)}xx`);
-        res.end(tail);
+        settle('ok', null, `${Math.floor(status / 100)}xx`, () => res.end(tail));
       });
       ures.on('close', () => {
         if (!ures.complete) upstreamBroke('upstream closed the response before its end');
@@ -210,10 +218,17 @@ export function forwardCall(
         parts.push(chunk);
       });
       ures.on('end', () => {
-        const body = nullMembers(Buffer.concat(parts), strip);
-        settle('ok', null, `${Math.floor(status / 100)}xx`);
-        res.writeHead(status, ures.statusMessage, setLength(out, body.length));
-        res.end(body);
+        const body = nullMemberParts(parts.length === 1 ? parts[0] : Buffer.concat(parts), strip);
+        let length = 0;
+        for (const p of body) length += p.length;
+        settle('ok', null, `${Math.floor(status / 100)}xx`, () => {
+          res.writeHead(status, ures.statusMessage, setLength(out, length));
+          // One write for the pieces (they stay pieces of the server's answer, not a copy).
+          res.cork();
+          for (const p of body.slice(0, -1)) res.write(p);
+          res.end(body[body.length - 1]);
+          res.uncork();
+        });
       });
       ures.on('close', () => {
         if (!ures.complete) upstreamBroke('upstream closed the response before its end');
@@ -238,9 +253,9 @@ export function forwardCall(
           capture.responseStatus = ures.statusCode ?? 502;
           capture.response(body);
         }
-        settle('ok', null, `${Math.floor((ures.statusCode ?? 502) / 100)}xx`);
-        res.writeHead(ures.statusCode ?? 502, ures.statusMessage, forwardHeaders(ures.rawHeaders, NONE));
-        res.end(body);
+        settle('ok', null, `${Math.floor((ures.statusCode ?? 502) / 100)}xx`, () =>
+          res.writeHead(ures.statusCode ?? 502, ures.statusMessage, forwardHeaders(ures.rawHeaders, NONE)).end(body),
+        );
       });
       ures.on('close', () => {
         if (!ures.complete) upstreamBroke('upstream closed the response before its end');

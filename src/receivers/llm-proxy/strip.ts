@@ -17,10 +17,16 @@ export function broughtMembers(injected: readonly string[]): string[] {
  * field was not asked for); every other byte stays. Works on JSON and on SSE event text alike.
  */
 export function nullMembers(buf: Buffer, members: readonly string[]): Buffer {
+  const parts = nullMemberParts(buf, members);
+  return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+}
+
+/** The same bytes as pieces of `buf` and `null`s, for writing without a copy into one buffer. */
+export function nullMemberParts(buf: Buffer, members: readonly string[]): Buffer[] {
   const cuts: [number, number][] = [];
   for (const m of members)
     for (const f of findMembers(buf, m)) if (!(buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4)) cuts.push([f.valueStart, f.valueEnd]);
-  if (cuts.length === 0) return buf;
+  if (cuts.length === 0) return [buf];
   cuts.sort((a, b) => a[0] - b[0]);
   const parts: Buffer[] = [];
   let at = 0;
@@ -30,7 +36,7 @@ export function nullMembers(buf: Buffer, members: readonly string[]): Buffer {
     at = e;
   }
   parts.push(buf.subarray(at));
-  return Buffer.concat(parts);
+  return parts;
 }
 
 const NULL = Buffer.from('null');
