@@ -97,7 +97,7 @@ export class TransitionWriter {
   }
 
   private rawValue(t: TransitionRecord, key: keyof TransitionRecord, v: unknown): Buffer[] | undefined {
-    if ((key === 'request' || key === 'response') && isRawBody(v)) return this.bodyParts(v);
+    if ((key === 'request' || key === 'response') && isRawBody(v)) return this.bodyParts(v, t);
     if ((key === 'prompt_token_ids' || key === 'response_token_ids') && v !== null && !Array.isArray(v)) {
       const range = v as { start: number; end: number };
       const r = this.response(t);
@@ -106,8 +106,9 @@ export class TransitionWriter {
     return undefined;
   }
 
-  private bodyParts(body: RawBody): Buffer[] {
-    const bytes = this.bodyBytes(body);
+  private bodyParts(body: RawBody, t?: TransitionRecord): Buffer[] {
+    // The call's response is read once for its ids and its body alike.
+    const bytes = t?.source && body.offsets === t.source.response && body.encoding === t.source.encoding ? this.response(t) : this.bodyBytes(body);
     if (bytes === null) return [Buffer.from('null')];
     if (body.cuts.length === 0) return isJson(bytes) ? [bytes] : [Buffer.from('null')];
     const out: Buffer[] = [];
