@@ -12,9 +12,6 @@ import type { CallRecord, CallStartRecord, ClosedEpisode, EpisodeStatus, Pipelin
 import type { SequenceCounter } from '../model/sequence';
 import { spanRecords, TraceRouter, type SpanObservation } from './span-router';
 
-const EXPORT_BATCH_EPISODES = 1024;
-const EXPORT_BATCH_TRANSITIONS = 4096;
-
 /** Journal markers: where an episode closed, and how far delivery got. */
 export interface EpisodeClosedMarker {
   type: 'episode_closed';
@@ -161,7 +158,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
 
   async function drainQueue(): Promise<void> {
     while (queue.length > 0) {
-      const batch = nextBatch();
+      const batch = queue.slice(0, 64);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
         await deps.exporter.export(
@@ -194,20 +191,6 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
       await release();
     }
-  }
-
-  /**
-   * The next episodes to export together: as many as a few thousand transitions make, so a backlog
-   * drains in few produce round trips (exporters bound their own memory by bytes as they write).
-   */
-  function nextBatch(): Queued[] {
-    let transitions = 0;
-    let n = 0;
-    while (n < queue.length && n < EXPORT_BATCH_EPISODES && (n === 0 || transitions + queue[n].closed.transitions.length <= EXPORT_BATCH_TRANSITIONS)) {
-      transitions += queue[n].closed.transitions.length;
-      n++;
-    }
-    return queue.slice(0, n);
   }
 
   async function release(): Promise<void> {

@@ -67,15 +67,10 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     log.once(`dead_letter:${reason}`, 'warn', 'records Kafka cannot take are written to dead-letter/', { dir: deps.deadLetterDir, reason });
   }
 
-  /**
-   * Collects messages and sends a produce request whenever max_batch_bytes is reached. The next
-   * batch is encoded while the previous request is in flight (one at a time, in order: a batch
-   * goes only after the one before it succeeded, so a failure leaves nothing later sent).
-   */
+  /** Collects messages and sends a produce request whenever max_batch_bytes is reached. */
   class Batcher {
     private items: Pending[] = [];
     private bytes = 0;
-    private inflight: Promise<void> | null = null;
     /** Records that were dead-lettered part way: their remaining chunks are not sent. */
     private readonly abandoned = new Set<string>();
 
@@ -86,27 +81,17 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     async add(items: Pending[]): Promise<void> {
       for (const item of items) {
-        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.flush(false);
+        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.flush();
         this.items.push(item);
         this.bytes += item.msg.value.length;
       }
     }
 
-    /** Sends what is collected; `last` waits for it, otherwise it stays in flight until the next flush. */
-    async flush(last = true): Promise<void> {
-      const collected = this.items;
+    async flush(): Promise<void> {
+      const items = this.items.filter((i) => !this.abandoned.has(i.recordId));
       this.items = [];
       this.bytes = 0;
-      const previous = this.inflight;
-      this.inflight = null;
-      if (previous) await previous;
-      const items = collected.filter((i) => !this.abandoned.has(i.recordId));
-      if (items.length === 0) return;
-      const sending = this.send(items);
-      if (last) return sending;
-      // Awaited by the next flush; marked handled so a failure is not an unhandled rejection meanwhile.
-      sending.catch(() => {});
-      this.inflight = sending;
+      if (items.length > 0) await this.send(items);
     }
 
     private async send(items: Pending[]): Promise<void> {
