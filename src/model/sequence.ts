@@ -19,6 +19,11 @@ export class SequenceCounter {
     return seq;
   }
 
+  /** How many (rollout, attempt) keys are kept. */
+  get size(): number {
+    return this.next.size;
+  }
+
   /** Makes the next seq at least `seq + 1` (journal replay). */
   observe(rolloutId: string, attemptId: string, seq: number): void {
     const key = `${rolloutId}\u0000${attemptId}`;

@@ -376,7 +376,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         }
         try {
           if (record.type === 'call_start' || record.type === 'call') {
-            deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
+            if (record.correlation.source !== 'self') deps.sequences?.observe(record.correlation.rolloutId, record.correlation.attemptId, record.seq);
           }
           if (record.type === 'call_start')
             unended.set(offset, { start: record, bodies: { request: [], response: [], agent_request: [], agent_response: [] } });

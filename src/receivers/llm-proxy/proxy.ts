@@ -125,7 +125,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     try {
       if (api) {
         const correlation = resolveCorrelation(routed, req.headers, trace);
-        const seq = deps.sequences.take(correlation.rolloutId, correlation.attemptId);
+        // A rollout id the sidecar made up for an uncorrelated call is never seen again: seq 0, nothing kept.
+        const seq = correlation.source === 'self' ? 0 : deps.sequences.take(correlation.rolloutId, correlation.attemptId);
         capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes, deps.capture);
         capture.policyVersion = deps.policyVersion?.() ?? null;
         startCapture(capture);
