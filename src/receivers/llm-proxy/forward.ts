@@ -93,10 +93,13 @@ export function forwardCall(
       if (settled) return;
       settled = true;
       if (capture) finishCapture(capture, status, error, t0);
-      deliver?.();
-      m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
-      m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
-      resolve();
+      try {
+        deliver?.();
+      } finally {
+        m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
+        m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
+        resolve();
+      }
     };
     const upstreamBroke = (reason: string): void => {
       if (settled) return;
