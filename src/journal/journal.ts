@@ -385,10 +385,12 @@ export class Journal {
 }
 
 const noop = (): void => {};
+const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;
 const RUN_SPAN = 1024 * 1024;
 
+/** Reads `len` bytes of a segment at `pos` into `into` at `at` (short reads continue). */
 function readFully(seg: Segment, into: Buffer, at: number, len: number, pos: number): void {
   let done = 0;
   while (done < len) {
@@ -397,7 +399,6 @@ function readFully(seg: Segment, into: Buffer, at: number, len: number, pos: num
     done += n;
   }
 }
-const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 
 function writeAll(fd: number, parts: Buffer[], total: number): void {
   // writev takes at most IOV_MAX (1024) buffers; a short write continues where it stopped.

@@ -46,4 +46,33 @@ describe('file exporter', () => {
     );
     expect(eps.map((l) => JSON.parse(l).rollout_id)).toEqual(Array.from({ length: 10 }, (_, i) => `r${i}`));
   });
+
+  it('writes journaled bodies bigger than its read buffer, many to a batch, each line with its own bytes', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-file-'));
+    const exporter = createFileExporter({ dir, maxFileBytes: 64 << 20 });
+    await exporter.start();
+    // Each body is ~600 KB of its own letter: a body read over a previous one before that one was
+    // written would show in the line.
+    const bodyOf = (offset: number) => Buffer.from(JSON.stringify({ messages: [{ role: 'user', content: String.fromCharCode(97 + offset).repeat(600_000) }] }));
+    const read = (offsets: readonly number[], scratch?: Buffer): Buffer => {
+      const body = Buffer.concat(offsets.map(bodyOf));
+      if (!scratch || scratch.length < body.length) return body;
+      body.copy(scratch);
+      return scratch.subarray(0, body.length);
+    };
+    const batch = Array.from({ length: 12 }, (_, i) => {
+      const closed = episode(`big${i}`, 1);
+      closed.transitions[0].request = { raw: 'journal', offsets: [i], encoding: null, cuts: [] };
+      return closed;
+    });
+    await exporter.export(batch, read);
+    await exporter.shutdown();
+    const lines = readdirSync(path.join(dir, 'transitions')).flatMap((f) =>
+      readFileSync(path.join(dir, 'transitions', f), 'utf8')
+        .trimEnd()
+        .split('\n'),
+    );
+    expect(lines).toHaveLength(12);
+    lines.forEach((l, i) => expect(JSON.parse(l).request).toEqual(JSON.parse(bodyOf(i).toString())));
+  });
 });

@@ -158,12 +158,12 @@ export class KafkaTestBroker {
     return [...this.topicsMap.keys()];
   }
 
-  /** Every record of a topic (all partitions, or one), decoded. */
   /** How many records the topic holds (cheap: no batch is decoded; for polling). */
   recordCount(topic: string): number {
     return (this.topicsMap.get(topic) ?? []).reduce((n, p) => n + p.next, 0);
   }
 
+  /** Every record of a topic (all partitions, or one), decoded. */
   records(topic: string, partition?: number): (StoredRecord & { partition: number })[] {
     const parts = this.topicsMap.get(topic) ?? [];
     return parts.flatMap((p, i) =>
