@@ -46,21 +46,56 @@ export function frameHeader(offset: number, parts: readonly Buffer[], payloadByt
  * Body frames carry raw bytes of a proxied call:
  *   u8 0x00 (records are JSON and start with `{`) | u8 kind | u64 BE call id | bytes
  * Kinds: 1 request and 2 response as exchanged with the model server; 3 and 4 the request and
- * response as the agent sent and received them, when they differ (translated calls).
+ * response as the agent sent and received them, when they differ (translated calls); 5 and 6 a
+ * part of a request or response that repeats bytes already in the journal (an agent resends its
+ * history): instead of the bytes, where they are, as extents (see `encodeExtents`).
  */
 import type { BodyKind } from '../model/records';
 
 export type { BodyKind };
 const KIND_CODE: Record<BodyKind, number> = { request: 1, response: 2, agent_request: 3, agent_response: 4 };
-const KIND_OF: BodyKind[] = ['request', 'request', 'response', 'agent_request', 'agent_response'];
+const REF_CODE: Partial<Record<BodyKind, number>> = { request: 5, response: 6 };
+const KIND_OF: BodyKind[] = ['request', 'request', 'response', 'agent_request', 'agent_response', 'request', 'response'];
 export const BODY_HEADER_BYTES = 10;
 
-export function bodyHeader(callId: number, kind: BodyKind): Buffer {
+export function bodyHeader(callId: number, kind: BodyKind, ref = false): Buffer {
+  const code = ref ? REF_CODE[kind] : KIND_CODE[kind];
+  if (code === undefined) throw new Error(`journal: no reference frames for ${kind} bodies`);
   const h = Buffer.allocUnsafe(BODY_HEADER_BYTES);
   h[0] = 0;
-  h[1] = KIND_CODE[kind];
+  h[1] = code;
   h.writeBigUInt64BE(BigInt(callId), 2);
   return h;
+}
+
+/** Whether a body frame's payload holds extents rather than bytes. */
+export function isRefPayload(payload: Buffer): boolean {
+  return payload[1] === 5 || payload[1] === 6;
+}
+
+/**
+ * Extents are flat triples: (offset of a body frame that holds bytes, start within its bytes,
+ * length). Encoded as 16 bytes each: u32 BE high and low halves of the offset, u32 start, u32 length.
+ */
+export const EXTENT_BYTES = 16;
+
+export function encodeExtents(extents: readonly number[]): Buffer {
+  const out = Buffer.allocUnsafe((extents.length / 3) * EXTENT_BYTES);
+  for (let i = 0, at = 0; i < extents.length; i += 3, at += EXTENT_BYTES) {
+    out.writeUInt32BE(Math.floor(extents[i] / 0x1_0000_0000), at);
+    out.writeUInt32BE(extents[i] % 0x1_0000_0000, at + 4);
+    out.writeUInt32BE(extents[i + 1], at + 8);
+    out.writeUInt32BE(extents[i + 2], at + 12);
+  }
+  return out;
+}
+
+export function decodeExtents(bytes: Buffer): number[] {
+  if (bytes.length % EXTENT_BYTES !== 0) throw new Error(`journal: a reference frame of ${bytes.length} bytes is not whole extents`);
+  const out: number[] = [];
+  for (let at = 0; at < bytes.length; at += EXTENT_BYTES)
+    out.push(bytes.readUInt32BE(at) * 0x1_0000_0000 + bytes.readUInt32BE(at + 4), bytes.readUInt32BE(at + 8), bytes.readUInt32BE(at + 12));
+  return out;
 }
 
 export function isBodyPayload(payload: Buffer): boolean {

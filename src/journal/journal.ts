@@ -3,7 +3,18 @@ import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../model/component';
 import type { Logger } from '../telemetry/logger';
-import { BODY_HEADER_BYTES, bodyHeader, decodeFrame, frameHeader, HEADER_BYTES, isBodyPayload, type BodyKind } from './frame';
+import {
+  BODY_HEADER_BYTES,
+  bodyHeader,
+  decodeExtents,
+  decodeFrame,
+  encodeExtents,
+  frameHeader,
+  HEADER_BYTES,
+  isBodyPayload,
+  isRefPayload,
+  type BodyKind,
+} from './frame';
 
 export type FsyncPolicy = 'always' | 'never' | number;
 
@@ -30,11 +41,14 @@ interface Segment {
   first: number;
   file: string;
   bytes: number;
-  /** Body frames in this segment: offset → [position of the body bytes, their length]. */
-  bodies: Map<number, [number, number]>;
+  /** Body frames in this segment: offset → where their bytes are. */
+  bodies: Map<number, BodyLoc>;
   /** Read descriptor, opened on the first body read. */
   readFd: number | null;
 }
+
+/** Position and length of a body frame's bytes in its segment; a third member marks a reference frame (its bytes are extents). */
+type BodyLoc = [pos: number, len: number] | [pos: number, len: number, ref: 1];
 
 interface Waiter {
   /** Frame header, then the payload's parts (written with one writev, never concatenated). */
@@ -43,6 +57,7 @@ interface Waiter {
   offset: number;
   /** Set for body frames: the body's length (its bytes follow the two headers). */
   body: number | null;
+  ref: boolean;
   resolve: (offset: number) => void;
   reject: (err: Error) => void;
 }
@@ -79,6 +94,11 @@ export class Journal {
   private closed = false;
   /** Reused for reading runs of frames. */
   private span: Buffer | null = null;
+  /**
+   * Flat pairs (reference frame, lowest frame it names), in offset order: a segment is kept
+   * while a reference frame that is still needed names a frame in it.
+   */
+  private pins: number[] = [];
   lastWriteError: Error | null = null;
 
   constructor(
@@ -110,7 +130,14 @@ export class Journal {
         if (at === buf.length) break;
         const r = decodeFrame(buf, at);
         if (r.kind === 'frame') {
-          if (isBodyPayload(r.payload)) segment.bodies.set(r.offset, [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES]);
+          if (isBodyPayload(r.payload)) {
+            const loc: BodyLoc = [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES];
+            if (isRefPayload(r.payload)) {
+              loc.push(1);
+              this.pin(r.offset, decodeExtents(r.payload.subarray(BODY_HEADER_BYTES)));
+            }
+            segment.bodies.set(r.offset, loc);
+          }
           onRecord(r.offset, r.payload);
           report.records++;
           this.nextOffset = Math.max(this.nextOffset, r.offset + 1);
@@ -167,18 +194,40 @@ export class Journal {
    * Throws RefusedError(JOURNAL_FULL) above the high watermark, JOURNAL_CLOSED after close.
    */
   append(payload: Buffer, priority = false): { offset: number; durable: Promise<number> } {
-    return this.enqueue([payload], payload.length, null, priority);
+    return this.enqueue([payload], payload.length, null, false, priority);
   }
 
   /**
-   * Appends raw bytes of a call's request or response as a body frame, without copying them.
+   * Appends raw bytes of a call's request or response (one buffer or pieces) as a body frame, without copying them.
    * `callId` names the call (the offset of its start record). Refused like `append`.
    */
-  appendBody(callId: number, kind: BodyKind, bytes: Buffer): number {
-    return this.enqueue([bodyHeader(callId, kind), bytes], BODY_HEADER_BYTES + bytes.length, bytes.length, false).offset;
+  appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[]): number {
+    if (Buffer.isBuffer(bytes)) return this.enqueue([bodyHeader(callId, kind), bytes], BODY_HEADER_BYTES + bytes.length, bytes.length, false, false).offset;
+    let length = 0;
+    for (const b of bytes) length += b.length;
+    return this.enqueue([bodyHeader(callId, kind), ...bytes], BODY_HEADER_BYTES + length, length, false, false).offset;
   }
 
-  private enqueue(payload: Buffer[], payloadBytes: number, body: number | null, priority: boolean): { offset: number; durable: Promise<number> } {
+  /**
+   * Appends a part of a call's request or response that repeats bytes already in the journal,
+   * as the extents that hold them (flat triples: body frame offset, start in its bytes, length;
+   * never other reference frames). Readers get the bytes back as if they had been appended.
+   * Refused like `append`.
+   */
+  appendRef(callId: number, kind: 'request' | 'response', extents: readonly number[]): number {
+    const payload = encodeExtents(extents);
+    const { offset } = this.enqueue([bodyHeader(callId, kind, true), payload], BODY_HEADER_BYTES + payload.length, payload.length, true, false);
+    this.pin(offset, extents);
+    return offset;
+  }
+
+  private pin(offset: number, extents: readonly number[]): void {
+    let lowest = Infinity;
+    for (let i = 0; i < extents.length; i += 3) lowest = Math.min(lowest, extents[i]);
+    if (lowest < offset) this.pins.push(offset, lowest);
+  }
+
+  private enqueue(payload: Buffer[], payloadBytes: number, body: number | null, ref: boolean, priority: boolean): { offset: number; durable: Promise<number> } {
     if (this.closed) throw new RefusedError('JOURNAL_CLOSED', 'journal: closed for shutdown', 1000);
     const frameBytes = payloadBytes + HEADER_BYTES;
     const limit = priority ? this.options.maxBytes : this.options.maxBytes * this.options.highWatermark;
@@ -192,11 +241,11 @@ export class Journal {
     let durable: Promise<number>;
     if (body !== null) {
       // Body frames are made durable by the call's end record, written after them; no promise each.
-      this.queue.push({ parts, bytes: frameBytes, offset, body, resolve: noop, reject: noop });
+      this.queue.push({ parts, bytes: frameBytes, offset, body, ref, resolve: noop, reject: noop });
       durable = BODY_DURABLE;
     } else {
       durable = new Promise<number>((resolve, reject) => {
-        this.queue.push({ parts, bytes: frameBytes, offset, body, resolve, reject });
+        this.queue.push({ parts, bytes: frameBytes, offset, body, ref, resolve, reject });
       });
     }
     this.flushing ??= setImmediate(() => this.flushNow());
@@ -222,7 +271,8 @@ export class Journal {
       let pos = seg.bytes;
       for (const w of batch) {
         for (const p of w.parts) parts.push(p);
-        if (w.body !== null) seg.bodies.set(w.offset, [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body]);
+        if (w.body !== null)
+          seg.bodies.set(w.offset, w.ref ? [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body, 1] : [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body]);
         pos += w.bytes;
       }
       writeAll(this.fd, parts, bytes);
@@ -252,18 +302,57 @@ export class Journal {
   /**
    * The bytes of body frames, in the order given, as one buffer (read from the page cache), into
    * `scratch` when it is big enough (the caller then owns the bytes only until it reuses it).
-   * Throws when a frame is gone (its segment released) or cannot be read.
+   * Reference frames read as the bytes they name. Throws when a frame is gone (its segment
+   * released) or cannot be read.
    */
   readBodies(offsets: readonly number[], scratch?: Buffer): Buffer {
-    let total = 0;
-    const locs: [Segment, number, number][] = [];
+    const locs: Piece[] = [];
     for (const offset of offsets) {
-      const seg = this.segmentOf(offset);
-      const loc = seg?.bodies.get(offset);
-      if (!seg || !loc) throw new Error(`journal: body frame ${offset} is not in the journal`);
-      locs.push([seg, loc[0], loc[1]]);
-      total += loc[1];
+      const [seg, loc] = this.locate(offset);
+      if (loc.length === 3) this.addExtents(locs, this.refExtents(seg, loc), 0, Infinity);
+      else locs.push([seg, loc[0], loc[1]]);
     }
+    return this.readPieces(locs, scratch);
+  }
+
+  private locate(offset: number): [Segment, BodyLoc] {
+    const seg = this.segmentOf(offset);
+    const loc = seg?.bodies.get(offset);
+    if (!seg || !loc) throw new Error(`journal: body frame ${offset} is not in the journal`);
+    return [seg, loc];
+  }
+
+  /** The extents a reference frame holds (a small read from the page cache). */
+  private refExtents(seg: Segment, loc: BodyLoc): number[] {
+    const bytes = Buffer.allocUnsafe(loc[1]);
+    seg.readFd ??= openSync(seg.file, 'r');
+    readFully(seg, bytes, 0, loc[1], loc[0]);
+    return decodeExtents(bytes);
+  }
+
+  /** Appends the pieces of `extents` that cover `from`..`from + length` of the bytes they name. */
+  private addExtents(locs: Piece[], extents: readonly number[], from: number, length: number): void {
+    let skip = from;
+    let left = length;
+    for (let i = 0; i < extents.length && left > 0; i += 3) {
+      let len = extents[i + 2];
+      if (skip >= len) {
+        skip -= len;
+        continue;
+      }
+      const [seg, loc] = this.locate(extents[i]);
+      if (loc.length === 3 || extents[i + 1] + len > loc[1]) throw new Error(`journal: extent ${extents[i]}+${extents[i + 1]} does not name body bytes`);
+      len = Math.min(len - skip, left);
+      locs.push([seg, loc[0] + extents[i + 1] + skip, len]);
+      left -= len;
+      skip = 0;
+    }
+    if (left > 0 && left !== Infinity) throw new Error('journal: extents end before the bytes asked for');
+  }
+
+  private readPieces(locs: readonly Piece[], scratch?: Buffer): Buffer {
+    let total = 0;
+    for (const l of locs) total += l[2];
     const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
     let at = 0;
     for (let i = 0; i < locs.length;) {
@@ -341,8 +430,14 @@ export class Journal {
    * before it is delivered or no longer needed).
    */
   async release(lowWatermark: number): Promise<number> {
+    // Reference frames still needed keep the frames they name.
+    let drop = 0;
+    while (drop < this.pins.length && this.pins[drop] < lowWatermark) drop += 2;
+    if (drop > 0) this.pins.splice(0, drop);
+    let low = lowWatermark;
+    for (let i = 1; i < this.pins.length; i += 2) low = Math.min(low, this.pins[i]);
     let removed = 0;
-    while (this.segments.length > 1 && this.segments[1].first <= lowWatermark) {
+    while (this.segments.length > 1 && this.segments[1].first <= low) {
       const seg = this.segments.shift()!;
       if (seg.readFd !== null) closeQuietly(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
@@ -385,6 +480,8 @@ export class Journal {
 }
 
 const noop = (): void => {};
+/** A piece of body bytes to read: segment, position, length. */
+type Piece = [Segment, number, number];
 const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;

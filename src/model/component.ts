@@ -36,8 +36,19 @@ export interface RecordSink {
 export interface CaptureSink {
   /** Registers a call; returns its id (for its body frames), or null when it cannot be recorded. */
   callStarted(record: CallStartRecord): number | null;
-  /** Appends request or response bytes; returns the frame's offset, or null when refused. */
-  body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer): number | null;
+  /**
+   * Appends request or response bytes, pushing the offsets of the frames that hold them onto
+   * `frames` (a body's frames, in order, read back as its bytes); false when refused.
+   */
+  body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer, frames: number[]): boolean;
+  /**
+   * Writes what the sink holds of one body (bytes that may repeat an earlier call's, kept until
+   * that is known), pushing the frames onto `frames`: before the agent gets those bytes, and when
+   * the body is complete. False when refused.
+   */
+  bodyFlush(callId: number, kind: 'request' | 'response', frames: number[]): boolean;
+  /** What was written of one body is dropped from the call (it is sent again, changed). */
+  restartBody(callId: number, kind: 'request' | 'response'): void;
   callEnded(record: CallRecord): void;
   flush(): void;
   /** Reads journaled body frames back (written through first); throws when they are gone. */

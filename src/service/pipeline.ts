@@ -4,6 +4,7 @@ import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
 import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
+import { BodyWriter, type BodyBase } from '../journal/repeats';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -253,19 +254,73 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
   }
 
+  /**
+   * Calls of a rollout in flight, by call id: their bodies are journaled as what they add to the
+   * rollout's previous call (see journal/repeats.ts). `floor` is the first offset of the call's
+   * open episode: an older base is not used, so a reference never outlives what it names.
+   */
+  const writing = new Map<number, { key: string; floor: number; request: BodyWriter | null; response: BodyWriter | null }>();
+  /** The bodies of each rollout attempt's latest complete call (least recently used first). */
+  const bases = new Map<string, { request: BodyBase | null; response: BodyBase | null }>();
+  const maxBases = config.processors.episodes.max_open_episodes;
+
+  function writerFor(callId: number, kind: 'request' | 'response'): BodyWriter | null {
+    const w = writing.get(callId);
+    if (!w) return null;
+    const existing = w[kind];
+    if (existing) return existing;
+    const base = bases.get(w.key)?.[kind] ?? null;
+    return (w[kind] = new BodyWriter(journal, callId, kind, base && base.lowest >= w.floor ? base : null));
+  }
+
+  function keepBases(record: CallRecord): void {
+    const w = record.callId === undefined ? undefined : writing.get(record.callId);
+    if (!w) return;
+    writing.delete(record.callId!);
+    if (record.status !== 'ok' || record.truncated || record.httpStatus === null || record.httpStatus >= 300) return;
+    bases.delete(w.key);
+    bases.set(w.key, { request: w.request?.result() ?? null, response: w.response?.result() ?? null });
+    if (bases.size > maxBases) bases.delete(bases.keys().next().value as string);
+  }
+
   const capture: CaptureSink = {
     callStarted(record: CallStartRecord): number | null {
-      return submitCapture(record);
+      const id = submitCapture(record);
+      const { rolloutId, attemptId, source } = record.correlation;
+      const floor = id === null || source === 'self' ? null : assembler.floorOf(rolloutId, attemptId);
+      if (floor !== null) {
+        writing.set(id!, { key: `${rolloutId}\u0000${attemptId}`, floor, request: null, response: null });
+        // Calls that never end (cannot happen by contract) must not pile up.
+        if (writing.size > maxBases) writing.delete(writing.keys().next().value as number);
+      }
+      return id;
     },
-    body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer): number | null {
+    body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer, frames: number[]): boolean {
       try {
-        return journal.appendBody(callId, kind, bytes);
+        const writer = kind === 'request' || kind === 'response' ? writerFor(callId, kind) : null;
+        if (writer) writer.write(bytes, frames);
+        else frames.push(journal.appendBody(callId, kind, bytes));
+        return true;
       } catch (err) {
         refusedCapture(err);
-        return null;
+        return false;
       }
     },
+    bodyFlush(callId: number, kind: 'request' | 'response', frames: number[]): boolean {
+      try {
+        writing.get(callId)?.[kind]?.flush(frames);
+        return true;
+      } catch (err) {
+        refusedCapture(err);
+        return false;
+      }
+    },
+    restartBody(callId: number, kind: 'request' | 'response'): void {
+      const w = writing.get(callId);
+      if (w) w[kind] = null;
+    },
     callEnded(record: CallRecord): void {
+      keepBases(record);
       if (submitCapture(record) === null) {
         // Its start may have been kept: the lost call must not hold its episode open.
         assembler.abandonCall(record.correlation.rolloutId, record.correlation.attemptId, record.seq);

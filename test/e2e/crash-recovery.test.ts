@@ -1,10 +1,11 @@
-import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, existsSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import type { EpisodeSummary, Transition } from '../../src/model/records';
 import { startChildSidecar } from '../support/child-sidecar';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
+import { renderPrompt } from '../support/fake-tokenizer';
 
 function read<T>(dir: string, kind: string): T[] {
   const d = path.join(dir, kind);
@@ -80,6 +81,63 @@ describe('crash recovery (child process, SIGKILL)', () => {
       expect(new Set(ids)).toEqual(new Set(['open-1/0/0', 'open-1/0/1', 'open-1/0/2', 'closed-1/0/0']));
       // closed-1 was delivered before the kill; its delivered marker keeps the replay from sending it again.
       expect(ids).toHaveLength(4);
+    } finally {
+      expect((await second.kill('SIGTERM')).code).toBe(0);
+    }
+  });
+
+  it('exports a growing conversation (each call journaled as what it adds to the one before) byte for byte across a SIGKILL', async () => {
+    const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-grow-'));
+    const env = {
+      LIGHTNING_UPSTREAM_URL: upstream.url,
+      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+      LIGHTNING_DATA_DIR: dataDir,
+      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+      LIGHTNING_LOG_LEVEL: 'warn',
+    };
+    type Message = { role: 'system' | 'user' | 'assistant'; content: string };
+    const messages: Message[] = [{ role: 'system', content: 'You are a coding agent.' }];
+    const asked: Message[][] = [];
+    const turn = async (origin: string, i: number, stream: boolean) => {
+      // ~40 KiB more each turn: the requests and the prompt ids in the answers span many blocks.
+      messages.push({ role: 'user', content: `turn ${i}: ` + `file line ${i} of the tool's output\n`.repeat(1200) });
+      asked.push(messages.map((m) => ({ ...m })));
+      const client = new OpenAI({ baseURL: `${origin}/rollout/grow-1/v1`, apiKey: 'k', maxRetries: 0 });
+      let answer = '';
+      if (stream) {
+        for await (const c of await client.chat.completions.create({ model: 'm', messages, stream: true })) answer += c.choices[0]?.delta?.content ?? '';
+      } else answer = (await client.chat.completions.create({ model: 'm', messages })).choices[0].message.content ?? '';
+      messages.push({ role: 'assistant', content: answer });
+    };
+    const first = await startChildSidecar(env);
+    let sentBytes = 0;
+    let journalBytes = 0;
+    try {
+      for (let i = 0; i < 4; i++) await turn(first.origin, i, i === 2);
+      await new Promise((r) => setTimeout(r, 100));
+      // Each request resends the history and each answer the prompt's ids: the journal holds
+      // far less than those bytes.
+      sentBytes = asked.reduce((n, m) => n + JSON.stringify({ model: 'm', messages: m }).length + renderPrompt(m).join(',').length, 0);
+      const journal = path.join(dataDir, 'journal');
+      journalBytes = readdirSync(journal).reduce((n, f) => n + statSync(path.join(journal, f)).size, 0);
+    } finally {
+      expect(await first.kill('SIGKILL')).toEqual({ code: null, signal: 'SIGKILL' });
+    }
+    expect(journalBytes).toBeLessThan(sentBytes * 0.6);
+    const second = await startChildSidecar(env);
+    try {
+      for (let i = 4; i < 7; i++) await turn(second.origin, i, i === 5);
+      expect((await fetch(`${second.origin}/lightning/v1/rollouts/grow-1/end`, { method: 'POST', body: '{}' })).status).toBe(202);
+      const ts = await until(() => {
+        const got = read<Transition>(dataDir, 'transitions').filter((t) => t.rollout_id === 'grow-1');
+        return got.length >= 7 ? got : null;
+      });
+      expect(ts.map((t) => t.transition_id)).toEqual(Array.from({ length: 7 }, (_, i) => `grow-1/0/${i}`));
+      for (const [i, t] of ts.entries()) {
+        expect(t.status).toBe('ok');
+        expect((t.request as { messages: Message[] }).messages).toEqual(asked[i]);
+        expect(t.prompt_token_ids).toEqual(renderPrompt(asked[i]));
+      }
     } finally {
       expect((await second.kill('SIGTERM')).code).toBe(0);
     }

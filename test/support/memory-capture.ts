@@ -13,10 +13,13 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
       started.push(r);
       return next++;
     },
-    body: (_callId, _kind, bytes) => {
+    body: (_callId, _kind, bytes, offsets) => {
       frames.set(next, Buffer.from(bytes));
-      return next++;
+      offsets.push(next++);
+      return true;
     },
+    restartBody: () => {},
+    bodyFlush: () => true,
     callEnded: (r) => void ended.push(r),
     flush: () => {},
     read: (offsets) => read(offsets),

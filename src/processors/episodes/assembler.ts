@@ -179,6 +179,11 @@ export class EpisodeAssembler {
     for (const ep of this.open.values()) ep.inFlight.clear();
   }
 
+  /** The lowest journal offset the open episode of this rollout attempt needs, or null when none is open. */
+  floorOf(rolloutId: string, attemptId: string): number | null {
+    return this.open.get(keyOf(rolloutId, attemptId))?.firstOffset ?? null;
+  }
+
   /** The lowest journal offset any open episode still needs. */
   minOffset(): number {
     let min = Infinity;

@@ -45,8 +45,22 @@ export class CallCapture {
 
   /** Bytes the model server answered. */
   response(chunk: Buffer): void {
-    this.chunks++;
+    if (this.chunks++ === 0) this.flush('request');
     this.keep(chunk, 'response', this.responseFrames);
+    // A streamed answer's bytes reach the agent as they come: in the journal first.
+    if (this.streamed) this.flush('response');
+  }
+
+  /** Everything kept of the request (or response) so far is in the journal's queue (the sink may hold bytes back). */
+  flush(kind: 'request' | 'response'): void {
+    if (this.callId === null || this.truncated) return;
+    let kept = false;
+    try {
+      kept = this.sink.bodyFlush(this.callId, kind, kind === 'request' ? this.requestFrames : this.responseFrames);
+    } catch {
+      // As for bodies: the sink never throws by contract.
+    }
+    if (!kept) this.truncated = true;
   }
 
   /** Translated calls: bytes the agent sent (before translation). */
@@ -66,18 +80,29 @@ export class CallCapture {
       return;
     }
     this.captured += chunk.length;
-    let offset: number | null = null;
+    let kept = false;
     try {
-      offset = this.sink.body(this.callId, kind, chunk);
+      kept = this.sink.body(this.callId, kind, chunk, frames);
     } catch {
       // The sink never throws by contract; if it does, the record is incomplete, the call is served.
     }
-    if (offset === null) this.truncated = true;
-    else frames.push(offset);
+    if (!kept) this.truncated = true;
+  }
+
+  /** The call's request (or response) is sent again, changed: what was kept of it is dropped. */
+  restart(kind: 'request' | 'response'): void {
+    (kind === 'request' ? this.requestFrames : this.responseFrames).length = 0;
+    try {
+      if (this.callId !== null) this.sink.restartBody(this.callId, kind);
+    } catch {
+      // As for bodies: the sink never throws by contract; the call is served regardless.
+    }
   }
 
   /** The call's end record: metadata and where its bodies are. */
   finish(outcome: { status: 'ok' | 'error' | 'aborted'; error: string | null; endedAt: number; endedMono: number }, startedMono: number): CallRecord {
+    this.flush('request');
+    this.flush('response');
     return {
       type: 'call',
       correlation: this.correlation,

@@ -129,13 +129,14 @@ export function forwardCall(
       if (retried || !capture || capture.callId === null || !injector) return false;
       let original: Buffer;
       try {
+        capture.flush('request');
         original = injector.original(deps.capture.read(capture.requestFrames));
       } catch {
         return false;
       }
       retried = true;
       flavors.refused(field, detail);
-      capture.requestFrames.length = 0;
+      capture.restart('request');
       capture.request(original);
       capture.injected = [];
       ureq = dispatch(forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(original.length) }, DROP_WHEN_REWRITTEN));

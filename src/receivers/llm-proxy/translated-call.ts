@@ -278,8 +278,8 @@ class TranslatedCall {
     if (this.capture) {
       this.capture.injected = [];
       // What reaches the model server now is the call without the fields: that is what is recorded.
-      this.capture.requestFrames.length = 0;
-      this.capture.responseFrames.length = 0;
+      this.capture.restart('request');
+      this.capture.restart('response');
       const request = this.journaled(chatBytes);
       if (request) this.capture.request(request);
     }

@@ -25,6 +25,12 @@ describe('capture failures', () => {
         body: () => {
           throw new Error('pipeline exploded on a body');
         },
+        restartBody: () => {
+          throw new Error('pipeline exploded on a restart');
+        },
+        bodyFlush: () => {
+          throw new Error('pipeline exploded on a flush');
+        },
         callEnded: () => {
           throw new Error('pipeline exploded at end');
         },

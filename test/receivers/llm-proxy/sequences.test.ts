@@ -18,7 +18,9 @@ describe('call sequence numbers', () => {
       sequences,
       capture: {
         callStarted: (r) => starts.push(r),
-        body: () => 1,
+        body: () => true,
+        restartBody: () => {},
+        bodyFlush: () => true,
         callEnded: () => {},
         flush: () => {},
         read: () => Buffer.alloc(0),
