@@ -1,4 +1,17 @@
-import { closeSync, fdatasync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, writeSync, writevSync } from 'node:fs';
+import {
+  closeSync,
+  fdatasync,
+  fstatSync,
+  fsyncSync,
+  ftruncateSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  writeSync,
+  writevSync,
+} from 'node:fs';
 import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../model/component';
@@ -100,6 +113,8 @@ export class Journal {
    */
   private pins: number[] = [];
   lastWriteError: Error | null = null;
+  /** Batches that could not be written (their body frames are not in the journal). */
+  writeFailures = 0;
 
   constructor(
     private readonly options: JournalOptions,
@@ -268,18 +283,29 @@ export class Journal {
       if (this.active().bytes >= this.options.segmentBytes) this.rotate(batch[0].offset);
       const seg = this.active();
       const parts: Buffer[] = [];
+      for (const w of batch) for (const p of w.parts) parts.push(p);
+      try {
+        writeAll(this.fd, parts, bytes);
+      } catch (err) {
+        // A part of the batch may be in the file: cut it off, so the next frames land where they are counted.
+        try {
+          ftruncateSync(this.fd, seg.bytes);
+        } catch {
+          seg.bytes = sizeOr(this.fd, seg.bytes);
+        }
+        throw err;
+      }
       let pos = seg.bytes;
       for (const w of batch) {
-        for (const p of w.parts) parts.push(p);
         if (w.body !== null)
           seg.bodies.set(w.offset, w.ref ? [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body, 1] : [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body]);
         pos += w.bytes;
       }
-      writeAll(this.fd, parts, bytes);
       seg.bytes += bytes;
       this.lastWriteError = null;
     } catch (err) {
       this.lastWriteError = err as Error;
+      this.writeFailures++;
       this.logger.once(`write:${(err as NodeJS.ErrnoException).code}`, 'error', 'journal: write failed; records refused', { err });
       // Whatever part of the batch reached the file is unacknowledged: replay may see it, which is at-least-once.
       const refused = new RefusedError('JOURNAL_UNWRITABLE', `journal: cannot write (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, 1000);
@@ -519,6 +545,15 @@ function writeAll(fd: number, parts: Buffer[], total: number): void {
         n = 0;
       }
     }
+  }
+}
+
+/** The file's size, or `fallback` when it cannot be read. */
+function sizeOr(fd: number, fallback: number): number {
+  try {
+    return fstatSync(fd).size;
+  } catch {
+    return fallback;
   }
 }
 

@@ -49,7 +49,6 @@ export class BodyWriter {
   private hasher: Hash | null = null;
   private readonly digests: Buffer[] = [];
   private readonly own: number[] = [];
-  private lowest = Infinity;
   /** While seeking: the end of the previous chunk, for an anchor cut in two. */
   private tail: Buffer | null = null;
   private readonly anchor: Buffer | null;
@@ -90,10 +89,17 @@ export class BodyWriter {
     this.pending = [];
   }
 
-  /** This body as the base for the next one of its rollout (null when it has no anchor). Flush first. */
+  /**
+   * This body as the base for the next one of its rollout: its whole blocks, which is all a later
+   * body can match (null when it has no anchor or no whole block). Flush first.
+   */
   result(): BodyBase | null {
-    if (this.seeking) return null;
-    return { extents: this.own, bytes: this.pos, digests: Buffer.concat(this.digests), lowest: this.lowest };
+    if (this.seeking || this.digests.length === 0) return null;
+    const bytes = this.digests.length * BLOCK;
+    const extents = slice(this.own, 0, bytes);
+    let lowest = Infinity;
+    for (let i = 0; i < extents.length; i += 3) lowest = Math.min(lowest, extents[i]);
+    return { extents, bytes, digests: Buffer.concat(this.digests), lowest };
   }
 
   private consume(bytes: Buffer, frames: number[]): void {
@@ -150,7 +156,6 @@ export class BodyWriter {
     // Consecutive bytes of one frame are one extent.
     if (n > 0 && this.own[n - 3] === frame && this.own[n - 2] + this.own[n - 1] === start) this.own[n - 1] += length;
     else this.own.push(frame, start, length);
-    this.lowest = Math.min(this.lowest, frame);
   }
 
   /** Where the anchor ends in `bytes` (it may begin in the previous chunk), or -1. */

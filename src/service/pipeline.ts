@@ -78,6 +78,52 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   let stopping = false;
   let recovery: RecoveryReport | null = null;
 
+  /**
+   * Calls of a rollout in flight, by call id: their bodies are journaled as what they add to the
+   * rollout's previous call (see journal/repeats.ts). `floor` is the first offset of the call's
+   * open episode: an older base is not used, and nothing from `floor` on is released while the call
+   * is in flight (its references are written as it goes), so a reference never outlives what it
+   * names. `failures` is the journal's count of failed writes when the call began: a call that saw
+   * one may name frames that never reached the file, and is no base for the next.
+   */
+  const writing = new Map<number, { key: string; floor: number; failures: number; request: BodyWriter | null; response: BodyWriter | null }>();
+  /** The bodies of each rollout attempt's latest complete call, while its episode is open (least recently used first). */
+  const bases = new Map<string, { request: BodyBase | null; response: BodyBase | null }>();
+  let basesFailures = 0;
+  const maxBases = config.processors.episodes.max_open_episodes;
+
+  function writerFor(callId: number, kind: 'request' | 'response'): BodyWriter | null {
+    const w = writing.get(callId);
+    if (!w) return null;
+    const existing = w[kind];
+    if (existing) return existing;
+    if (basesFailures !== journal.writeFailures) {
+      // A write failed: a base may name frames that are not in the journal.
+      bases.clear();
+      basesFailures = journal.writeFailures;
+    }
+    const base = bases.get(w.key)?.[kind] ?? null;
+    return (w[kind] = new BodyWriter(journal, callId, kind, base && base.lowest >= w.floor ? base : null));
+  }
+
+  function keepBases(record: CallRecord): void {
+    const w = record.callId === undefined ? undefined : writing.get(record.callId);
+    if (!w) return;
+    writing.delete(record.callId!);
+    if (record.status !== 'ok' || record.truncated || record.httpStatus === null || record.httpStatus >= 300) return;
+    if (w.failures !== journal.writeFailures) return;
+    bases.delete(w.key);
+    bases.set(w.key, { request: w.request?.result() ?? null, response: w.response?.result() ?? null });
+    if (bases.size > maxBases) bases.delete(bases.keys().next().value as string);
+  }
+
+  /** The lowest offset a call in flight may still name in a reference. */
+  function writingFloor(): number {
+    let low = Infinity;
+    for (const w of writing.values()) low = Math.min(low, w.floor);
+    return low;
+  }
+
   /** Applies one journaled record; returns what closed. */
   function applyRecord(record: JournalRecord, offset: number): ClosedEpisode[] {
     switch (record.type) {
@@ -117,6 +163,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   /** Journals close markers for what the rules closed (live), queues them for export. */
   function enqueue(closed: ClosedEpisode[], replayMarker?: number): void {
     for (const c of closed) {
+      // Its calls are no base for a later episode's.
+      bases.delete(`${c.episode.rollout_id}\u0000${c.episode.attempt_id}`);
       m.episodesClosed.inc({ status: c.episode.episode_status });
       for (const t of c.transitions) {
         if (t.choice_index === 0) countTokens(t);
@@ -195,7 +243,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   async function release(): Promise<void> {
-    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), ...queue.map((q) => q.closed.firstOffset), journal.next);
+    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), writingFloor(), ...queue.map((q) => q.closed.firstOffset), journal.next);
     const removed = await journal.release(low).catch((err) => {
       log.once('release', 'error', 'journal: could not delete delivered segments', { err });
       return 0;
@@ -254,44 +302,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
   }
 
-  /**
-   * Calls of a rollout in flight, by call id: their bodies are journaled as what they add to the
-   * rollout's previous call (see journal/repeats.ts). `floor` is the first offset of the call's
-   * open episode: an older base is not used, so a reference never outlives what it names.
-   */
-  const writing = new Map<number, { key: string; floor: number; request: BodyWriter | null; response: BodyWriter | null }>();
-  /** The bodies of each rollout attempt's latest complete call (least recently used first). */
-  const bases = new Map<string, { request: BodyBase | null; response: BodyBase | null }>();
-  const maxBases = config.processors.episodes.max_open_episodes;
-
-  function writerFor(callId: number, kind: 'request' | 'response'): BodyWriter | null {
-    const w = writing.get(callId);
-    if (!w) return null;
-    const existing = w[kind];
-    if (existing) return existing;
-    const base = bases.get(w.key)?.[kind] ?? null;
-    return (w[kind] = new BodyWriter(journal, callId, kind, base && base.lowest >= w.floor ? base : null));
-  }
-
-  function keepBases(record: CallRecord): void {
-    const w = record.callId === undefined ? undefined : writing.get(record.callId);
-    if (!w) return;
-    writing.delete(record.callId!);
-    if (record.status !== 'ok' || record.truncated || record.httpStatus === null || record.httpStatus >= 300) return;
-    bases.delete(w.key);
-    bases.set(w.key, { request: w.request?.result() ?? null, response: w.response?.result() ?? null });
-    if (bases.size > maxBases) bases.delete(bases.keys().next().value as string);
-  }
-
   const capture: CaptureSink = {
     callStarted(record: CallStartRecord): number | null {
       const id = submitCapture(record);
       const { rolloutId, attemptId, source } = record.correlation;
       const floor = id === null || source === 'self' ? null : assembler.floorOf(rolloutId, attemptId);
-      if (floor !== null) {
-        writing.set(id!, { key: `${rolloutId}\u0000${attemptId}`, floor, request: null, response: null });
-        // Calls that never end (cannot happen by contract) must not pile up.
-        if (writing.size > maxBases) writing.delete(writing.keys().next().value as number);
+      // Beyond the cap (calls that never end, which the proxy does not do), calls are journaled whole.
+      if (floor !== null && writing.size < maxBases) {
+        writing.set(id!, { key: `${rolloutId}\u0000${attemptId}`, floor, failures: journal.writeFailures, request: null, response: null });
       }
       return id;
     },

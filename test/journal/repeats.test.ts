@@ -150,6 +150,9 @@ describe('bodies that repeat the previous call of their rollout', () => {
     expect(j.readBodies(b.frames).equals(second)).toBe(true);
     expect(j.readBodies(c.frames).equals(third)).toBe(true);
     expect(journalBytes(dir) - before).toBeLessThan(3000 + BLOCK + 1024);
+    // A base keeps only its whole blocks: a later body can match nothing else.
+    expect(c.base!.bytes).toBe(5 * BLOCK);
+    expect(c.base!.extents.filter((_, i) => i % 3 === 2).reduce((n, l) => n + l, 0)).toBe(5 * BLOCK);
     // Responses without the marker have no base to give.
     expect(writeBody(j, 4, 'response', null, [Buffer.from('{"choices":[]}')]).base).toBeNull();
     await j.close();

@@ -18,6 +18,8 @@ export class CallCapture {
   /** Why this call will have no token ids (set when the sidecar knows it). */
   tokenIdsMissing: string | null = null;
   private captured = 0;
+  /** The request's held bytes were written (its answer began); a request sent again is held anew. */
+  private requestWritten = false;
   truncated = false;
   responseStatus: number | null = null;
   responseEncoding: string | undefined;
@@ -45,7 +47,12 @@ export class CallCapture {
 
   /** Bytes the model server answered. */
   response(chunk: Buffer): void {
-    if (this.chunks++ === 0) this.flush('request');
+    this.chunks++;
+    if (!this.requestWritten) {
+      // The request is complete once its answer begins.
+      this.requestWritten = true;
+      this.flush('request');
+    }
     this.keep(chunk, 'response', this.responseFrames);
     // A streamed answer's bytes reach the agent as they come: in the journal first.
     if (this.streamed) this.flush('response');
@@ -76,6 +83,8 @@ export class CallCapture {
   private keep(chunk: Buffer, kind: BodyKind, frames: number[]): void {
     if (this.callId === null || this.truncated) return;
     if (this.captured + chunk.length > this.maxCaptureBytes) {
+      // What was kept is the record's prefix: bytes the sink holds go in before it is cut.
+      if (kind === 'request' || kind === 'response') this.flush(kind);
       this.truncated = true;
       return;
     }
@@ -92,6 +101,7 @@ export class CallCapture {
   /** The call's request (or response) is sent again, changed: what was kept of it is dropped. */
   restart(kind: 'request' | 'response'): void {
     (kind === 'request' ? this.requestFrames : this.responseFrames).length = 0;
+    if (kind === 'request') this.requestWritten = false;
     try {
       if (this.callId !== null) this.sink.restartBody(this.callId, kind);
     } catch {
