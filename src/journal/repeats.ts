@@ -1,4 +1,4 @@
-import { createHash, type Hash } from 'node:crypto';
+import { hash } from 'node:crypto';
 import type { Journal } from './journal';
 
 /**
@@ -46,7 +46,8 @@ export class BodyWriter {
   private refEnd = 0;
   /** Bytes refEnd..pos, held until their block is compared (or the body is flushed). */
   private pending: Buffer[] = [];
-  private hasher: Hash | null = null;
+  /** The bytes of the block being filled (hashed once it is whole: a body shorter than a block is never hashed). */
+  private block: Buffer[] = [];
   private readonly digests: Buffer[] = [];
   private readonly own: number[] = [];
   /** While seeking: the end of the previous chunk, for an anchor cut in two. */
@@ -71,15 +72,25 @@ export class BodyWriter {
    */
   write(bytes: Buffer, frames: number[]): void {
     if (bytes.length === 0) return;
-    if (!this.seeking) return this.consume(bytes, frames);
-    const end = this.anchorEnd(bytes);
-    if (end < 0) {
-      frames.push(this.journal.appendBody(this.callId, this.kind, bytes));
+    let from = 0;
+    if (this.seeking) {
+      from = this.anchorEnd(bytes);
+      if (from < 0) {
+        frames.push(this.journal.appendBody(this.callId, this.kind, bytes));
+        return;
+      }
+      this.seeking = false;
+      this.tail = null;
+    }
+    if (!this.matching) {
+      // Nothing to hold: the chunk is one frame, and what it adds to the body is noted for the next.
+      const frame = this.journal.appendBody(this.callId, this.kind, bytes);
+      frames.push(frame);
+      this.track(bytes, from, frame);
       return;
     }
-    this.seeking = false;
-    if (end > 0) frames.push(this.journal.appendBody(this.callId, this.kind, bytes.subarray(0, end)));
-    if (end < bytes.length) this.consume(bytes.subarray(end), frames);
+    if (from > 0) frames.push(this.journal.appendBody(this.callId, this.kind, bytes.subarray(0, from)));
+    if (from < bytes.length) this.consume(from > 0 ? bytes.subarray(from) : bytes, frames);
   }
 
   /** Writes what is held: the agent is about to get these bytes, or the body is complete. */
@@ -87,6 +98,16 @@ export class BodyWriter {
     this.writeRef(frames);
     this.writeLiteral(this.pending, frames);
     this.pending = [];
+  }
+
+  /**
+   * Lets go of the body's bytes (the call is over, or its body is sent again). The writer itself
+   * may outlive its call in the old generation of the heap; what it points to must not.
+   */
+  close(): void {
+    this.block = [];
+    this.pending = [];
+    this.tail = null;
   }
 
   /**
@@ -102,21 +123,23 @@ export class BodyWriter {
     return { extents, bytes, digests: Buffer.concat(this.digests), lowest };
   }
 
+  /** While every block so far matches: bytes are held until their block is compared. */
   private consume(bytes: Buffer, frames: number[]): void {
-    const now: Buffer[] = [];
     for (let at = 0; at < bytes.length;) {
+      if (!this.matching) {
+        const rest = at === 0 ? bytes : bytes.subarray(at);
+        const frame = this.journal.appendBody(this.callId, this.kind, rest);
+        frames.push(frame);
+        this.track(rest, 0, frame);
+        return;
+      }
       const blockEnd = (Math.floor(this.pos / BLOCK) + 1) * BLOCK;
       const n = Math.min(blockEnd - this.pos, bytes.length - at);
       const part = n === bytes.length ? bytes : bytes.subarray(at, at + n);
-      (this.hasher ??= createHash('sha256')).update(part);
-      this.pos += n;
       at += n;
-      (this.matching ? this.pending : now).push(part);
-      if (this.pos < blockEnd) continue;
-      const digest = this.hasher.digest();
-      this.hasher = null;
-      this.digests.push(digest);
-      if (!this.matching) continue;
+      this.pending.push(part);
+      const digest = this.hashed(part);
+      if (digest === null) continue;
       const i = blockEnd / BLOCK - 1;
       const base = this.base!;
       if (base.digests.length >= (i + 1) * DIGEST && digest.equals(base.digests.subarray(i * DIGEST, (i + 1) * DIGEST))) {
@@ -128,7 +151,30 @@ export class BodyWriter {
         this.flush(frames);
       }
     }
-    this.writeLiteral(now, frames);
+  }
+
+  /** Bytes `from`.. of `bytes`, just written as (the same bytes of) `frame`: part of this body. */
+  private track(bytes: Buffer, from: number, frame: number): void {
+    if (from >= bytes.length) return;
+    this.keep(frame, from, bytes.length - from);
+    this.done += bytes.length - from;
+    this.refEnd = this.done;
+    for (let at = from; at < bytes.length;) {
+      const n = Math.min(BLOCK - (this.pos % BLOCK), bytes.length - at);
+      this.hashed(at === 0 && n === bytes.length ? bytes : bytes.subarray(at, at + n));
+      at += n;
+    }
+  }
+
+  /** Counts `part` (never past the end of a block) into the body; the block's digest once it is whole. */
+  private hashed(part: Buffer): Buffer | null {
+    this.block.push(part);
+    this.pos += part.length;
+    if (this.pos % BLOCK !== 0) return null;
+    const digest = hash('sha256', this.block.length === 1 ? this.block[0] : Buffer.concat(this.block, BLOCK), 'buffer');
+    this.block = [];
+    this.digests.push(digest);
+    return digest;
   }
 
   private writeRef(frames: number[]): void {

@@ -110,6 +110,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     const w = record.callId === undefined ? undefined : writing.get(record.callId);
     if (!w) return;
     writing.delete(record.callId!);
+    w.request?.close();
+    w.response?.close();
     if (record.status !== 'ok' || record.truncated || record.httpStatus === null || record.httpStatus >= 300) return;
     if (w.failures !== journal.writeFailures) return;
     bases.delete(w.key);
@@ -335,7 +337,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     },
     restartBody(callId: number, kind: 'request' | 'response'): void {
       const w = writing.get(callId);
-      if (w) w[kind] = null;
+      if (!w) return;
+      w[kind]?.close();
+      w[kind] = null;
     },
     callEnded(record: CallRecord): void {
       keepBases(record);
