@@ -45,6 +45,7 @@ function turnText(agent, turn) {
 async function runAgents({ port, agents, turns, prefix }) {
   const lat = [];
   let errors = 0;
+  let bodyBytes = 0;
   await Promise.all(
     Array.from({ length: agents }, async (_, a) => {
       const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
@@ -58,6 +59,7 @@ async function runAgents({ port, agents, turns, prefix }) {
           break;
         }
         lat.push(r.ms);
+        bodyBytes += body.length + r.body.length;
         const answer = JSON.parse(r.body.toString('utf8')).choices[0].message.content;
         messages.push({ role: 'assistant', content: answer });
       }
@@ -71,6 +73,7 @@ async function runAgents({ port, agents, turns, prefix }) {
     p50: lat[Math.floor(lat.length / 2)],
     p99: lat[Math.min(lat.length - 1, Math.floor(lat.length * 0.99))],
     lastPromptBytes: TURN_BYTES * turns,
+    body_bytes: bodyBytes,
   };
 }
 
@@ -108,6 +111,13 @@ function verifyTransitions(dataDir, prefix, expectCalls) {
   return { expected: expectCalls, checked, wrong, continues_previous: continues, avg_transition_bytes: checked ? bytes / checked : 0, problems };
 }
 
+/** Bytes in the files of a directory. */
+function dirBytes(dir) {
+  let n = 0;
+  for (const f of fs.readdirSync(dir)) n += fs.statSync(path.join(dir, f)).size;
+  return n;
+}
+
 function same(a, b) {
   if (!Array.isArray(a) || a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
@@ -123,8 +133,11 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
       const before = t.pid ? proc(t.pid) : null;
       let peak = before ? before.rss : NaN;
       const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 25) : null;
+      const journalBefore = t.name === 'sidecar' ? dirBytes(path.join(sidecarDataDir, 'journal')) : 0;
       const res = await runAgents({ port: t.port, agents, turns, prefix });
       const loadCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
+      // Every episode is still open: nothing of this round has been released yet.
+      const journalBytes = t.name === 'sidecar' ? dirBytes(path.join(sidecarDataDir, 'journal')) - journalBefore : null;
       // The sidecar then closes every episode and exports it: that is capture work too.
       let exportS = 0;
       if (t.name === 'sidecar') exportS = await endRollouts(prefix, agents);
@@ -141,6 +154,7 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidec
         cpu_us_per_call_main: (mainCpu / res.calls) * 1e6,
         peak_rss_mib: peak / 2 ** 20,
         export_s: exportS,
+        journal_bytes: journalBytes,
       });
       if (t.name === 'sidecar') (x.verify ??= []).push(verifyTransitions(sidecarDataDir, prefix, res.calls));
     }

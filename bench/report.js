@@ -78,6 +78,12 @@ function markdown(r) {
         `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_main'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
       );
     }
+    const journaled = (gc.targets.sidecar?.rounds ?? []).filter((x) => typeof x.journal_bytes === 'number');
+    if (journaled.length > 0)
+      L.push(
+        '',
+        `Journal: ${journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`).join('; ')} (per round, while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
+      );
     for (const v of gc.targets.sidecar?.verify ?? [])
       L.push(
         '',
