@@ -335,7 +335,7 @@ export class Journal {
     const locs: Piece[] = [];
     for (const offset of offsets) {
       const [seg, loc] = this.locate(offset);
-      if (loc.length === 3) this.addExtents(locs, this.refExtents(seg, loc), 0, Infinity);
+      if (loc.length === 3) this.addExtents(locs, this.refExtents(seg, loc));
       else locs.push([seg, loc[0], loc[1]]);
     }
     return this.readPieces(locs, scratch);
@@ -356,24 +356,14 @@ export class Journal {
     return decodeExtents(bytes);
   }
 
-  /** Appends the pieces of `extents` that cover `from`..`from + length` of the bytes they name. */
-  private addExtents(locs: Piece[], extents: readonly number[], from: number, length: number): void {
-    let skip = from;
-    let left = length;
-    for (let i = 0; i < extents.length && left > 0; i += 3) {
-      let len = extents[i + 2];
-      if (skip >= len) {
-        skip -= len;
-        continue;
-      }
+  /** Appends the pieces of the bytes `extents` name. */
+  private addExtents(locs: Piece[], extents: readonly number[]): void {
+    for (let i = 0; i < extents.length; i += 3) {
       const [seg, loc] = this.locate(extents[i]);
-      if (loc.length === 3 || extents[i + 1] + len > loc[1]) throw new Error(`journal: extent ${extents[i]}+${extents[i + 1]} does not name body bytes`);
-      len = Math.min(len - skip, left);
-      locs.push([seg, loc[0] + extents[i + 1] + skip, len]);
-      left -= len;
-      skip = 0;
+      if (loc.length === 3 || extents[i + 1] + extents[i + 2] > loc[1])
+        throw new Error(`journal: extent ${extents[i]}+${extents[i + 1]} does not name body bytes`);
+      locs.push([seg, loc[0] + extents[i + 1], extents[i + 2]]);
     }
-    if (left > 0 && left !== Infinity) throw new Error('journal: extents end before the bytes asked for');
   }
 
   private readPieces(locs: readonly Piece[], scratch?: Buffer): Buffer {

@@ -28,6 +28,13 @@ async function until<T>(fn: () => T | null, ms = 10_000): Promise<T> {
 
 describe('crash recovery (child process, SIGKILL)', () => {
   let upstream: FakeModelServer;
+  const sidecarEnv = (dataDir: string) => ({
+    LIGHTNING_UPSTREAM_URL: upstream.url,
+    LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
+    LIGHTNING_DATA_DIR: dataDir,
+    LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
+    LIGHTNING_LOG_LEVEL: 'warn',
+  });
   beforeAll(async () => {
     upstream = await startFakeModelServer({ flavor: 'vllm' });
   });
@@ -35,13 +42,7 @@ describe('crash recovery (child process, SIGKILL)', () => {
 
   it('loses no acknowledged record and no open episode across a SIGKILL, and continues the seq', async () => {
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-'));
-    const env = {
-      LIGHTNING_UPSTREAM_URL: upstream.url,
-      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
-      LIGHTNING_DATA_DIR: dataDir,
-      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
-      LIGHTNING_LOG_LEVEL: 'warn',
-    };
+    const env = sidecarEnv(dataDir);
     const first = await startChildSidecar(env);
     const ask = (origin: string, rollout: string) =>
       new OpenAI({ baseURL: `${origin}/rollout/${rollout}/v1`, apiKey: 'k', maxRetries: 0 }).chat.completions.create({
@@ -88,13 +89,7 @@ describe('crash recovery (child process, SIGKILL)', () => {
 
   it('exports a growing conversation (each call journaled as what it adds to the one before) byte for byte across a SIGKILL', async () => {
     const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-crash-grow-'));
-    const env = {
-      LIGHTNING_UPSTREAM_URL: upstream.url,
-      LIGHTNING_UPSTREAM_FLAVOR: 'vllm',
-      LIGHTNING_DATA_DIR: dataDir,
-      LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
-      LIGHTNING_LOG_LEVEL: 'warn',
-    };
+    const env = sidecarEnv(dataDir);
     type Message = { role: 'system' | 'user' | 'assistant'; content: string };
     const messages: Message[] = [{ role: 'system', content: 'You are a coding agent.' }];
     const asked: Message[][] = [];
