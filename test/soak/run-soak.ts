@@ -1,5 +1,5 @@
 /**
- * `npm run soak [-- --minutes N] [--journal-mib N] [--agents N] [--kills N]`: the long soak (default 3 minutes of load, 8 agents, two SIGKILLs, a
+ * `npm run soak [-- --minutes N] [--journal-mib N] [--agents N] [--kills N] [--context-kib N]`: the long soak (default 3 minutes of load, 8 agents, two SIGKILLs, a
  * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
  * the contract does not hold.
  */
@@ -13,6 +13,8 @@ async function main(): Promise<number> {
   const journalMiB = j >= 0 ? Number(process.argv[j + 1]) : 72;
   const a = process.argv.indexOf('--agents');
   const agents = a >= 0 ? Number(process.argv[a + 1]) : 8;
+  const c = process.argv.indexOf('--context-kib');
+  const contextKiB = c >= 0 ? Number(process.argv[c + 1]) : 0;
   const k = process.argv.indexOf('--kills');
   const kills = k >= 0 ? Number(process.argv[k + 1]) : 2;
   // Kills spread over the middle of the run, away from the Kafka outage.
@@ -24,11 +26,16 @@ async function main(): Promise<number> {
     kafkaDown: [0.1, 0.25],
     retryStorm: [0.55, 0.7],
     journalMaxBytes: journalMiB * 1024 * 1024,
+    contextBytes: contextKiB * 1024,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
   const { samples, ...summary } = report;
   process.stdout.write(
-    JSON.stringify({ ...summary, journal_cap_mib: journalMiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) }, null, 2) + '\n',
+    JSON.stringify(
+      { ...summary, journal_cap_mib: journalMiB, context_kib: contextKiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) },
+      null,
+      2,
+    ) + '\n',
   );
   return report.contract.holds ? 0 : 1;
 }

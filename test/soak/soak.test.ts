@@ -9,6 +9,8 @@ describe('soak (short version; `npm run soak` runs the long one)', () => {
       kafkaDown: [0.15, 0.35],
       retryStorm: [0.7, 0.85],
       journalMaxBytes: 64 * 1024 * 1024,
+      // Every rollout's calls start with 20 KiB of its own context: second calls are journaled as references.
+      contextBytes: 20 * 1024,
     });
     const c = report.contract;
     expect({
@@ -17,7 +19,8 @@ describe('soak (short version; `npm run soak` runs the long one)', () => {
       missing_episodes: c.missing_episodes,
       wrong_rewards: c.wrong_rewards,
       missing_span_joins: c.missing_span_joins,
-    }).toEqual({ unknown: [], missing_calls: [], missing_episodes: [], wrong_rewards: [], missing_span_joins: [] });
+      wrong_requests: c.wrong_requests,
+    }).toEqual({ unknown: [], missing_calls: [], missing_episodes: [], wrong_rewards: [], missing_span_joins: [], wrong_requests: [] });
     expect(report.faults.kills).toBe(2);
     // No kill window: every call whose answer the agent received is exported.
     expect(c.missing_calls_in_kill_window).toEqual([]);

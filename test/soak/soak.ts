@@ -24,6 +24,12 @@ export interface SoakOptions {
   /** Broker answers Produce with a retriable error 70 % of the time between these fractions. */
   retryStorm: [number, number] | null;
   journalMaxBytes: number;
+  /**
+   * Bytes of context (a system message of the rollout's own) that every call of a rollout starts
+   * with, so that its second call is journaled as references to its first's bytes; 0 for none.
+   * The checker then also compares every exported request's context with what was sent.
+   */
+  contextBytes?: number;
   log?: (line: string) => void;
 }
 
@@ -41,6 +47,8 @@ export interface SoakReport {
     wrong_rewards: string[];
     unknown: string[];
     missing_span_joins: string[];
+    /** Transitions whose exported request is not the bytes the agent sent (the context differs). */
+    wrong_requests: string[];
     holds: boolean;
   };
   faults: { kills: number; kafka_outage_ms: number; retry_storm_ms: number };
@@ -54,6 +62,13 @@ const tools = [{ type: 'function', function: { name: 'calculator', parameters: {
 function script(r: ReceivedRequest): Turn {
   const messages = (r.json?.messages ?? []) as { role: string }[];
   return messages.some((m) => m.role === 'tool') ? { content: 'done' } : { toolCalls: [{ name: 'calculator', arguments: { expression: '1+1' } }] };
+}
+
+/** The context every call of `rollout` starts with (its own text, so a reference to another rollout's bytes shows). */
+function contextOf(rollout: string, bytes: number): string {
+  let out = '';
+  for (let i = 0; out.length < bytes; i++) out += `${rollout}: line ${i} of the repository map\n`;
+  return out.slice(0, bytes);
 }
 
 function sleep(ms: number): Promise<void> {
@@ -112,6 +127,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       wrong_rewards: [],
       unknown: [],
       missing_span_joins: [],
+      wrong_requests: [],
       holds: false,
     },
     faults: { kills: 0, kafka_outage_ms: 0, retry_storm_ms: 0 },
@@ -139,6 +155,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     return null;
   }
 
+  const context = opts.contextBytes ?? 0;
   async function call(rollout: string, seq: number, messages: unknown[], stream: boolean): Promise<{ toolCallId: string | null } | null> {
     const tid = `tid:${rollout}:${seq}`;
     let tries = 0;
@@ -150,7 +167,16 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       const res = await fetch(`${sidecar.origin}/rollout/${rollout}/v1/chat/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', authorization: 'Bearer sk-soak-secret-999' },
-        body: JSON.stringify({ model: 'policy', stream, tools, messages: [{ role: 'user', content: tid }, ...messages] }),
+        body: JSON.stringify(
+          context > 0
+            ? {
+                model: 'policy',
+                messages: [{ role: 'system', content: contextOf(rollout, context) }, { role: 'user', content: tid }, ...messages],
+                tools,
+                stream,
+              }
+            : { model: 'policy', stream, tools, messages: [{ role: 'user', content: tid }, ...messages] },
+        ),
       });
       const text = await res.text();
       if (res.status !== 200) return 'retry';
@@ -332,19 +358,20 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       JSON.parse(r.value!.toString()) as {
         transition_id: string;
         rollout_id: string;
-        request: { messages: { content: string }[] };
+        request: { messages: { role: string; content: string }[] };
         final_reward: number | null;
         tool_calls: { id: string; span_id: string | null }[];
       },
   );
   const seenTids = new Map<string, number>();
   for (const t of transitions) {
-    const tid = t.request?.messages?.[0]?.content;
+    const tid = t.request?.messages?.[context > 0 ? 1 : 0]?.content;
     if (typeof tid !== 'string' || !tid.startsWith('tid:')) {
       report.contract.unknown.push(t.transition_id);
       continue;
     }
     seenTids.set(tid, (seenTids.get(tid) ?? 0) + 1);
+    if (context > 0 && t.request.messages[0]?.content !== contextOf(t.rollout_id, context)) report.contract.wrong_requests.push(t.transition_id);
   }
   const generated = new Set<string>();
   for (let a = 0; a < opts.agents; a++) for (let i = 0; i < n; i++) for (const s of [0, 1]) generated.add(`tid:soak-${a}-${i}:${s}`);
@@ -387,7 +414,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     c.missing_episodes.length === 0 &&
     c.wrong_rewards.length === 0 &&
     c.unknown.length === 0 &&
-    c.missing_span_joins.length === 0;
+    c.missing_span_joins.length === 0 &&
+    c.wrong_requests.length === 0;
 
   await sidecar.kill('SIGTERM');
   await upstream.close();
