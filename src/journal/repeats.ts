@@ -156,9 +156,7 @@ export class BodyWriter {
   /** Bytes `from`.. of `bytes`, just written as (the same bytes of) `frame`: part of this body. */
   private track(bytes: Buffer, from: number, frame: number): void {
     if (from >= bytes.length) return;
-    this.keep(frame, from, bytes.length - from);
-    this.done += bytes.length - from;
-    this.refEnd = this.done;
+    this.written(frame, from, bytes.length - from);
     for (let at = from; at < bytes.length;) {
       const n = Math.min(BLOCK - (this.pos % BLOCK), bytes.length - at);
       this.hashed(at === 0 && n === bytes.length ? bytes : bytes.subarray(at, at + n));
@@ -191,8 +189,13 @@ export class BodyWriter {
     frames.push(f);
     let n = 0;
     for (const p of parts) n += p.length;
-    this.keep(f, 0, n);
-    this.done += n;
+    this.written(f, 0, n);
+  }
+
+  /** `length` bytes of `frame` from `start` are the body's next bytes, written as they are. */
+  private written(frame: number, start: number, length: number): void {
+    this.keep(frame, start, length);
+    this.done += length;
     this.refEnd = this.done;
   }
 

@@ -5,7 +5,7 @@ import type { Exporter } from '../exporters/exporter';
 import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
 import { BodyWriter, type BodyBase } from '../journal/repeats';
-import { EpisodeAssembler } from '../processors/episodes/assembler';
+import { EpisodeAssembler, keyOf } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
 import { once, RefusedError, type CaptureSink } from '../model/component';
@@ -166,7 +166,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   function enqueue(closed: ClosedEpisode[], replayMarker?: number): void {
     for (const c of closed) {
       // Its calls are no base for a later episode's.
-      bases.delete(`${c.episode.rollout_id}\u0000${c.episode.attempt_id}`);
+      bases.delete(keyOf(c.episode.rollout_id, c.episode.attempt_id));
       m.episodesClosed.inc({ status: c.episode.episode_status });
       for (const t of c.transitions) {
         if (t.choice_index === 0) countTokens(t);
@@ -311,7 +311,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const floor = id === null || source === 'self' ? null : assembler.floorOf(rolloutId, attemptId);
       // Beyond the cap (calls that never end, which the proxy does not do), calls are journaled whole.
       if (floor !== null && writing.size < maxBases) {
-        writing.set(id!, { key: `${rolloutId}\u0000${attemptId}`, floor, failures: journal.writeFailures, request: null, response: null });
+        writing.set(id!, { key: keyOf(rolloutId, attemptId), floor, failures: journal.writeFailures, request: null, response: null });
       }
       return id;
     },

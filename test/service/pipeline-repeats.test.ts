@@ -31,7 +31,7 @@ function setup(overrides: { max_open_episodes?: number; segment_bytes?: number; 
       processors: { episodes: { max_open_episodes: overrides.max_open_episodes ?? 100, idle_timeout_ms: 3_600_000 } },
     },
   });
-  /** What the exporter read back of every exported call, by the call's first request bytes' tag. */
+  /** What the exporter read back of every exported call (or the error reading it gave). */
   const exported: Read[] = [];
   const tryRead = (read: BodyReader, frames: readonly number[] | undefined): Buffer | Error => {
     try {

@@ -277,6 +277,7 @@ export class EpisodeAssembler {
   }
 }
 
-function keyOf(rolloutId: string, attemptId: string): string {
+/** An episode's key: its rollout and attempt. */
+export function keyOf(rolloutId: string, attemptId: string): string {
   return `${rolloutId}\u0000${attemptId}`;
 }
