@@ -39,6 +39,12 @@ export interface JournalOptions {
   segmentBytes: number;
   /** Appends are refused above this share of maxBytes (readiness turns false there too). */
   highWatermark: number;
+  /**
+   * Bytes of the newest body frames kept in memory as well (default 4 MiB): a call whose episode
+   * closes soon after it ends (a one-call rollout, a final reward right after the last answer) is
+   * extracted and exported without reading its bodies back. Older frames are read from the file.
+   */
+  cacheBytes?: number;
 }
 
 export interface RecoveryReport {
@@ -112,6 +118,21 @@ export class Journal {
    * while a reference frame that is still needed names a frame in it.
    */
   private pins: number[] = [];
+  /**
+   * The newest body frames' bytes (as appended, without their headers), by offset, oldest first:
+   * at most `cacheBytes` of them. Frames still queued are read from here too (a call's episode
+   * may close before the batch of its turn is written); a batch that cannot be written is dropped.
+   */
+  private readonly cache = new Map<number, readonly Buffer[]>();
+  /** The cached offsets in the order they came, from `cacheHead` on (some may be gone already). */
+  private cacheOrder: number[] = [];
+  private cacheHead = 0;
+  /** Which cached frames are reference frames (their bytes are extents). */
+  private readonly refs = new Set<number>();
+  private cacheBytes = 0;
+  private readonly cacheLimit: number;
+  /** Run once the batch queued now is written (or could not be): see `afterWrite`. */
+  private afterWriting: (() => void)[] = [];
   lastWriteError: Error | null = null;
   /** Batches that could not be written (their body frames are not in the journal). */
   writeFailures = 0;
@@ -119,7 +140,9 @@ export class Journal {
   constructor(
     private readonly options: JournalOptions,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    this.cacheLimit = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+  }
 
   /**
    * Scans every segment, truncating a torn or corrupt tail and setting a corrupt middle
@@ -217,10 +240,12 @@ export class Journal {
    * `callId` names the call (the offset of its start record). Refused like `append`.
    */
   appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[]): number {
-    if (Buffer.isBuffer(bytes)) return this.enqueue([bodyHeader(callId, kind), bytes], BODY_HEADER_BYTES + bytes.length, bytes.length, false, false).offset;
+    const parts = Buffer.isBuffer(bytes) ? [bytes] : bytes;
     let length = 0;
-    for (const b of bytes) length += b.length;
-    return this.enqueue([bodyHeader(callId, kind), ...bytes], BODY_HEADER_BYTES + length, length, false, false).offset;
+    for (const b of parts) length += b.length;
+    const { offset } = this.enqueue([bodyHeader(callId, kind), ...parts], BODY_HEADER_BYTES + length, length, false, false);
+    this.remember(offset, parts, length);
+    return offset;
   }
 
   /**
@@ -233,7 +258,31 @@ export class Journal {
     const payload = encodeExtents(extents);
     const { offset } = this.enqueue([bodyHeader(callId, kind, true), payload], BODY_HEADER_BYTES + payload.length, payload.length, true, false);
     this.pin(offset, extents);
+    this.remember(offset, [payload], payload.length);
+    if (this.cache.has(offset)) this.refs.add(offset);
     return offset;
+  }
+
+  /** Keeps a body frame's bytes in memory, the oldest going first past `cacheBytes`. */
+  private remember(offset: number, parts: readonly Buffer[], length: number): void {
+    if (length > this.cacheLimit) return;
+    this.cache.set(offset, parts);
+    this.cacheOrder.push(offset);
+    this.cacheBytes += length;
+    // Oldest first by offset (a Map's first key is slow to find once many were deleted before it).
+    while (this.cacheBytes > this.cacheLimit) this.forget(this.cacheOrder[this.cacheHead++]);
+    if (this.cacheHead > 1024 && this.cacheHead * 2 > this.cacheOrder.length) {
+      this.cacheOrder.splice(0, this.cacheHead);
+      this.cacheHead = 0;
+    }
+  }
+
+  private forget(offset: number): void {
+    const parts = this.cache.get(offset);
+    if (!parts) return;
+    this.cache.delete(offset);
+    this.refs.delete(offset);
+    for (const p of parts) this.cacheBytes -= p.length;
   }
 
   private pin(offset: number, extents: readonly number[]): void {
@@ -267,12 +316,45 @@ export class Journal {
     return { offset, durable };
   }
 
+  /**
+   * Runs `then` once what is queued now is written (or could not be), with the batch of this
+   * turn of the event loop: callers that must not answer before their bytes are in the kernel
+   * share one write instead of one each. `then` runs at once when nothing is queued.
+   */
+  afterWrite(then: () => void): void {
+    if (this.queue.length === 0) {
+      then();
+      return;
+    }
+    this.afterWriting.push(then);
+    this.flushing ??= setImmediate(() => this.flushNow());
+  }
+
   /** Writes everything queued now, synchronously (the bytes are in the kernel when it returns). */
   flushNow(): void {
     if (this.flushing) {
       clearImmediate(this.flushing);
       this.flushing = null;
     }
+    try {
+      this.writeQueued();
+    } finally {
+      if (this.afterWriting.length > 0) {
+        const waiting = this.afterWriting;
+        this.afterWriting = [];
+        for (const then of waiting) {
+          try {
+            then();
+          } catch (err) {
+            // One caller's failure must not keep the others' answers back.
+            this.logger.once('after_write', 'error', 'journal: a write-through callback failed', { err });
+          }
+        }
+      }
+    }
+  }
+
+  private writeQueued(): void {
     if (this.queue.length === 0 || this.fd === null) return;
     const batch = this.queue;
     this.queue = [];
@@ -309,7 +391,11 @@ export class Journal {
       this.logger.once(`write:${(err as NodeJS.ErrnoException).code}`, 'error', 'journal: write failed; records refused', { err });
       // Whatever part of the batch reached the file is unacknowledged: replay may see it, which is at-least-once.
       const refused = new RefusedError('JOURNAL_UNWRITABLE', `journal: cannot write (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, 1000);
-      for (const w of batch) w.reject(refused);
+      for (const w of batch) {
+        // What never reached the file is not read back from memory either.
+        if (w.body !== null) this.forget(w.offset);
+        w.reject(refused);
+      }
       return;
     }
     if (this.options.fsync === 'always') {
@@ -334,9 +420,18 @@ export class Journal {
   readBodies(offsets: readonly number[], scratch?: Buffer): Buffer {
     const locs: Piece[] = [];
     for (const offset of offsets) {
+      const cached = this.cache.get(offset);
+      if (cached && !this.refs.has(offset)) {
+        locs.push([null, 0, cachedLength(cached), offset, 0]);
+        continue;
+      }
+      if (cached) {
+        this.addExtents(locs, decodeExtents(cached[0]));
+        continue;
+      }
       const [seg, loc] = this.locate(offset);
       if (loc.length === 3) this.addExtents(locs, this.refExtents(seg, loc));
-      else locs.push([seg, loc[0], loc[1]]);
+      else locs.push([seg, loc[0], loc[1], offset, 0]);
     }
     return this.readPieces(locs, scratch);
   }
@@ -359,10 +454,16 @@ export class Journal {
   /** Appends the pieces of the bytes `extents` name. */
   private addExtents(locs: Piece[], extents: readonly number[]): void {
     for (let i = 0; i < extents.length; i += 3) {
-      const [seg, loc] = this.locate(extents[i]);
-      if (loc.length === 3 || extents[i + 1] + extents[i + 2] > loc[1])
-        throw new Error(`journal: extent ${extents[i]}+${extents[i + 1]} does not name body bytes`);
-      locs.push([seg, loc[0] + extents[i + 1], extents[i + 2]]);
+      const [frame, start, length] = [extents[i], extents[i + 1], extents[i + 2]];
+      const cached = this.cache.get(frame);
+      if (cached && !this.refs.has(frame)) {
+        if (start + length > cachedLength(cached)) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
+        locs.push([null, 0, length, frame, start]);
+        continue;
+      }
+      const [seg, loc] = this.locate(frame);
+      if (loc.length === 3 || start + length > loc[1]) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
+      locs.push([seg, loc[0] + start, length, frame, start]);
     }
   }
 
@@ -372,9 +473,15 @@ export class Journal {
     const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
     let at = 0;
     for (let i = 0; i < locs.length;) {
+      const seg = locs[i][0];
+      if (seg === null) {
+        at += copyRange(this.cache.get(locs[i][3])!, locs[i][4], locs[i][2], out, at);
+        i++;
+        continue;
+      }
       // A run of frames close together in one segment (a streamed answer's chunks, between other
       // calls' frames) is read with one system call and copied out, not one read per frame.
-      const [seg, pos] = locs[i];
+      const pos = locs[i][1];
       let j = i + 1;
       let spanEnd = pos + locs[i][2];
       while (j < locs.length && locs[j][0] === seg && locs[j][1] >= spanEnd && locs[j][1] - spanEnd <= RUN_GAP && locs[j][1] + locs[j][2] - pos <= RUN_SPAN) {
@@ -455,6 +562,7 @@ export class Journal {
     let removed = 0;
     while (this.segments.length > 1 && this.segments[1].first <= low) {
       const seg = this.segments.shift()!;
+      for (const offset of seg.bodies.keys()) this.forget(offset);
       if (seg.readFd !== null) closeQuietly(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
@@ -496,8 +604,37 @@ export class Journal {
 }
 
 const noop = (): void => {};
-/** A piece of body bytes to read: segment, position, length. */
-type Piece = [Segment, number, number];
+/**
+ * A piece of body bytes to read: segment and position there (null: from the cache), length; the
+ * frame that holds them and where in its bytes they start.
+ */
+type Piece = [Segment | null, number, number, number, number];
+const DEFAULT_CACHE_BYTES = 4 * 1024 * 1024;
+
+function cachedLength(parts: readonly Buffer[]): number {
+  let n = 0;
+  for (const p of parts) n += p.length;
+  return n;
+}
+
+/** Copies `len` bytes from `start` of the concatenation of `parts` into `out` at `at`; returns `len`. */
+function copyRange(parts: readonly Buffer[], start: number, len: number, out: Buffer, at: number): number {
+  let skip = start;
+  let left = len;
+  for (const p of parts) {
+    if (left === 0) break;
+    if (skip >= p.length) {
+      skip -= p.length;
+      continue;
+    }
+    const n = Math.min(p.length - skip, left);
+    p.copy(out, at + len - left, skip, skip + n);
+    left -= n;
+    skip = 0;
+  }
+  if (left > 0) throw new Error('journal: a cached body frame is shorter than its extent');
+  return len;
+}
 const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;

@@ -50,7 +50,13 @@ export interface CaptureSink {
   /** What was written of one body is dropped from the call (it is sent again, changed). */
   restartBody(callId: number, kind: 'request' | 'response'): void;
   callEnded(record: CallRecord): void;
+  /** Writes what is queued now (the bytes are in the kernel when it returns). */
   flush(): void;
+  /**
+   * Runs `then` once what is queued now is written: with the other calls ending in this turn of
+   * the event loop, in one write. The proxy gives the agent an answer's last bytes from here.
+   */
+  afterWrite(then: () => void): void;
   /** Reads journaled body frames back (written through first); throws when they are gone. */
   read(frames: readonly number[]): Buffer;
 }

@@ -5,7 +5,7 @@ import type { Exporter } from '../exporters/exporter';
 import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
 import { BodyWriter, type BodyBase } from '../journal/repeats';
-import { EpisodeAssembler, keyOf } from '../processors/episodes/assembler';
+import { EpisodeAssembler, keyOf, type EpisodeClose } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
 import { once, RefusedError, type CaptureSink } from '../model/component';
@@ -28,8 +28,14 @@ export interface DeliveredMarker {
 }
 export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' } | { type: 'agent_span' }> | SpanObservation | EpisodeClosedMarker | DeliveredMarker;
 
+/** Closed episodes exported in one batch at most, and how long a first one waits for company. */
+const EXPORT_BATCH = 64;
+const EXPORT_LINGER_MS = 5;
+
 interface Queued {
-  closed: ClosedEpisode;
+  close: EpisodeClose;
+  /** Its transitions, built when its batch is first exported. */
+  built: ClosedEpisode | null;
   /** Offset of its close marker; set once the marker is appended. */
   marker: number;
   durable: Promise<unknown>;
@@ -127,7 +133,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   /** Applies one journaled record; returns what closed. */
-  function applyRecord(record: JournalRecord, offset: number): ClosedEpisode[] {
+  function applyRecord(record: JournalRecord, offset: number): EpisodeClose[] {
     switch (record.type) {
       case 'span': {
         const r = router.route(record, offset);
@@ -139,13 +145,13 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
           });
           return [];
         }
-        return spanRecords(record, r).flatMap((rec) => assembler.apply(rec, offset));
+        return spanRecords(record, r).flatMap((rec) => assembler.step(rec, offset));
       }
       case 'call_start': {
-        const closed = assembler.apply(record, offset);
+        const closed = assembler.step(record, offset);
         if (record.traceId) {
           const released = router.noteTrace(record.traceId, { rolloutId: record.correlation.rolloutId, attemptId: record.correlation.attemptId });
-          for (const p of released) for (const rec of spanRecords(p.observation, record.correlation)) closed.push(...assembler.apply(rec, p.offset));
+          for (const p of released) for (const rec of spanRecords(p.observation, record.correlation)) closed.push(...assembler.step(rec, p.offset));
         }
         return closed;
       }
@@ -158,64 +164,73 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         return [];
       }
       default:
-        return assembler.apply(record, offset);
+        return assembler.step(record, offset);
     }
   }
 
   /** Journals close markers for what the rules closed (live), queues them for export. */
-  function enqueue(closed: ClosedEpisode[], replayMarker?: number): void {
+  function enqueue(closed: EpisodeClose[], replayMarker?: number): void {
     for (const c of closed) {
+      const { rolloutId, attemptId } = c.facts;
       // Its calls are no base for a later episode's.
-      bases.delete(keyOf(c.episode.rollout_id, c.episode.attempt_id));
-      m.episodesClosed.inc({ status: c.episode.episode_status });
-      for (const t of c.transitions) {
-        if (t.choice_index === 0) countTokens(t);
-        for (const tc of t.tool_calls) {
-          m.toolSpans.inc({ outcome: tc.status ?? 'unobserved' });
-          if (tc.reward !== null) m.airRewards.observe(tc.reward);
-        }
-      }
-      if (replayMarker !== undefined) {
-        queue.push({ closed: c, marker: replayMarker, durable: Promise.resolve() });
+      bases.delete(keyOf(rolloutId, attemptId));
+      m.episodesClosed.inc({ status: c.status });
+      if (replayMarker !== undefined || c.closedByRecord !== undefined) {
+        // Replayed, or closed by its own record (which a replay closes again): no marker to journal.
+        queue.push({ close: c, built: null, marker: c.closedByRecord ?? replayMarker!, durable: Promise.resolve() });
         continue;
       }
-      const marker: EpisodeClosedMarker = {
-        type: 'episode_closed',
-        rolloutId: c.episode.rollout_id,
-        attemptId: c.episode.attempt_id,
-        status: c.episode.episode_status,
-        at: Date.parse(c.episode.ended_at),
-      };
+      const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId, attemptId, status: c.status, at: c.facts.endedAt };
       try {
         const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
-        queue.push({ closed: c, marker: offset, durable });
+        queue.push({ close: c, built: null, marker: offset, durable });
       } catch (err) {
         // The journal refuses (full/closed): export anyway; a replay may close this episode again.
         log.once('marker', 'warn', 'journal refused a close marker; exporting without it', { err });
-        queue.push({ closed: c, marker: -1, durable: Promise.resolve() });
+        queue.push({ close: c, built: null, marker: -1, durable: Promise.resolve() });
       }
     }
     m.openEpisodes.set(assembler.openCount);
     if (!stopping || closed.length > 0) pump();
   }
 
+  /** A queued episode's transitions, built once (their calls' facts extracted from the journal). */
+  function built(q: Queued): ClosedEpisode {
+    if (q.built) return q.built;
+    const c = (q.built = assembler.build(q.close));
+    for (const t of c.transitions) {
+      if (t.choice_index === 0) countTokens(t);
+      for (const tc of t.tool_calls) {
+        m.toolSpans.inc({ outcome: tc.status ?? 'unobserved' });
+        if (tc.reward !== null) m.airRewards.observe(tc.reward);
+      }
+    }
+    return c;
+  }
+
   function pump(): void {
     if (pumping || queue.length === 0 || recovery === null) return;
-    pumping = drainQueue().finally(() => {
+    pumping = lingerThenDrain().finally(() => {
       pumping = null;
       if (queue.length > 0 && !stopping) pump();
     });
   }
 
+  /**
+   * Episodes that close within a few milliseconds of each other are exported together: one write
+   * or produce request, one delivery marker and one release for many (as a Kafka producer's linger).
+   */
+  async function lingerThenDrain(): Promise<void> {
+    if (!stopping && queue.length < EXPORT_BATCH) await new Promise((r) => setTimeout(r, EXPORT_LINGER_MS).unref());
+    await drainQueue();
+  }
+
   async function drainQueue(): Promise<void> {
     while (queue.length > 0) {
-      const batch = queue.slice(0, 64);
+      const batch = queue.slice(0, EXPORT_BATCH);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        await deps.exporter.export(
-          batch.map((q) => q.closed),
-          read,
-        );
+        await deps.exporter.export(batch.map(built), read);
       } catch (err) {
         m.exportErrors.inc({ exporter: deps.exporter.name, kind: 'retryable' });
         backoffMs = Math.min(Math.max(backoffMs * 2, 100), 10_000);
@@ -228,10 +243,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       queue.splice(0, batch.length);
       m.transitionsExported.inc(
         { exporter: deps.exporter.name },
-        batch.reduce((n, q) => n + q.closed.transitions.length, 0),
+        batch.reduce((n, q) => n + built(q).transitions.length, 0),
       );
       const deliveredAt = Date.now();
-      for (const q of batch) for (const t of q.closed.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+      for (const q of batch) for (const t of built(q).transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         try {
@@ -245,7 +260,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   async function release(): Promise<void> {
-    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), writingFloor(), ...queue.map((q) => q.closed.firstOffset), journal.next);
+    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), writingFloor(), ...queue.map((q) => q.close.firstOffset), journal.next);
     const removed = await journal.release(low).catch((err) => {
       log.once('release', 'error', 'journal: could not delete delivered segments', { err });
       return 0;
@@ -291,7 +306,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     const at = now();
     for (const o of router.expire(at)) m.spansClassified.inc({ kind: o.what.kind, result: 'unattributed' });
     m.pendingSpans.set(router.pending);
-    enqueue(assembler.apply({ type: 'tick', at }));
+    enqueue(assembler.step({ type: 'tick', at }));
   }
 
   /** Token counts and calls without ids, counted when their transitions are built. */
@@ -350,6 +365,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     },
     flush(): void {
       journal.flushNow();
+    },
+    afterWrite(then: () => void): void {
+      journal.afterWrite(then);
     },
     read(frames: readonly number[], scratch?: Buffer): Buffer {
       journal.flushNow();

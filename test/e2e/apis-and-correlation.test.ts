@@ -82,12 +82,19 @@ describe('correlation of proxied calls to rollouts', () => {
     expect(sidecar.transitions()[0]).toMatchObject({ rollout_id: traceId, trace_id: traceId, span_id: '00f067aa0ba902b7' });
   });
 
-  it('makes a call with no correlation at all its own one-call rollout', async () => {
+  it('makes a call with no correlation at all its own one-call rollout, closed when the call ends', async () => {
     const client = new OpenAI({ baseURL: sidecar.baseUrl, apiKey: 'k', maxRetries: 0 });
     await ask(client);
     await ask(client);
-    await new Promise((r) => setTimeout(r, 50));
-    expect(sidecar.app.pipeline.assembler.openCount).toBe(2);
+    // Nothing can name a made-up rollout id again: no idle timeout to wait for.
+    await sidecar.waitForEpisodes(2);
+    expect(sidecar.app.pipeline.assembler.openCount).toBe(0);
+    const [a, b] = sidecar.transitions();
+    expect(a.rollout_id).toMatch(/^call-/);
+    expect(b.rollout_id).toMatch(/^call-/);
+    expect(a.rollout_id).not.toBe(b.rollout_id);
+    expect(a).toMatchObject({ seq: 0, is_last: true, episode_status: 'completed', final_reward: null });
+    expect(sidecar.episodes().map((e) => e.episode_status)).toEqual(['completed', 'completed']);
   });
 });
 

@@ -174,7 +174,8 @@ describe('journal body frames', () => {
 
   it('reads a body of many frames between other frames (a streamed answer among others) as the same bytes, near or far apart', async () => {
     const dir = tmp();
-    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20 });
+    // Nothing kept in memory: every read goes to the file.
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 0 });
     const a = j.append(Buffer.from('{"type":"call_start","n":1}')).offset;
     const b = j.append(Buffer.from('{"type":"call_start","n":2}')).offset;
     const mine: number[] = [];
@@ -191,6 +192,78 @@ describe('journal body frames', () => {
     expect(j.readBodies(mine).toString()).toBe(Buffer.concat(expected).toString());
     expect(j.readBodies(mine, Buffer.alloc(4096)).toString()).toBe(Buffer.concat(expected).toString());
     expect(j.readBodies([mine[3], mine[40]]).toString()).toBe(expected[3].toString() + expected[40].toString());
+    await j.close();
+  });
+
+  it('reads the newest body frames from memory, even before their batch is written, and older ones from the file', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 1000 });
+    const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
+    const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'));
+    const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')]);
+    // Queued, not yet written: readable all the same (an episode may be built before the write).
+    expect(j.readBodies([recent]).toString()).toBe('r'.repeat(300) + 's'.repeat(300));
+    j.flushNow();
+    // The file's bytes change under the journal: what is read from memory does not.
+    const file = path.join(dir, readdirSync(dir)[0]);
+    writeFileSync(
+      file,
+      readFileSync(file, 'latin1')
+        .replace(/o{600}/, 'O'.repeat(600))
+        .replace(/r{300}/, 'R'.repeat(300)),
+      'latin1',
+    );
+    expect(j.readBodies([recent]).toString()).toBe('r'.repeat(300) + 's'.repeat(300));
+    expect(j.readBodies([old]).toString()).toBe('O'.repeat(600));
+    // A range across the parts of a frame kept in memory.
+    expect(j.readBodies([old, recent], Buffer.alloc(2000)).toString()).toBe('O'.repeat(600) + 'r'.repeat(300) + 's'.repeat(300));
+    await j.close();
+  });
+
+  it('does not read from memory what a failed write lost, nor what a released segment held', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 256, maxBytes: 8 << 20 });
+    const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
+    const kept = j.appendBody(call, 'request', Buffer.from('{"kept":true}'));
+    j.flushNow();
+    const internals = j as unknown as { fd: number | null };
+    const fd = internals.fd;
+    internals.fd = 1 << 20;
+    const lost = j.appendBody(call, 'response', Buffer.from('{"lost":true}'));
+    j.flushNow();
+    internals.fd = fd;
+    expect(j.writeFailures).toBe(1);
+    expect(() => j.readBodies([lost])).toThrow(/not in the journal/);
+    expect(j.readBodies([kept]).toString()).toBe('{"kept":true}');
+    for (let i = 0; i < 5; i++) await j.append(Buffer.from(`{"filler":"${'z'.repeat(300)}"}`)).durable;
+    await j.release(j.next);
+    expect(() => j.readBodies([kept])).toThrow(/not in the journal/);
+    await j.close();
+  });
+
+  it('runs what waits for a write once the batch of its turn is written, all of it, in one write', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
+    const order: string[] = [];
+    // Nothing queued: at once.
+    j.afterWrite(() => order.push('idle'));
+    expect(order).toEqual(['idle']);
+    const sizes: number[] = [];
+    const file = () => statSync(path.join(dir, readdirSync(dir)[0])).size;
+    for (const name of ['a', 'b', 'c']) {
+      j.append(Buffer.from(`{"call":"${name}"}`));
+      j.afterWrite(() => {
+        sizes.push(file());
+        order.push(name);
+        if (name === 'b') throw new Error('one caller fails');
+      });
+    }
+    expect(order).toEqual(['idle']);
+    await new Promise((r) => setImmediate(r));
+    expect(order).toEqual(['idle', 'a', 'b', 'c']);
+    // The three records were in the file before any of them was told, written together.
+    expect(new Set(sizes).size).toBe(1);
+    expect(sizes[0]).toBe(file());
     await j.close();
   });
 });

@@ -22,6 +22,7 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
     bodyFlush: () => true,
     callEnded: (r) => void ended.push(r),
     flush: () => {},
+    afterWrite: (then) => then(),
     read: (offsets) => read(offsets),
   };
   const read: BodyReader = (offsets) => Buffer.concat(offsets.map((o) => frames.get(o)!));

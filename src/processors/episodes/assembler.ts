@@ -3,7 +3,7 @@ import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, Pipelin
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
 import type { BodyReader } from '../../formats/extract';
-import { buildEpisode, type TransitionOptions } from '../rewards/transitions';
+import { buildEpisode, type EpisodeFacts, type TransitionOptions } from '../rewards/transitions';
 
 export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };
 
@@ -36,6 +36,22 @@ interface OpenEpisode {
   firstOffset: number;
 }
 
+/**
+ * An episode the rules closed: what it holds and how it closed. Its transitions are built from
+ * it (`EpisodeAssembler.build`) when it is exported, off the path of the call that closed it.
+ */
+export interface EpisodeClose {
+  facts: EpisodeFacts;
+  status: EpisodeStatus;
+  /** Lowest journal offset among the records of this episode (what must be kept until delivery). */
+  firstOffset: number;
+  /**
+   * Set when the record at this offset closed the episode by itself (a one-call rollout's call):
+   * a replay of that record closes it again, so no close marker is journaled for it.
+   */
+  closedByRecord?: number;
+}
+
 /** Counts of records that arrived for episodes already closed (for metrics). */
 export interface LateCounts {
   calls: number;
@@ -55,11 +71,11 @@ export class EpisodeAssembler {
   private readonly open = new Map<string, OpenEpisode>();
   private readonly recentlyClosed = new Map<string, true>();
   readonly late: LateCounts = { calls: 0, rewards: 0, toolSpans: 0 };
-  private readonly build: TransitionOptions;
+  private readonly buildOptions: TransitionOptions;
 
   constructor(private readonly options: AssemblerOptions) {
     const air = options.air;
-    this.build = {
+    this.buildOptions = {
       credit: options.credit,
       airWeight: air?.enabled ? air.weight : 0,
       air: air?.enabled ? compileRules(air.rules) : null,
@@ -85,9 +101,20 @@ export class EpisodeAssembler {
   /** Newest numeric policy version the control channel has named (from journaled policy records). */
   private maxPolicySeen: number | null = null;
 
+  /** Applies one event; returns the episodes it closed, with their transitions built. */
   apply(event: AssemblerEvent, offset = this.offset): ClosedEpisode[] {
+    return this.step(event, offset).map((c) => this.build(c));
+  }
+
+  /** The transitions and summary of a closed episode (extraction reads its calls' bodies). */
+  build(c: EpisodeClose): ClosedEpisode {
+    return buildEpisode(c.facts, c.status, this.buildOptions);
+  }
+
+  /** Applies one event; returns the episodes it closed, not yet built. */
+  step(event: AssemblerEvent, offset = this.offset): EpisodeClose[] {
     this.offset = offset;
-    const closed: ClosedEpisode[] = [];
+    const closed: EpisodeClose[] = [];
     switch (event.type) {
       case 'policy': {
         const n = Number(event.version);
@@ -115,6 +142,14 @@ export class EpisodeAssembler {
         ep.groupId ??= event.correlation.groupId;
         ep.startedAt = Math.min(ep.startedAt, event.startedAt);
         ep.lastCallEndedAt = Math.max(ep.lastCallEndedAt, event.endedAt);
+        if (event.correlation.source === 'self' && ep.inFlight.size === 0) {
+          // A rollout id the sidecar made up is never named again: the call was the whole rollout.
+          // Decided by the record alone, so a replay closes it at the same record.
+          const c = this.close(key, ep, 'completed', event.endedAt, false);
+          c.closedByRecord = this.offset;
+          closed.push(c);
+          return closed;
+        }
         this.closeIfDue(key, ep, event.endedAt, closed);
         return closed;
       }
@@ -163,7 +198,7 @@ export class EpisodeAssembler {
   }
 
   /** Closes one episode as the journal recorded it closing (replay). */
-  forceClose(rolloutId: string, attemptId: string, status: EpisodeStatus, at: number): ClosedEpisode | null {
+  forceClose(rolloutId: string, attemptId: string, status: EpisodeStatus, at: number): EpisodeClose | null {
     const key = keyOf(rolloutId, attemptId);
     const ep = this.open.get(key);
     return ep ? this.close(key, ep, status, at) : null;
@@ -192,13 +227,13 @@ export class EpisodeAssembler {
   }
 
   /** Closes every open episode now (shutdown that nothing will resume). */
-  drain(at: number): ClosedEpisode[] {
-    const closed: ClosedEpisode[] = [];
+  drain(at: number): EpisodeClose[] {
+    const closed: EpisodeClose[] = [];
     for (const [key, ep] of this.open) closed.push(this.close(key, ep, ep.closeRequestedAt !== null ? 'completed' : 'timed_out', at));
     return closed;
   }
 
-  private touch(rolloutId: string, attemptId: string, at: number, closed: ClosedEpisode[]): OpenEpisode {
+  private touch(rolloutId: string, attemptId: string, at: number, closed: EpisodeClose[]): OpenEpisode {
     const key = keyOf(rolloutId, attemptId);
     let ep = this.open.get(key);
     if (ep) {
@@ -244,20 +279,21 @@ export class EpisodeAssembler {
     return null;
   }
 
-  private closeIfDue(key: string, ep: OpenEpisode, at: number, closed: ClosedEpisode[]): void {
+  private closeIfDue(key: string, ep: OpenEpisode, at: number, closed: EpisodeClose[]): void {
     if (this.replaying) return;
     const status = this.dueStatus(ep, at);
     if (status) closed.push(this.close(key, ep, status, at));
   }
 
-  private close(key: string, ep: OpenEpisode, status: EpisodeStatus, at: number): ClosedEpisode {
+  /** `late`: remember the key, to count records that arrive after the close (not for made-up rollout ids, never named again). */
+  private close(key: string, ep: OpenEpisode, status: EpisodeStatus, at: number, late = true): EpisodeClose {
     this.open.delete(key);
-    this.recentlyClosed.set(key, true);
+    if (late) this.recentlyClosed.set(key, true);
     if (this.recentlyClosed.size > 4 * this.options.episodes.max_open_episodes) {
       this.recentlyClosed.delete(this.recentlyClosed.keys().next().value as string);
     }
-    return buildEpisode(
-      {
+    return {
+      facts: {
         rolloutId: ep.rolloutId,
         attemptId: ep.attemptId,
         groupId: ep.groupId,
@@ -272,8 +308,8 @@ export class EpisodeAssembler {
         maxPolicySeen: this.maxPolicySeen,
       },
       status,
-      this.build,
-    );
+      firstOffset: ep.firstOffset,
+    };
   }
 }
 

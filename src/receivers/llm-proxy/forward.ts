@@ -1,5 +1,4 @@
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
-import https from 'node:https';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import type { LlmProxyConfig } from '../../config/schema';
 import type { Api } from '../../model/records';
@@ -12,6 +11,7 @@ import { forwardHeaders } from './forward-headers';
 import { fieldsFor, injectFields, StreamInjector } from './inject';
 import type { ProxyDeps } from './proxy';
 import { broughtMembers, nullMemberParts, SseStripper } from './strip';
+import { UpstreamClient, type UpstreamRequest, type UpstreamResponse } from './upstream-client';
 
 /**
  * One proxied call, from the agent's body to the end of the answer: the request streams to the
@@ -28,28 +28,23 @@ export interface ForwardContext {
   log: Logger;
   m: Metrics;
   tooLarge: (req: IncomingMessage, res: ServerResponse, api: Api | null, capture: CallCapture | null, t0: number) => void;
-  finishCapture: (capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number) => void;
+  finishCapture: (capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number) => boolean;
   journalRequest: (capture: CallCapture, body: Buffer) => void;
 }
 
 export interface Upstream {
-  client: typeof http | typeof https;
-  agent: http.Agent;
-  hostname: string;
-  port: number;
+  client: UpstreamClient;
+  /** The Host header value. */
   host: string;
+  /** Path prefix of the upstream URL (e.g. `/v1`). */
   basePath: string;
 }
 
 export function parseUpstream(url: string): Upstream {
   const u = new URL(url);
   const secure = u.protocol === 'https:';
-  const client = secure ? https : http;
   return {
-    client,
-    agent: new client.Agent({ keepAlive: true, maxFreeSockets: 256 }),
-    hostname: u.hostname.replace(/^\[|\]$/g, ''),
-    port: u.port ? Number(u.port) : secure ? 443 : 80,
+    client: new UpstreamClient({ hostname: u.hostname.replace(/^\[|\]$/g, ''), port: u.port ? Number(u.port) : secure ? 443 : 80, secure }),
     host: u.host,
     basePath: u.pathname.replace(/\/+$/, ''),
   };
@@ -87,18 +82,31 @@ export function forwardCall(
     let rejected = false;
     let upstreamT0 = 0;
     let received = 0;
-    let ureq: http.ClientRequest | null = null;
-    /** Ends the call: its record is journaled and written through, then `deliver` (the agent's last bytes), then metrics. */
+    let ureq: UpstreamRequest | null = null;
+    /**
+     * Ends the call: its record is journaled and written through (with the other calls ending in
+     * this turn of the event loop), then `deliver` (the agent's last bytes), then metrics.
+     */
     const settle = (status: 'ok' | 'error' | 'aborted', error: string | null, statusClass: string, deliver?: () => void): void => {
       if (settled) return;
       settled = true;
-      if (capture) finishCapture(capture, status, error, t0);
+      const finish = (): void => {
+        try {
+          deliver?.();
+        } finally {
+          m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
+          m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
+          resolve();
+        }
+      };
+      if (!capture || !finishCapture(capture, status, error, t0)) return finish();
       try {
-        deliver?.();
-      } finally {
-        m.proxyRequests.inc({ api: api ?? 'other', status_class: statusClass });
-        m.proxyDuration.observe({ api: api ?? 'other', streamed: capture?.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
-        resolve();
+        deps.capture.afterWrite(finish);
+      } catch (err) {
+        // Capture never fails the call: the answer goes out unwritten, counted.
+        m.captureDrops.inc({ reason: 'capture_error' });
+        log.once('capture_write_error', 'error', 'capture could not write a call through; the call itself is served', { err });
+        finish();
       }
     };
     const upstreamBroke = (reason: string): void => {
@@ -107,16 +115,9 @@ export function forwardCall(
       settle('error', reason, 'upstream_abort');
     };
 
-    const dispatch = (headers: string[]): http.ClientRequest => {
+    const dispatch = (headers: string[]): UpstreamRequest => {
       upstreamT0 = performance.now();
-      const r = upstream.client.request({
-        hostname: upstream.hostname,
-        port: upstream.port,
-        method: req.method,
-        path: upstreamPath(upstream.basePath, path),
-        headers: headers as unknown as http.OutgoingHttpHeaders,
-        agent: upstream.agent,
-      });
+      const r = upstream.client.request({ method: req.method ?? 'GET', path: upstreamPath(upstream.basePath, path), headers });
       r.setTimeout(config.upstream_timeout_ms, () => r.destroy(new UpstreamTimeout()));
       r.on('response', (ures) => onResponse(ures));
       r.on('error', (err: NodeJS.ErrnoException) => onUpstreamError(err));
@@ -144,7 +145,7 @@ export function forwardCall(
       return true;
     };
 
-    const onResponse = (ures: IncomingMessage): void => {
+    const onResponse = (ures: UpstreamResponse): void => {
       const tHead = performance.now();
       const status = ures.statusCode ?? 502;
       const streamed = (ures.headers['content-type'] ?? '').startsWith('text/event-stream');
@@ -214,7 +215,7 @@ export function forwardCall(
     };
 
     /** A JSON answer with members given back as null: held whole, sent with its new length. */
-    const relayStrippedJson = (ures: IncomingMessage, status: number, out: string[], strip: string[]): void => {
+    const relayStrippedJson = (ures: UpstreamResponse, status: number, out: string[], strip: string[]): void => {
       const parts: Buffer[] = [];
       ures.on('data', (chunk: Buffer) => {
         if (capture!.firstByteAt === null) capture!.firstByteAt = performance.now();
@@ -240,7 +241,7 @@ export function forwardCall(
     };
 
     /** The server refused the call: if it names a field the sidecar added, send the call again without them. */
-    const checkRefusal = (ures: IncomingMessage, added: string[]): void => {
+    const checkRefusal = (ures: UpstreamResponse, added: string[]): void => {
       const parts: Buffer[] = [];
       let bytes = 0;
       ures.on('data', (chunk: Buffer) => {
@@ -347,7 +348,7 @@ export function forwardCall(
     } else {
       // With an injector, the upstream request starts once the body's first bytes show where the
       // fields go (its content-length grows by what is added).
-      const open = (): http.ClientRequest => {
+      const open = (): UpstreamRequest => {
         const declared = req.headers['content-length'];
         const extra = injector?.extraBytes ?? 0;
         const headers =
@@ -357,7 +358,7 @@ export function forwardCall(
         ureq = dispatch(headers);
         return ureq;
       };
-      let r: http.ClientRequest | null = injector ? null : open();
+      let r: UpstreamRequest | null = injector ? null : open();
       const send = (parts: Buffer[]): void => {
         let ok = true;
         for (const part of parts) {

@@ -186,7 +186,10 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     const api = capture.api as TranslatedApi;
     const body = await readWhole(req, config.max_request_bytes);
     if (body === 'too_large') return tooLarge(req, res, api, capture, t0);
-    if (body === 'aborted') return finishCapture(capture, 'aborted', 'the client stopped sending its request body', t0);
+    if (body === 'aborted') {
+      finishCapture(capture, 'aborted', 'the client stopped sending its request body', t0);
+      return;
+    }
     const planned = planTranslation(api, body);
     if (!planned.ok) {
       m.translatedCalls.inc({ api, result: 'passed_through' });
@@ -216,6 +219,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         m.proxyRequests.inc({ api, status_class: statusClass });
         m.proxyDuration.observe({ api, streamed: o.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
         finishCapture(capture, o.status, o.error, t0);
+        deps.capture.flush();
       },
     });
   }
@@ -252,17 +256,22 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     }
   }
 
-  /** Journals the call's end record and writes the journal through before the agent's answer completes. */
-  function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): void {
-    if (capture.callId === null) return;
+  /**
+   * Journals the call's end record; false when it could not be (nothing to write through). Where
+   * the agent's answer is still to complete, the caller writes the journal through first
+   * (`capture.flush` or `capture.afterWrite`).
+   */
+  function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): boolean {
+    if (capture.callId === null) return false;
     try {
       const record = capture.finish({ status, error, endedAt: now(), endedMono: performance.now() }, t0);
       if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
       deps.capture.callEnded(record);
-      deps.capture.flush();
+      return true;
     } catch (err) {
       m.captureDrops.inc({ reason: 'capture_error' });
       log.once('capture_error', 'error', 'capture of a proxied call failed; the call itself was served', { err });
+      return false;
     }
   }
 
@@ -302,7 +311,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const deadline = new Promise<void>((r) => setTimeout(r, deadlineMs).unref());
         await Promise.race([Promise.allSettled([...inFlight]), deadline]);
         for (const s of sockets) s.destroy();
-        upstream.agent.destroy();
+        upstream.client.close();
       })();
       return shutdownOnce.p;
     },

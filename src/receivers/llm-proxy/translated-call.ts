@@ -1,11 +1,10 @@
-import type http from 'node:http';
-import type https from 'node:https';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import type { SseEvent } from '../../formats/sse';
 import type { CallCapture } from './capture';
 import { forwardHeaders, rawHeader } from './forward-headers';
 import { SseEventTooLargeError, SseSplitter } from './sse-lines';
+import type { UpstreamClient, UpstreamRequest, UpstreamResponse } from './upstream-client';
 import {
   anthropicToChatRequest,
   ChatStreamToAnthropicEvents,
@@ -30,10 +29,7 @@ export type TranslationPlan =
 export type PlanResult = TranslationPlan | { ok: false; reason: string };
 
 export interface UpstreamTarget {
-  client: typeof http | typeof https;
-  agent: http.Agent;
-  hostname: string;
-  port: number;
+  client: UpstreamClient;
   /** The Host header value. */
   host: string;
   /** Path prefix of the upstream URL (e.g. `/v1`); chat completions go to `${basePath}/chat/completions`. */
@@ -54,7 +50,7 @@ export interface TranslatedCallOptions {
   /** Makes a copy of a parsed request body without secret fields; journaled bodies go through it when set. */
   redact?: ((body: unknown) => unknown) | null;
   /** Called with the upstream's response head (e.g. to read a policy-version header, or time the first byte). */
-  upstreamResponded?: (ures: IncomingMessage) => void;
+  upstreamResponded?: (ures: UpstreamResponse) => void;
   /**
    * Called once with the outcome before the agent's response completes (before its last bytes
    * are written), so the call's record can be journaled first; for an abort, when it is seen.
@@ -125,8 +121,8 @@ const OUT_OF_BAND = /^anthropic-/i;
 type StreamTranslator = ChatStreamToResponsesEvents | ChatStreamToAnthropicEvents;
 
 class TranslatedCall {
-  private ureq: http.ClientRequest | null = null;
-  private ures: IncomingMessage | null = null;
+  private ureq: UpstreamRequest | null = null;
+  private ures: UpstreamResponse | null = null;
   private done = false;
   private timedOut = false;
   private paused = false;
@@ -175,12 +171,9 @@ class TranslatedCall {
   private send(chatBytes: Buffer): void {
     const { o } = this;
     const ureq = o.upstream.client.request({
-      hostname: o.upstream.hostname,
-      port: o.upstream.port,
       method: 'POST',
       path: `${o.upstream.basePath}/chat/completions`,
-      headers: this.upstreamHeaders(chatBytes.length) as unknown as http.OutgoingHttpHeaders,
-      agent: o.upstream.agent,
+      headers: this.upstreamHeaders(chatBytes.length),
     });
     this.ureq = ureq;
     ureq.setTimeout(o.timeoutMs, () => {
@@ -220,7 +213,7 @@ class TranslatedCall {
     }
   }
 
-  private onResponse(ures: IncomingMessage): void {
+  private onResponse(ures: UpstreamResponse): void {
     this.ures = ures;
     this.o.upstreamResponded?.(ures);
     const status = ures.statusCode ?? 502;
@@ -287,7 +280,7 @@ class TranslatedCall {
     return true;
   }
 
-  private collect(ures: IncomingMessage, then: (body: Buffer) => void): void {
+  private collect(ures: UpstreamResponse, then: (body: Buffer) => void): void {
     const parts: Buffer[] = [];
     ures.on('data', (chunk: Buffer) => {
       if (this.done) return;
@@ -304,7 +297,7 @@ class TranslatedCall {
     });
   }
 
-  private relayStream(ures: IncomingMessage): void {
+  private relayStream(ures: UpstreamResponse): void {
     const t: StreamTranslator =
       this.plan.api === 'responses' ? new ChatStreamToResponsesEvents(this.plan.context) : new ChatStreamToAnthropicEvents(this.plan.context);
     const splitter = new SseSplitter();

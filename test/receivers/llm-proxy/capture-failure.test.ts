@@ -37,6 +37,9 @@ describe('capture failures', () => {
         flush: () => {
           throw new Error('pipeline exploded on flush');
         },
+        afterWrite: () => {
+          throw new Error('pipeline exploded waiting for a write');
+        },
         read: () => {
           throw new Error('pipeline exploded on read');
         },

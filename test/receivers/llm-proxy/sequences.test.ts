@@ -23,6 +23,7 @@ describe('call sequence numbers', () => {
         bodyFlush: () => true,
         callEnded: () => {},
         flush: () => {},
+        afterWrite: (then) => then(),
         read: () => Buffer.alloc(0),
       },
     });

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslatedOutcome } from '../../../src/receivers/llm-proxy/translated-call';
 import { SseSplitter } from '../../../src/receivers/llm-proxy/sse-lines';
+import { UpstreamClient } from '../../../src/receivers/llm-proxy/upstream-client';
 import { extractFacts, resolveIds } from '../../../src/formats/extract';
 import { parseSse } from '../../../src/formats/sse';
 import type { CallRecord } from '../../../src/model/records';
@@ -28,7 +29,15 @@ interface Served {
 }
 
 const FIELDS = { return_token_ids: 'true', logprobs: 'true' };
-const upstreamAgent = new http.Agent({ keepAlive: true });
+const upstreamClients: UpstreamClient[] = [];
+/** The proxy's upstream client for a port (one each, as the proxy keeps one). */
+function clientFor(port: number): UpstreamClient {
+  const found = upstreamClients.find((c) => c.origin.port === port);
+  if (found) return found;
+  const c = new UpstreamClient({ hostname: '127.0.0.1', port, secure: false });
+  upstreamClients.push(c);
+  return c;
+}
 
 let upstream: VllmLikeServer;
 let script: ((r: ReceivedRequest) => VllmTurn) | null = null;
@@ -73,7 +82,7 @@ function handle(req: IncomingMessage, res: ServerResponse, body: Buffer): void {
   call.outcome = serveTranslated(res, plan, {
     body,
     agentHeaders: req.rawHeaders,
-    upstream: { client: http, agent: upstreamAgent, hostname: '127.0.0.1', port: target.port, host: `127.0.0.1:${target.port}`, basePath: '/v1' },
+    upstream: { client: clientFor(target.port), host: `127.0.0.1:${target.port}`, basePath: '/v1' },
     fields: FIELDS,
     timeoutMs: target.timeoutMs,
     capture,
@@ -102,7 +111,7 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const s of gatewaySockets) s.destroy();
   await new Promise<void>((resolve) => gateway.close(() => resolve()));
-  upstreamAgent.destroy();
+  for (const c of upstreamClients) c.close();
   await upstream.close();
 });
 beforeEach(() => {
