@@ -16,6 +16,7 @@ import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../model/component';
 import type { Logger } from '../telemetry/logger';
+import { RecentBodies } from './recent-bodies';
 import {
   BODY_HEADER_BYTES,
   bodyHeader,
@@ -40,9 +41,10 @@ export interface JournalOptions {
   /** Appends are refused above this share of maxBytes (readiness turns false there too). */
   highWatermark: number;
   /**
-   * Bytes of the newest body frames kept in memory as well (default 4 MiB): a call whose episode
-   * closes soon after it ends (a one-call rollout, a final reward right after the last answer) is
-   * extracted and exported without reading its bodies back. Older frames are read from the file.
+   * Bytes of the newest body frames kept in memory as well (copies, default 2 MiB): a call whose
+   * episode closes soon after it ends (a one-call rollout, a final reward right after the last
+   * answer) is extracted and exported without reading its bodies back. Older frames are read
+   * from the file.
    */
   cacheBytes?: number;
 }
@@ -104,6 +106,8 @@ export class Journal {
   private nextOffset = 0;
   private queue: Waiter[] = [];
   private flushing: NodeJS.Immediate | null = null;
+  /** Writes lazy appends that nothing else wrote (see `LAZY_MS`). */
+  private lazyTimer: NodeJS.Timeout | null = null;
   private pendingSyncs = 0;
   private dirty = false;
   private queuedBytes = 0;
@@ -119,18 +123,11 @@ export class Journal {
    */
   private pins: number[] = [];
   /**
-   * The newest body frames' bytes (as appended, without their headers), by offset, oldest first:
-   * at most `cacheBytes` of them. Frames still queued are read from here too (a call's episode
-   * may close before the batch of its turn is written); a batch that cannot be written is dropped.
+   * Copies of the newest body frames appended with `keep` (`cacheBytes` of them). Frames still
+   * queued are read from here too (a call's episode may be built before the batch of its turn is
+   * written); a batch that cannot be written is dropped from it.
    */
-  private readonly cache = new Map<number, readonly Buffer[]>();
-  /** The cached offsets in the order they came, from `cacheHead` on (some may be gone already). */
-  private cacheOrder: number[] = [];
-  private cacheHead = 0;
-  /** Which cached frames are reference frames (their bytes are extents). */
-  private readonly refs = new Set<number>();
-  private cacheBytes = 0;
-  private readonly cacheLimit: number;
+  private readonly recent: RecentBodies;
   /** Run once the batch queued now is written (or could not be): see `afterWrite`. */
   private afterWriting: (() => void)[] = [];
   lastWriteError: Error | null = null;
@@ -141,7 +138,7 @@ export class Journal {
     private readonly options: JournalOptions,
     private readonly logger: Logger,
   ) {
-    this.cacheLimit = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    this.recent = new RecentBodies(options.cacheBytes ?? DEFAULT_CACHE_BYTES);
   }
 
   /**
@@ -228,23 +225,28 @@ export class Journal {
    * own work by it; `durable` resolves once the bytes are written (and synced under `always`).
    * Segments rotate between batches, so one may exceed `segmentBytes` by up to one batch.
    * `priority` records (rewards, ends, markers: small, and what lets episodes close and space be
-   * released) may use the room between the high watermark and `maxBytes`.
+   * released) may use the room between the high watermark and `maxBytes`. A `lazy` record does
+   * not call for a write of its own: it goes with the next one (see `LAZY_MS`).
    * Throws RefusedError(JOURNAL_FULL) above the high watermark, JOURNAL_CLOSED after close.
    */
-  append(payload: Buffer, priority = false): { offset: number; durable: Promise<number> } {
-    return this.enqueue([payload], payload.length, null, false, priority);
+  append(payload: Buffer, priority = false, lazy = false): { offset: number; durable: Promise<number> } {
+    return this.enqueue([payload], payload.length, null, false, priority, lazy);
   }
 
   /**
    * Appends raw bytes of a call's request or response (one buffer or pieces) as a body frame, without copying them.
-   * `callId` names the call (the offset of its start record). Refused like `append`.
+   * `callId` names the call (the offset of its start record). Refused like `append`. Body
+   * frames are lazy: what must be in the file before an agent sees it is written through by the
+   * call's end record (`afterWrite`), or by `writeSoon` when a streamed answer begins. With
+   * `keep`, a copy stays in memory for a while (see `recent`): for calls whose episode is
+   * exported right after they end.
    */
-  appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[]): number {
+  appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[], keep = false): number {
     const parts = Buffer.isBuffer(bytes) ? [bytes] : bytes;
     let length = 0;
     for (const b of parts) length += b.length;
-    const { offset } = this.enqueue([bodyHeader(callId, kind), ...parts], BODY_HEADER_BYTES + length, length, false, false);
-    this.remember(offset, parts, length);
+    const { offset } = this.enqueue([bodyHeader(callId, kind), ...parts], BODY_HEADER_BYTES + length, length, false, false, true);
+    if (keep) this.recent.keep(offset, parts, length);
     return offset;
   }
 
@@ -256,33 +258,9 @@ export class Journal {
    */
   appendRef(callId: number, kind: 'request' | 'response', extents: readonly number[]): number {
     const payload = encodeExtents(extents);
-    const { offset } = this.enqueue([bodyHeader(callId, kind, true), payload], BODY_HEADER_BYTES + payload.length, payload.length, true, false);
+    const { offset } = this.enqueue([bodyHeader(callId, kind, true), payload], BODY_HEADER_BYTES + payload.length, payload.length, true, false, true);
     this.pin(offset, extents);
-    this.remember(offset, [payload], payload.length);
-    if (this.cache.has(offset)) this.refs.add(offset);
     return offset;
-  }
-
-  /** Keeps a body frame's bytes in memory, the oldest going first past `cacheBytes`. */
-  private remember(offset: number, parts: readonly Buffer[], length: number): void {
-    if (length > this.cacheLimit) return;
-    this.cache.set(offset, parts);
-    this.cacheOrder.push(offset);
-    this.cacheBytes += length;
-    // Oldest first by offset (a Map's first key is slow to find once many were deleted before it).
-    while (this.cacheBytes > this.cacheLimit) this.forget(this.cacheOrder[this.cacheHead++]);
-    if (this.cacheHead > 1024 && this.cacheHead * 2 > this.cacheOrder.length) {
-      this.cacheOrder.splice(0, this.cacheHead);
-      this.cacheHead = 0;
-    }
-  }
-
-  private forget(offset: number): void {
-    const parts = this.cache.get(offset);
-    if (!parts) return;
-    this.cache.delete(offset);
-    this.refs.delete(offset);
-    for (const p of parts) this.cacheBytes -= p.length;
   }
 
   private pin(offset: number, extents: readonly number[]): void {
@@ -291,7 +269,14 @@ export class Journal {
     if (lowest < offset) this.pins.push(offset, lowest);
   }
 
-  private enqueue(payload: Buffer[], payloadBytes: number, body: number | null, ref: boolean, priority: boolean): { offset: number; durable: Promise<number> } {
+  private enqueue(
+    payload: Buffer[],
+    payloadBytes: number,
+    body: number | null,
+    ref: boolean,
+    priority: boolean,
+    lazy: boolean,
+  ): { offset: number; durable: Promise<number> } {
     if (this.closed) throw new RefusedError('JOURNAL_CLOSED', 'journal: closed for shutdown', 1000);
     const frameBytes = payloadBytes + HEADER_BYTES;
     const limit = priority ? this.options.maxBytes : this.options.maxBytes * this.options.highWatermark;
@@ -312,8 +297,14 @@ export class Journal {
         this.queue.push({ parts, bytes: frameBytes, offset, body, ref, resolve, reject });
       });
     }
-    this.flushing ??= setImmediate(() => this.flushNow());
+    if (!lazy || this.queuedBytes >= LAZY_MAX_BYTES) this.flushing ??= setImmediate(() => this.flushNow());
+    else if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
     return { offset, durable };
+  }
+
+  /** Writes what is queued at the end of this turn of the event loop (lazy appends included). */
+  writeSoon(): void {
+    if (this.queue.length > 0) this.flushing ??= setImmediate(() => this.flushNow());
   }
 
   /**
@@ -335,6 +326,10 @@ export class Journal {
     if (this.flushing) {
       clearImmediate(this.flushing);
       this.flushing = null;
+    }
+    if (this.lazyTimer) {
+      clearTimeout(this.lazyTimer);
+      this.lazyTimer = null;
     }
     try {
       this.writeQueued();
@@ -393,7 +388,7 @@ export class Journal {
       const refused = new RefusedError('JOURNAL_UNWRITABLE', `journal: cannot write (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, 1000);
       for (const w of batch) {
         // What never reached the file is not read back from memory either.
-        if (w.body !== null) this.forget(w.offset);
+        if (w.body !== null) this.recent.forget(w.offset);
         w.reject(refused);
       }
       return;
@@ -420,13 +415,8 @@ export class Journal {
   readBodies(offsets: readonly number[], scratch?: Buffer): Buffer {
     const locs: Piece[] = [];
     for (const offset of offsets) {
-      const cached = this.cache.get(offset);
-      if (cached && !this.refs.has(offset)) {
-        locs.push([null, 0, cachedLength(cached), offset, 0]);
-        continue;
-      }
-      if (cached) {
-        this.addExtents(locs, decodeExtents(cached[0]));
+      if (this.recent.has(offset)) {
+        locs.push([null, 0, this.recent.lengthOf(offset), offset, 0]);
         continue;
       }
       const [seg, loc] = this.locate(offset);
@@ -455,9 +445,8 @@ export class Journal {
   private addExtents(locs: Piece[], extents: readonly number[]): void {
     for (let i = 0; i < extents.length; i += 3) {
       const [frame, start, length] = [extents[i], extents[i + 1], extents[i + 2]];
-      const cached = this.cache.get(frame);
-      if (cached && !this.refs.has(frame)) {
-        if (start + length > cachedLength(cached)) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
+      if (this.recent.has(frame)) {
+        if (start + length > this.recent.lengthOf(frame)) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
         locs.push([null, 0, length, frame, start]);
         continue;
       }
@@ -475,7 +464,8 @@ export class Journal {
     for (let i = 0; i < locs.length;) {
       const seg = locs[i][0];
       if (seg === null) {
-        at += copyRange(this.cache.get(locs[i][3])!, locs[i][4], locs[i][2], out, at);
+        this.recent.copy(locs[i][3], locs[i][4], locs[i][2], out, at);
+        at += locs[i][2];
         i++;
         continue;
       }
@@ -562,7 +552,7 @@ export class Journal {
     let removed = 0;
     while (this.segments.length > 1 && this.segments[1].first <= low) {
       const seg = this.segments.shift()!;
-      for (const offset of seg.bodies.keys()) this.forget(offset);
+      for (const offset of seg.bodies.keys()) this.recent.forget(offset);
       if (seg.readFd !== null) closeQuietly(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
@@ -605,36 +595,19 @@ export class Journal {
 
 const noop = (): void => {};
 /**
- * A piece of body bytes to read: segment and position there (null: from the cache), length; the
+ * A piece of body bytes to read: segment and position there (null: from memory), length; the
  * frame that holds them and where in its bytes they start.
  */
 type Piece = [Segment | null, number, number, number, number];
-const DEFAULT_CACHE_BYTES = 4 * 1024 * 1024;
-
-function cachedLength(parts: readonly Buffer[]): number {
-  let n = 0;
-  for (const p of parts) n += p.length;
-  return n;
-}
-
-/** Copies `len` bytes from `start` of the concatenation of `parts` into `out` at `at`; returns `len`. */
-function copyRange(parts: readonly Buffer[], start: number, len: number, out: Buffer, at: number): number {
-  let skip = start;
-  let left = len;
-  for (const p of parts) {
-    if (left === 0) break;
-    if (skip >= p.length) {
-      skip -= p.length;
-      continue;
-    }
-    const n = Math.min(p.length - skip, left);
-    p.copy(out, at + len - left, skip, skip + n);
-    left -= n;
-    skip = 0;
-  }
-  if (left > 0) throw new Error('journal: a cached body frame is shorter than its extent');
-  return len;
-}
+const DEFAULT_CACHE_BYTES = 2 * 1024 * 1024;
+/**
+ * Lazy appends (a call's start and body frames, delivery markers) wait for the next write, which
+ * a call's end, a streamed answer's first bytes or any other record calls for; at most this long,
+ * and while they are fewer than LAZY_MAX_BYTES. A call then costs one write, not one for its
+ * start, one for its end and one for every chunk of a streamed answer.
+ */
+const LAZY_MS = 20;
+const LAZY_MAX_BYTES = 1024 * 1024;
 const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;

@@ -57,6 +57,8 @@ export interface CaptureSink {
    * the event loop, in one write. The proxy gives the agent an answer's last bytes from here.
    */
   afterWrite(then: () => void): void;
+  /** Writes what is queued at the end of this turn of the event loop: a streamed answer has begun. */
+  writeSoon(): void;
   /** Reads journaled body frames back (written through first); throws when they are gone. */
   read(frames: readonly number[]): Buffer;
 }

@@ -30,7 +30,7 @@ export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' } | { ty
 
 /** Closed episodes exported in one batch at most, and how long a first one waits for company. */
 const EXPORT_BATCH = 64;
-const EXPORT_LINGER_MS = 5;
+const EXPORT_LINGER_MS = 20;
 
 interface Queued {
   close: EpisodeClose;
@@ -217,7 +217,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   /**
-   * Episodes that close within a few milliseconds of each other are exported together: one write
+   * Episodes that close within 20 ms of each other are exported together (up to 64): one write
    * or produce request, one delivery marker and one release for many (as a Kafka producer's linger).
    */
   async function lingerThenDrain(): Promise<void> {
@@ -250,7 +250,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         try {
-          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true);
+          // Lazy: without it a replay only exports these again.
+          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true, true);
         } catch {
           // Without the marker a replay exports these again: at-least-once, same transition ids.
         }
@@ -280,7 +281,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
 
   function submitAt(record: JournalRecord): { offset: number; durable: Promise<unknown> } {
     const priority = record.type === 'reward' || record.type === 'end';
-    const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority);
+    // A call's start goes with its answer's first bytes (or anything else written before).
+    const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority, record.type === 'call_start');
     try {
       enqueue(applyRecord(record, offset));
     } catch (err) {
@@ -334,7 +336,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       try {
         const writer = kind === 'request' || kind === 'response' ? writerFor(callId, kind) : null;
         if (writer) writer.write(bytes, frames);
-        else frames.push(journal.appendBody(callId, kind, bytes));
+        // Journaled as they are (a call that names no rollout, whose episode is exported as soon
+        // as it ends): a copy stays in memory for that export.
+        else frames.push(journal.appendBody(callId, kind, bytes, true));
         return true;
       } catch (err) {
         refusedCapture(err);
@@ -368,6 +372,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     },
     afterWrite(then: () => void): void {
       journal.afterWrite(then);
+    },
+    writeSoon(): void {
+      journal.writeSoon();
     },
     read(frames: readonly number[], scratch?: Buffer): Buffer {
       journal.flushNow();

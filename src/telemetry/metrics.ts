@@ -6,7 +6,8 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
  */
 export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   const registry = new Registry();
-  if (options.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'lightning_sidecar_' });
+  // The event loop delay is sampled every 100 ms (prom-client's 10 ms wakes an idle sidecar 100 times a second).
+  if (options.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'lightning_sidecar_', eventLoopMonitoringPrecision: 100 });
   // prom-client also exports these totals as gauges, and `_total` is reserved for counters; each is
   // the sum of the per-type gauge of the same name without `_total`, which stays.
   for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'])

@@ -199,8 +199,10 @@ describe('journal body frames', () => {
     const dir = tmp();
     const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 1000 });
     const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
-    const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'));
-    const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')]);
+    const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'), true);
+    const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')], true);
+    // Not kept: read from the file.
+    const unkept = j.appendBody(call, 'response', Buffer.from('plain'));
     // Queued, not yet written: readable all the same (an episode may be built before the write).
     expect(j.readBodies([recent]).toString()).toBe('r'.repeat(300) + 's'.repeat(300));
     j.flushNow();
@@ -217,6 +219,8 @@ describe('journal body frames', () => {
     expect(j.readBodies([old]).toString()).toBe('O'.repeat(600));
     // A range across the parts of a frame kept in memory.
     expect(j.readBodies([old, recent], Buffer.alloc(2000)).toString()).toBe('O'.repeat(600) + 'r'.repeat(300) + 's'.repeat(300));
+    expect(() => j.readBodies([j.appendBody(call, 'response', Buffer.from('queued, not kept'))])).toThrow(/not in the journal/);
+    expect(j.readBodies([unkept]).toString()).toBe('plain');
     await j.close();
   });
 
@@ -224,12 +228,12 @@ describe('journal body frames', () => {
     const dir = tmp();
     const { j } = await reopen(dir, { segmentBytes: 256, maxBytes: 8 << 20 });
     const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
-    const kept = j.appendBody(call, 'request', Buffer.from('{"kept":true}'));
+    const kept = j.appendBody(call, 'request', Buffer.from('{"kept":true}'), true);
     j.flushNow();
     const internals = j as unknown as { fd: number | null };
     const fd = internals.fd;
     internals.fd = 1 << 20;
-    const lost = j.appendBody(call, 'response', Buffer.from('{"lost":true}'));
+    const lost = j.appendBody(call, 'response', Buffer.from('{"lost":true}'), true);
     j.flushNow();
     internals.fd = fd;
     expect(j.writeFailures).toBe(1);

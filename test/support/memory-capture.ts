@@ -23,6 +23,7 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
     callEnded: (r) => void ended.push(r),
     flush: () => {},
     afterWrite: (then) => then(),
+    writeSoon: () => {},
     read: (offsets) => read(offsets),
   };
   const read: BodyReader = (offsets) => Buffer.concat(offsets.map((o) => frames.get(o)!));

@@ -18,28 +18,22 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
   const episodes = new NdjsonWriter(path.join(options.dir, 'episodes'), 'episodes', options.maxFileBytes);
   // Bodies are read into one reused buffer (allocating a fresh one per body costs page faults
   // per byte); a run is written once it or the arena is full.
+  // Writes are synchronous, so one export is done with the arena before the next begins.
   const arena = Buffer.allocUnsafeSlow(2 * RUN_BYTES);
-  let arenaBusy = false;
   return {
     name: 'file',
     async start() {},
     async export(batch: ClosedEpisode[], read = NO_JOURNAL) {
-      const own = !arenaBusy;
-      arenaBusy = true;
-      try {
-        await exportBatch(batch, new TransitionWriter(read, own ? arena : null));
-      } finally {
-        if (own) arenaBusy = false;
-      }
+      exportBatch(batch, new TransitionWriter(read, arena));
     },
     shutdown: once(async () => {
-      await transitions.close();
-      await episodes.close();
+      transitions.close();
+      episodes.close();
     }),
     files: () => ({ transitions: transitions.currentFile, episodes: episodes.currentFile }),
   };
 
-  async function exportBatch(batch: ClosedEpisode[], writer: TransitionWriter): Promise<void> {
+  function exportBatch(batch: ClosedEpisode[], writer: TransitionWriter): void {
     // Transitions first: an episode line means all its transitions are on disk. Lines are
     // written in runs of about 1 MiB: few writes for many small episodes, bounded memory for big ones.
     let lines: Buffer[][] = [];
@@ -50,15 +44,15 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
         lines.push(parts);
         for (const p of parts) bytes += p.length;
         if (bytes >= RUN_BYTES || writer.arenaUsed >= RUN_BYTES) {
-          await transitions.append(lines);
+          transitions.append(lines);
           writer.reuseArena();
           lines = [];
           bytes = 0;
         }
       }
     }
-    await transitions.append(lines);
+    transitions.append(lines);
     writer.reuseArena();
-    await episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
+    episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
   }
 }

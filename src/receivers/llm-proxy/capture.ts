@@ -54,8 +54,19 @@ export class CallCapture {
       this.flush('request');
     }
     this.keep(chunk, 'response', this.responseFrames);
-    // A streamed answer's bytes reach the agent as they come: in the journal first.
-    if (this.streamed) this.flush('response');
+    if (this.streamed) {
+      // A streamed answer's bytes reach the agent as they come: what the sink holds goes to the
+      // journal, and once the answer has begun the call is written at the end of this turn (the
+      // rest of the stream goes with later writes; its end is written before the agent sees it).
+      this.flush('response');
+      if (this.chunks === 1) {
+        try {
+          this.sink.writeSoon();
+        } catch {
+          // The sink never throws by contract.
+        }
+      }
+    }
   }
 
   /** Everything kept of the request (or response) so far is in the journal's queue (the sink may hold bytes back). */

@@ -360,13 +360,9 @@ export function forwardCall(
       };
       let r: UpstreamRequest | null = injector ? null : open();
       const send = (parts: Buffer[]): void => {
-        let ok = true;
-        for (const part of parts) {
-          if (part.length === 0) continue;
-          capture?.request(part);
-          ok = r!.write(part);
-        }
-        if (!ok) {
+        if (capture) for (const part of parts) if (part.length > 0) capture.request(part);
+        // The pieces of a chunk (fields added between them) go out in one write.
+        if (!r!.write(parts)) {
           req.pause();
           r!.once('drain', () => req.resume());
         }

@@ -250,15 +250,17 @@ export class UpstreamRequest extends EventEmitter {
     return this;
   }
 
-  write(chunk: Buffer): boolean {
-    if (this.finished || chunk.length === 0) return true;
-    return this.put(chunk, false);
+  /** Body bytes; several buffers go out in one write. False when the connection's buffer is full (`drain` follows). */
+  write(chunks: Buffer | readonly Buffer[]): boolean {
+    if (this.finished) return true;
+    const list = Buffer.isBuffer(chunks) ? [chunks] : chunks;
+    return list.some((c) => c.length > 0) ? this.put(list, false) : true;
   }
 
   end(chunk?: Buffer): void {
     if (this.finished || this.ended) return;
     this.ended = true;
-    this.put(chunk ?? null, true);
+    this.put(chunk && chunk.length > 0 ? [chunk] : [], true);
     if (this.parser.complete) this.done();
   }
 
@@ -279,10 +281,10 @@ export class UpstreamRequest extends EventEmitter {
     });
   }
 
-  private put(chunk: Buffer | null, last: boolean): boolean {
+  private put(chunks: readonly Buffer[], last: boolean): boolean {
     const parts: Buffer[] = [];
     if (this.head !== null) {
-      if (this.chunked && last && chunk === null) {
+      if (this.chunked && last && chunks.length === 0) {
         // No body at all: none announced for methods that take none, an empty one for the others.
         this.chunked = false;
         if (!NO_BODY_METHODS.has(this.options.method)) this.head += 'content-length: 0\r\n';
@@ -290,7 +292,8 @@ export class UpstreamRequest extends EventEmitter {
       parts.push(Buffer.from(`${this.head}\r\n`, 'latin1'));
       this.head = null;
     }
-    if (chunk !== null && chunk.length > 0) {
+    for (const chunk of chunks) {
+      if (chunk.length === 0) continue;
       if (this.chunked) parts.push(Buffer.from(`${chunk.length.toString(16)}\r\n`, 'latin1'), chunk, CHUNK_END);
       else parts.push(chunk);
     }

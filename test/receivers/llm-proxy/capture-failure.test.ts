@@ -40,6 +40,9 @@ describe('capture failures', () => {
         afterWrite: () => {
           throw new Error('pipeline exploded waiting for a write');
         },
+        writeSoon: () => {
+          throw new Error('pipeline exploded asked to write');
+        },
         read: () => {
           throw new Error('pipeline exploded on read');
         },

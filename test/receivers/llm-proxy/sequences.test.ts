@@ -24,6 +24,7 @@ describe('call sequence numbers', () => {
         callEnded: () => {},
         flush: () => {},
         afterWrite: (then) => then(),
+        writeSoon: () => {},
         read: () => Buffer.alloc(0),
       },
     });
