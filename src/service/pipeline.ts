@@ -230,7 +230,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const batch = queue.slice(0, EXPORT_BATCH);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        await deps.exporter.export(batch.map(built), read);
+        const exporting = deps.exporter.export(batch.map(built), read);
+        // While the exporter waits on the broker, the next batch is built (extraction is CPU work).
+        for (let i = batch.length; i < Math.min(queue.length, 2 * EXPORT_BATCH); i++) built(queue[i]);
+        await exporting;
       } catch (err) {
         m.exportErrors.inc({ exporter: deps.exporter.name, kind: 'retryable' });
         backoffMs = Math.min(Math.max(backoffMs * 2, 100), 10_000);
