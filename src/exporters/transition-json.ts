@@ -61,7 +61,8 @@ export class TransitionWriter {
       if (key === 'source') continue;
       const v = t[key];
       if (v === undefined) continue;
-      text += `${first ? '' : ','}${JSON.stringify(key)}:`;
+      if (!first) text += ',';
+      text += keyText(key);
       first = false;
       const raw = this.rawValue(t, key, v);
       if (raw === undefined) text += JSON.stringify(v);
@@ -152,6 +153,17 @@ export class TransitionWriter {
     }
     return this.cachedResponse;
   }
+}
+
+/** `"key":` for the transition's keys, made once each. */
+const keyTexts = new Map<string, string>();
+function keyText(key: string): string {
+  let k = keyTexts.get(key);
+  if (k === undefined) {
+    k = `${JSON.stringify(key)}:`;
+    if (keyTexts.size < 256) keyTexts.set(key, k);
+  }
+  return k;
 }
 
 export function isRawBody(v: unknown): v is RawBody {

@@ -147,6 +147,17 @@ export function topLevelKeys(buf: Buffer): Set<string> | null {
   }
 }
 
+/** `"key"` as bytes, made once per key (the capture path looks for the same few keys on every call). */
+const needles = new Map<string, Buffer>();
+function needleOf(key: string): Buffer {
+  let n = needles.get(key);
+  if (n === undefined) {
+    n = Buffer.from(`"${key}"`);
+    if (needles.size < 256) needles.set(key, n);
+  }
+  return n;
+}
+
 /** A member `"key": value` found in the bytes: where its name starts and its value lies. */
 export interface Member {
   /** Index of the name's opening quote. */
@@ -160,7 +171,7 @@ export interface Member {
  * malformed are skipped.
  */
 export function findMembers(buf: Buffer, key: string, start = 0, end = buf.length): Member[] {
-  const needle = Buffer.from(`"${key}"`);
+  const needle = needleOf(key);
   const out: Member[] = [];
   let from = start;
   for (;;) {

@@ -35,7 +35,7 @@ export function decodeFrame(buf: Buffer, at: number): DecodeResult {
 export function frameHeader(offset: number, parts: readonly Buffer[], payloadBytes: number): Buffer {
   const header = Buffer.allocUnsafe(HEADER_BYTES);
   header.writeUInt32BE(payloadBytes, 0);
-  header.writeBigUInt64BE(BigInt(offset), 8);
+  writeU64(header, offset, 8);
   let crc = crc32(header.subarray(8));
   for (const p of parts) crc = crc32(p, crc);
   header.writeUInt32BE(crc, 4);
@@ -64,7 +64,7 @@ export function bodyHeader(callId: number, kind: BodyKind, ref = false): Buffer 
   const h = Buffer.allocUnsafe(BODY_HEADER_BYTES);
   h[0] = 0;
   h[1] = code;
-  h.writeBigUInt64BE(BigInt(callId), 2);
+  writeU64(h, callId, 2);
   return h;
 }
 
@@ -105,4 +105,10 @@ export function isBodyPayload(payload: Buffer): boolean {
 /** The call id and kind of a body frame's payload. */
 export function readBodyHeader(payload: Buffer): { callId: number; kind: BodyKind } {
   return { callId: Number(payload.readBigUInt64BE(2)), kind: KIND_OF[payload[1]] ?? 'response' };
+}
+
+/** A safe integer as u64 BE (two u32 writes; no BigInt on the hot path). */
+function writeU64(buf: Buffer, n: number, at: number): void {
+  buf.writeUInt32BE(Math.floor(n / 0x1_0000_0000), at);
+  buf.writeUInt32BE(n % 0x1_0000_0000, at + 4);
 }
