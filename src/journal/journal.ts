@@ -607,7 +607,8 @@ const DEFAULT_CACHE_BYTES = 2 * 1024 * 1024;
  * start, one for its end and one for every chunk of a streamed answer.
  */
 const LAZY_MS = 20;
-const LAZY_MAX_BYTES = 1024 * 1024;
+/** Big bodies are written at the end of their turn: held longer, their chunks would outlive young-generation GC. */
+const LAZY_MAX_BYTES = 64 * 1024;
 const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;
