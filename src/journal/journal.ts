@@ -1,4 +1,5 @@
 import {
+  close,
   closeSync,
   fdatasync,
   fstatSync,
@@ -521,10 +522,11 @@ export class Journal {
     const previous = this.fd!;
     this.fd = next;
     this.segments.push({ first, file, bytes: 0, bodies: new Map(), readFd: null });
-    // The finished segment is synced and closed off the event loop.
+    // The finished segment is synced and closed off the event loop (closing a file with much
+    // just written can take milliseconds on ext4).
     fdatasync(previous, (err) => {
       if (err) this.logger.once('fsync', 'error', 'journal: fsync failed', { err });
-      closeQuietly(previous);
+      closeLater(previous);
     });
   }
 
@@ -553,7 +555,7 @@ export class Journal {
     while (this.segments.length > 1 && this.segments[1].first <= low) {
       const seg = this.segments.shift()!;
       for (const offset of seg.bodies.keys()) this.recent.forget(offset);
-      if (seg.readFd !== null) closeQuietly(seg.readFd);
+      if (seg.readFd !== null) closeLater(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
       });
@@ -656,6 +658,11 @@ function sizeOr(fd: number, fallback: number): number {
   } catch {
     return fallback;
   }
+}
+
+/** Closes in the thread pool; a failure means there is nothing left to release. */
+function closeLater(fd: number): void {
+  close(fd, () => {});
 }
 
 function closeQuietly(fd: number): void {

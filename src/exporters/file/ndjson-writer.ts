@@ -1,4 +1,4 @@
-import { closeSync, ftruncateSync, mkdirSync, openSync, writevSync } from 'node:fs';
+import { close, closeSync, ftruncateSync, mkdirSync, openSync, writevSync } from 'node:fs';
 import path from 'node:path';
 
 /**
@@ -52,7 +52,10 @@ export class NdjsonWriter {
   }
 
   private rotate(): void {
-    this.close();
+    // The finished file is closed in the thread pool (closing a file with much just written can
+    // take milliseconds on ext4).
+    if (this.fd !== null) close(this.fd, () => {});
+    this.fd = null;
     mkdirSync(this.dir, { recursive: true });
     this.index++;
     this.currentFile = path.join(this.dir, `${this.prefix}-${this.stamp}-${process.pid}-${String(this.index).padStart(4, '0')}.ndjson`);
