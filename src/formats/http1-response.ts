@@ -88,10 +88,8 @@ export class Http1ResponseParser {
           at = this.readHead(chunk, at);
           break;
         case State.Length: {
-          const n = Math.min(this.remaining, chunk.length - at);
-          this.remaining -= n;
-          const part = chunk.subarray(at, at + n);
-          at += n;
+          const part = this.take(chunk, at);
+          at += part.length;
           if (this.remaining === 0) this.state = State.Done;
           this.sink.body(part);
           if (this.state === State.Done) this.sink.end();
@@ -105,10 +103,8 @@ export class Http1ResponseParser {
           at = this.readChunkSize(chunk, at);
           break;
         case State.ChunkData: {
-          const n = Math.min(this.remaining, chunk.length - at);
-          this.remaining -= n;
-          const part = chunk.subarray(at, at + n);
-          at += n;
+          const part = this.take(chunk, at);
+          at += part.length;
           if (this.remaining === 0) {
             this.state = State.ChunkDataEnd;
             this.remaining = 2;
@@ -128,6 +124,13 @@ export class Http1ResponseParser {
       }
     }
     return at;
+  }
+
+  /** Up to `remaining` body bytes from `at` (a view), counted off `remaining`. */
+  private take(chunk: Buffer, at: number): Buffer {
+    const n = Math.min(this.remaining, chunk.length - at);
+    this.remaining -= n;
+    return chunk.subarray(at, at + n);
   }
 
   /** The connection ended: a body read until close is complete; anything else is cut short. */

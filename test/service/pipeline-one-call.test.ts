@@ -2,12 +2,12 @@ import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
-import type { BodyReader } from '../../src/formats/extract';
-import type { ClosedEpisode, TransitionRecord } from '../../src/model/records';
+import type { TransitionRecord } from '../../src/model/records';
 import { CallCapture } from '../../src/receivers/llm-proxy/capture';
 import { createPipeline, type Pipeline } from '../../src/service/pipeline';
 import { silentLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
+import { memoryExporter } from '../support/memory-exporter';
 
 /**
  * A call that names no rollout is a rollout of its own (`call-<uuid>`): nothing can name it again,
@@ -26,16 +26,11 @@ function start(dataDir: string, exported: { t: TransitionRecord; request: string
   return createPipeline(config, {
     logger: silentLogger,
     metrics: createMetrics(),
-    exporter: {
-      name: 'memory',
-      start: async () => {},
-      shutdown: async () => {},
-      export: async (batch: ClosedEpisode[], read?: BodyReader) => {
-        if (fail) throw new Error('the trainer is away');
-        for (const c of batch)
-          for (const t of c.transitions) exported.push({ t, request: read!(t.source!.request).toString(), response: read!(t.source!.response).toString() });
-      },
-    },
+    exporter: memoryExporter((batch, read) => {
+      if (fail) throw new Error('the trainer is away');
+      for (const c of batch)
+        for (const t of c.transitions) exported.push({ t, request: read(t.source!.request).toString(), response: read(t.source!.response).toString() });
+    }),
   });
 }
 

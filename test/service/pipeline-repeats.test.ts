@@ -4,11 +4,11 @@ import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
 import type { BodyReader } from '../../src/formats/extract';
 import { BLOCK } from '../../src/journal/repeats';
-import type { ClosedEpisode } from '../../src/model/records';
 import { CallCapture } from '../../src/receivers/llm-proxy/capture';
 import { createPipeline, type Pipeline } from '../../src/service/pipeline';
 import { silentLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
+import { memoryExporter } from '../support/memory-exporter';
 
 /**
  * The pipeline's capture sink journals a rollout's bodies as what they add to its previous call.
@@ -43,15 +43,10 @@ function setup(overrides: { max_open_episodes?: number; segment_bytes?: number; 
   const pipeline = createPipeline(config, {
     logger: silentLogger,
     metrics: createMetrics(),
-    exporter: {
-      name: 'memory',
-      start: async () => {},
-      shutdown: async () => {},
-      export: async (batch: ClosedEpisode[], read?: BodyReader) => {
-        for (const c of batch)
-          for (const t of c.transitions) exported.push({ request: tryRead(read!, t.source?.request), response: tryRead(read!, t.source?.response) });
-      },
-    },
+    exporter: memoryExporter((batch, read) => {
+      for (const c of batch)
+        for (const t of c.transitions) exported.push({ request: tryRead(read, t.source?.request), response: tryRead(read, t.source?.response) });
+    }),
   });
   return { pipeline, exported, cap: overrides.max_capture_bytes ?? 64 * 1024 * 1024 };
 }
