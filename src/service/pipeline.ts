@@ -36,6 +36,8 @@ interface Queued {
   close: EpisodeClose;
   /** Its transitions, built when its batch is first exported. */
   built: ClosedEpisode | null;
+  /** It could not be built: left out of the export. */
+  quarantined?: boolean;
   /** Offset of its close marker; set once the marker is appended. */
   marker: number;
   durable: Promise<unknown>;
@@ -194,10 +196,22 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     if (!stopping || closed.length > 0) pump();
   }
 
-  /** A queued episode's transitions, built once (their calls' facts extracted from the journal). */
-  function built(q: Queued): ClosedEpisode {
-    if (q.built) return q.built;
-    const c = (q.built = assembler.build(q.close));
+  /**
+   * A queued episode's transitions, built once (their calls' facts extracted from the journal).
+   * An episode that cannot be built is quarantined and left out of its batch, as a record that
+   * cannot be processed is: it must not hold every later export back.
+   */
+  function built(q: Queued): ClosedEpisode | null {
+    if (q.built !== null || q.quarantined) return q.built;
+    let c: ClosedEpisode;
+    try {
+      c = q.built = assembler.build(q.close);
+    } catch (err) {
+      q.quarantined = true;
+      const { rolloutId, attemptId } = q.close.facts;
+      quarantine(q.marker, { episode: { rolloutId, attemptId, status: q.close.status, calls: q.close.facts.calls.map((call) => call.callId) } }, err);
+      return null;
+    }
     for (const t of c.transitions) {
       if (t.choice_index === 0) countTokens(t);
       for (const tc of t.tool_calls) {
@@ -206,6 +220,16 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
     }
     return c;
+  }
+
+  /** The batch's episodes, built (those that cannot be are left out). */
+  function ready(batch: Queued[]): ClosedEpisode[] {
+    const out: ClosedEpisode[] = [];
+    for (const q of batch) {
+      const c = built(q);
+      if (c) out.push(c);
+    }
+    return out;
   }
 
   function pump(): void {
@@ -230,7 +254,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const batch = queue.slice(0, EXPORT_BATCH);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
-        const exporting = deps.exporter.export(batch.map(built), read);
+        const exporting = deps.exporter.export(ready(batch), read);
         // While the exporter waits on the broker, the next batch is built (extraction is CPU work).
         for (let i = batch.length; i < Math.min(queue.length, 2 * EXPORT_BATCH); i++) built(queue[i]);
         await exporting;
@@ -246,10 +270,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       queue.splice(0, batch.length);
       m.transitionsExported.inc(
         { exporter: deps.exporter.name },
-        batch.reduce((n, q) => n + built(q).transitions.length, 0),
+        ready(batch).reduce((n, c) => n + c.transitions.length, 0),
       );
       const deliveredAt = Date.now();
-      for (const q of batch) for (const t of built(q).transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+      for (const c of ready(batch)) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         try {

@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
@@ -108,5 +108,40 @@ describe('one-call rollouts', () => {
     expect(again).toHaveLength(0);
     expect(third.assembler.openCount).toBe(0);
     await third.shutdown();
+  });
+
+  it('quarantines an episode that cannot be built and exports the others', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-one-call-'));
+    const exported: { t: TransitionRecord; request: string; response: string }[] = [];
+    const p = start(dir, exported);
+    await p.start();
+    call(p, 1);
+    // A call record whose bodies are not frame lists (a record no proxy writes): extraction throws.
+    const at = Date.now();
+    await p.submit({
+      type: 'call',
+      correlation: { rolloutId: 'call-bad', attemptId: '0', groupId: null, agentName: null, source: 'self' },
+      seq: 0,
+      api: 'chat.completions',
+      traceId: null,
+      spanId: null,
+      bodies: { request: null, response: [], encoding: null } as unknown as { request: number[]; response: number[]; encoding: null },
+      streamed: false,
+      status: 'ok',
+      httpStatus: 200,
+      error: null,
+      injected: [],
+      truncated: false,
+      startedAt: at,
+      endedAt: at,
+      latencyMs: 0,
+      ttftMs: null,
+    });
+    call(p, 2);
+    await until(() => exported.length === 2);
+    expect(exported.map((e) => e.t.rollout_id)).toEqual(['call-1', 'call-2']);
+    const quarantined = readFileSync(path.join(dir, 'quarantine', 'records.ndjson'), 'utf8');
+    expect(quarantined).toContain('call-bad');
+    await p.shutdown();
   });
 });
