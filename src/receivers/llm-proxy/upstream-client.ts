@@ -116,6 +116,8 @@ export class UpstreamClient {
   release(c: Connection, reusable: boolean): void {
     c.owner = null;
     c.socket.setTimeout(0);
+    // The exchange may have paused it (its agent was slow) just as its answer ended.
+    c.socket.resume();
     if (!reusable || this.closed || this.idle.length >= this.maxIdle || c.socket.destroyed) {
       this.drop(c);
       return;
@@ -145,8 +147,8 @@ export class UpstreamResponse extends EventEmitter {
   readonly statusCode: number;
   readonly statusMessage: string;
   readonly rawHeaders: string[];
-  /** Lower-case names; repeated fields joined with ", " (set-cookie: the first). */
-  readonly headers: Record<string, string | undefined> = {};
+  /** Lower-case names; repeated fields joined with ", " (set-cookie: the first). No prototype: names are the server's. */
+  readonly headers: Record<string, string | undefined> = Object.create(null) as Record<string, string | undefined>;
   complete = false;
 
   destroyed = false;

@@ -262,4 +262,29 @@ describe('upstream client', () => {
       await raw.close();
     }
   });
+
+  it('reuses a connection whose answer ended while its reader had paused it', async () => {
+    const raw = await rawServer((sock, data) => {
+      if (data.includes('\r\n\r\n')) sock.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n__proto__: x\r\n\r\nok');
+    });
+    try {
+      const client = clientFor(raw.port);
+      const first = await new Promise<UpstreamResponse>((resolve, reject) => {
+        const req = client.request({ method: 'POST', path: '/', headers: ['content-length', '0'] });
+        req.on('error', reject);
+        req.on('response', (res: UpstreamResponse) => {
+          // A slow agent: the proxy pauses the answer, and it ends meanwhile.
+          res.on('data', () => res.pause());
+          res.on('end', () => resolve(res));
+        });
+        req.end();
+      });
+      expect(first.headers['__proto__']).toBe('x');
+      expect(Object.getPrototypeOf(first.headers)).toBeNull();
+      expect((await exchange(client, 'POST', '/', ['content-length', '0'])).body.toString()).toBe('ok');
+      expect(raw.connections()).toBe(1);
+    } finally {
+      await raw.close();
+    }
+  });
 });
