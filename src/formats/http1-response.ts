@@ -71,11 +71,6 @@ export class Http1ResponseParser {
     return this.state === State.Done;
   }
 
-  /** Whether any byte of a (final) response head has been parsed. */
-  get started(): boolean {
-    return this.head !== null;
-  }
-
   /**
    * Feeds bytes. Returns how many were used: fewer than given only once the response is complete
    * (the rest belongs to no exchange). Throws Http1ProtocolError on bytes that are not a response.

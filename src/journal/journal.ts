@@ -298,14 +298,18 @@ export class Journal {
         this.queue.push({ parts, bytes: frameBytes, offset, body, ref, resolve, reject });
       });
     }
-    if (!lazy || this.queuedBytes >= LAZY_MAX_BYTES) this.flushing ??= setImmediate(() => this.flushNow());
+    if (!lazy || this.queuedBytes >= LAZY_MAX_BYTES) this.flushSoon();
     else if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
     return { offset, durable };
   }
 
   /** Writes what is queued at the end of this turn of the event loop (lazy appends included). */
   writeSoon(): void {
-    if (this.queue.length > 0) this.flushing ??= setImmediate(() => this.flushNow());
+    if (this.queue.length > 0) this.flushSoon();
+  }
+
+  private flushSoon(): void {
+    this.flushing ??= setImmediate(() => this.flushNow());
   }
 
   /**
@@ -319,7 +323,7 @@ export class Journal {
       return;
     }
     this.afterWriting.push(then);
-    this.flushing ??= setImmediate(() => this.flushNow());
+    this.flushSoon();
   }
 
   /** Writes everything queued now, synchronously (the bytes are in the kernel when it returns). */

@@ -75,13 +75,6 @@ export class RecentBodies {
     }
   }
 
-  /** A kept frame's bytes as a new buffer. */
-  bytes(offset: number): Buffer {
-    const out = Buffer.allocUnsafe(this.lengthOf(offset));
-    this.copy(offset, 0, out.length, out, 0);
-    return out;
-  }
-
   forget(offset: number): void {
     this.frames.delete(offset);
   }

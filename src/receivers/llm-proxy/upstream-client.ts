@@ -393,7 +393,3 @@ function keepAliveHint(raw: readonly string[]): number | null {
   }
   return null;
 }
-
-export function isProtocolError(err: unknown): err is Http1ProtocolError {
-  return err instanceof Http1ProtocolError;
-}
