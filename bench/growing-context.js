@@ -124,8 +124,16 @@ function same(a, b) {
   return true;
 }
 
-async function benchGrowingContext({ targets, proc, agents, turns, rounds, sidecarDataDir, endRollouts }) {
-  const out = { agents, turns, turn_bytes: TURN_BYTES, targets: {} };
+async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup, sidecarDataDir, endRollouts }) {
+  const out = { agents, turns, turn_bytes: TURN_BYTES, warmup, targets: {} };
+  if (warmup) {
+    // One round, not measured, for every target: code paths compiled and pools warm, as in a
+    // process that has been serving for a while (the other scenarios warm up the same way).
+    for (const t of targets) {
+      await runAgents({ port: t.port, agents, turns, prefix: `gcw-${t.name}` });
+      if (t.name === 'sidecar') await endRollouts(`gcw-${t.name}`, agents);
+    }
+  }
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? targets : [...targets].reverse();
     for (const t of order) {

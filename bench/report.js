@@ -63,7 +63,7 @@ function markdown(r) {
       '',
     );
     L.push(
-      'Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). Medians of per-round values, min–max over rounds.',
+      `Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). ${gc.warmup ? 'One round for every target first, not measured (warm-up). ' : ''}Medians of per-round values, min–max over rounds.`,
       '',
     );
     L.push(
@@ -84,10 +84,11 @@ function markdown(r) {
         '',
         `Journal: ${journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`).join('; ')} (per round, while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
       );
-    for (const v of gc.targets.sidecar?.verify ?? [])
+    const verified = gc.targets.sidecar?.verify ?? [];
+    if (verified.length > 0)
       L.push(
         '',
-        `Checked: ${v.checked} of ${v.expected} transitions, ${v.wrong} with ids different from what the server returned, ${v.continues_previous} marked continues_previous.`,
+        `Checked, per round: ${verified.map((v) => `${v.checked} of ${v.expected} transitions, ${v.wrong} with ids different from what the server returned, ${v.continues_previous} marked continues_previous`).join('; ')}.`,
       );
     L.push('');
   }

@@ -234,7 +234,8 @@ async function main() {
       proc,
       agents: GC_AGENTS,
       turns: GC_TURNS,
-      rounds: QUICK ? 1 : 2,
+      rounds: QUICK ? 1 : 3,
+      warmup: !QUICK,
       sidecarDataDir: gcSidecar.dataDir,
       endRollouts,
     });

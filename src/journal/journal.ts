@@ -42,7 +42,7 @@ export interface JournalOptions {
   /** Appends are refused above this share of maxBytes (readiness turns false there too). */
   highWatermark: number;
   /**
-   * Bytes of the newest body frames kept in memory as well (copies, default 2 MiB): a call whose
+   * Bytes of the newest body frames kept in memory as well (copies, default 8 MiB): a call whose
    * episode closes soon after it ends (a one-call rollout, a final reward right after the last
    * answer) is extracted and exported without reading its bodies back. Older frames are read
    * from the file.
@@ -124,11 +124,13 @@ export class Journal {
    */
   private pins: number[] = [];
   /**
-   * Copies of the newest body frames appended with `keep` (`cacheBytes` of them). Frames still
-   * queued are read from here too (a call's episode may be built before the batch of its turn is
-   * written); a batch that cannot be written is dropped from it.
+   * Copies of the newest body frames appended with `keep` or read from a segment (`cacheBytes` of
+   * them). Frames still queued are read from here too (a call's episode may be built before the
+   * batch of its turn is written); a batch that cannot be written is dropped from it.
    */
   private readonly recent: RecentBodies;
+  /** The extents of the newest reference frames written or read (see `MAX_REFS`). */
+  private readonly refs = new Map<number, readonly number[]>();
   /** Run once the batch queued now is written (or could not be): see `afterWrite`. */
   private afterWriting: (() => void)[] = [];
   lastWriteError: Error | null = null;
@@ -261,6 +263,7 @@ export class Journal {
     const payload = encodeExtents(extents);
     const { offset } = this.enqueue([bodyHeader(callId, kind, true), payload], BODY_HEADER_BYTES + payload.length, payload.length, true, false, true);
     this.pin(offset, extents);
+    this.rememberRef(offset, extents);
     return offset;
   }
 
@@ -418,17 +421,23 @@ export class Journal {
    * released) or cannot be read.
    */
   readBodies(offsets: readonly number[], scratch?: Buffer): Buffer {
-    const locs: Piece[] = [];
+    // Flat triples: frame, start in its bytes, length.
+    const pieces: number[] = [];
     for (const offset of offsets) {
-      if (this.recent.has(offset)) {
-        locs.push([null, 0, this.recent.lengthOf(offset), offset, 0]);
+      const kept = this.recent.lengthOf(offset);
+      if (kept >= 0) {
+        pieces.push(offset, 0, kept);
         continue;
       }
       const [seg, loc] = this.locate(offset);
-      if (loc.length === 3) this.addExtents(locs, this.refExtents(seg, loc));
-      else locs.push([seg, loc[0], loc[1], offset, 0]);
+      if (loc.length === 2) {
+        pieces.push(offset, 0, loc[1]);
+        continue;
+      }
+      const extents = this.refs.get(offset) ?? this.refExtents(seg, loc, offset);
+      for (let i = 0; i < extents.length; i += 3) pieces.push(extents[i], extents[i + 1], extents[i + 2]);
     }
-    return this.readPieces(locs, scratch);
+    return this.readPieces(pieces, scratch);
   }
 
   private locate(offset: number): [Segment, BodyLoc] {
@@ -438,59 +447,68 @@ export class Journal {
     return [seg, loc];
   }
 
-  /** The extents a reference frame holds (a small read from the page cache). */
-  private refExtents(seg: Segment, loc: BodyLoc): number[] {
+  /** The extents a reference frame holds (a small read from the page cache), remembered for a while. */
+  private refExtents(seg: Segment, loc: BodyLoc, offset: number): number[] {
     const bytes = Buffer.allocUnsafe(loc[1]);
     seg.readFd ??= openSync(seg.file, 'r');
     readFully(seg, bytes, 0, loc[1], loc[0]);
-    return decodeExtents(bytes);
+    const extents = decodeExtents(bytes);
+    this.rememberRef(offset, extents);
+    return extents;
   }
 
-  /** Appends the pieces of the bytes `extents` name. */
-  private addExtents(locs: Piece[], extents: readonly number[]): void {
-    for (let i = 0; i < extents.length; i += 3) {
-      const [frame, start, length] = [extents[i], extents[i + 1], extents[i + 2]];
-      if (this.recent.has(frame)) {
-        if (start + length > this.recent.lengthOf(frame)) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
-        locs.push([null, 0, length, frame, start]);
+  private rememberRef(offset: number, extents: readonly number[]): void {
+    this.refs.set(offset, extents);
+    if (this.refs.size > MAX_REFS) this.refs.delete(this.refs.keys().next().value as number);
+  }
+
+  /**
+   * The bytes the pieces name, in order. Frames in memory are copied from there; the others are
+   * read from their segment, a run of frames close together with one system call, and small
+   * frames are kept in memory whole: a rollout's next body names most of them again.
+   */
+  private readPieces(pieces: readonly number[], scratch?: Buffer): Buffer {
+    let total = 0;
+    for (let i = 2; i < pieces.length; i += 3) total += pieces[i];
+    const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
+    let at = 0;
+    for (let i = 0; i < pieces.length;) {
+      const [frame, start, length] = [pieces[i], pieces[i + 1], pieces[i + 2]];
+      const kept = this.recent.lengthOf(frame);
+      if (kept >= 0) {
+        if (start + length > kept) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
+        this.recent.copy(frame, start, length, out, at);
+        at += length;
+        i += 3;
         continue;
       }
       const [seg, loc] = this.locate(frame);
       if (loc.length === 3 || start + length > loc[1]) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
-      locs.push([seg, loc[0] + start, length, frame, start]);
-    }
-  }
-
-  private readPieces(locs: readonly Piece[], scratch?: Buffer): Buffer {
-    let total = 0;
-    for (const l of locs) total += l[2];
-    const out = scratch && scratch.length >= total ? scratch.subarray(0, total) : Buffer.allocUnsafe(total);
-    let at = 0;
-    for (let i = 0; i < locs.length;) {
-      const seg = locs[i][0];
-      if (seg === null) {
-        this.recent.copy(locs[i][3], locs[i][4], locs[i][2], out, at);
-        at += locs[i][2];
-        i++;
+      seg.readFd ??= openSync(seg.file, 'r');
+      if (loc[1] > this.recent.maxFrameBytes) {
+        readFully(seg, out, at, length, loc[0] + start);
+        at += length;
+        i += 3;
         continue;
       }
-      // A run of frames close together in one segment (a streamed answer's chunks, between other
-      // calls' frames) is read with one system call and copied out, not one read per frame.
-      const pos = locs[i][1];
-      let j = i + 1;
-      let spanEnd = pos + locs[i][2];
-      while (j < locs.length && locs[j][0] === seg && locs[j][1] >= spanEnd && locs[j][1] - spanEnd <= RUN_GAP && locs[j][1] + locs[j][2] - pos <= RUN_SPAN) {
-        spanEnd = locs[j][1] + locs[j][2];
-        j++;
+      // The run: the next pieces' frames, small, not in memory, further on in this segment and close.
+      const pos = loc[0];
+      let spanEnd = pos + loc[1];
+      let j = i + 3;
+      while (j < pieces.length && !this.recent.has(pieces[j])) {
+        const next = seg.bodies.get(pieces[j]);
+        if (!next || next.length === 3 || next[1] > this.recent.maxFrameBytes || pieces[j + 1] + pieces[j + 2] > next[1]) break;
+        if (next[0] < spanEnd || next[0] - spanEnd > RUN_GAP || next[0] + next[1] - pos > RUN_SPAN) break;
+        spanEnd = next[0] + next[1];
+        j += 3;
       }
-      seg.readFd ??= openSync(seg.file, 'r');
-      if (j === i + 1) {
-        readFully(seg, out, at, locs[i][2], pos);
-        at += locs[i][2];
-      } else {
-        const span = this.spanBuffer(spanEnd - pos);
-        readFully(seg, span, 0, spanEnd - pos, pos);
-        for (let k = i; k < j; k++) at += span.copy(out, at, locs[k][1] - pos, locs[k][1] - pos + locs[k][2]);
+      const span = this.spanBuffer(spanEnd - pos);
+      readFully(seg, span, 0, spanEnd - pos, pos);
+      for (let k = i; k < j; k += 3) {
+        const l = k === i ? loc : seg.bodies.get(pieces[k])!;
+        const from = l[0] - pos;
+        this.recent.keep(pieces[k], [span.subarray(from, from + l[1])], l[1]);
+        at += span.copy(out, at, from + pieces[k + 1], from + pieces[k + 1] + pieces[k + 2]);
       }
       i = j;
     }
@@ -600,12 +618,7 @@ export class Journal {
 }
 
 const noop = (): void => {};
-/**
- * A piece of body bytes to read: segment and position there (null: from memory), length; the
- * frame that holds them and where in its bytes they start.
- */
-type Piece = [Segment | null, number, number, number, number];
-const DEFAULT_CACHE_BYTES = 2 * 1024 * 1024;
+const DEFAULT_CACHE_BYTES = 8 * 1024 * 1024;
 /**
  * Lazy appends (a call's start and body frames, delivery markers) wait for the next write, which
  * a call's end, a streamed answer's first bytes or any other record calls for; at most this long,
@@ -619,6 +632,8 @@ const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;
 const RUN_SPAN = 1024 * 1024;
+/** Reference frames whose extents are remembered (they are read again for every later body of their rollout). */
+const MAX_REFS = 4096;
 
 /** Reads `len` bytes of a segment at `pos` into `into` at `at` (short reads continue). */
 function readFully(seg: Segment, into: Buffer, at: number, len: number, pos: number): void {

@@ -13,42 +13,54 @@ import type { Journal } from './journal';
  * Requests are compared from their first byte. Responses are compared from just after their
  * prompt token ids begin (`"prompt_token_ids":[`): what comes before differs every call (id,
  * timestamps, the answer itself), and the ids that follow start with the previous prompt's.
- * Bodies are compared in blocks of 16 KiB by SHA-256 digest (kept for the previous body of each
- * rollout, 32 bytes a block), so nothing is read back on the hot path; a block whose digest
- * differs, and the rest of the body after it, is journaled as it is.
+ *
+ * The previous body is compared byte for byte: a base holds the bytes it was given (the chunks
+ * themselves, no copy), so the shared part is found with `memcmp` and ends exactly where the bodies
+ * part. Bases live in memory within a byte budget (`BaseStore`); one pushed out of it keeps a
+ * SHA-256 digest of each whole block of 16 KiB instead (32 bytes a block), and a body compared with
+ * it is hashed block by block: nothing is read back from the journal on the hot path either way.
  */
 
 /**
  * Where a body's bytes lie in the journal from its anchor on: extents (flat triples), how many
- * bytes they name, and a digest of each whole block of them (what the next body is compared with).
+ * bytes they name, and either the bytes themselves or a digest of each whole block of them (what
+ * the next body is compared with).
  */
 export interface BodyBase {
   extents: number[];
   bytes: number;
-  /** SHA-256 of each whole BLOCK bytes from the anchor, DIGEST bytes each. */
-  digests: Buffer;
+  /** The bytes from the anchor on, as the chunks they came in; null once the base holds digests. */
+  chunks: Buffer[] | null;
+  /** Memory the chunks keep alive (a chunk keeps its whole allocation). */
+  held: number;
+  /** SHA-256 of each whole BLOCK bytes from the anchor, DIGEST bytes each (when `chunks` is null). */
+  digests: Buffer | null;
   /** The lowest frame offset the extents name (a base older than its episode is not used). */
   lowest: number;
 }
 
 const RESPONSE_ANCHOR = Buffer.from('"prompt_token_ids":[');
-/** Bodies are compared block by block, by digest: no read of the journal on the hot path. */
+/** Bodies shorter than a block after their anchor leave no base; digests are taken a block at a time. */
 export const BLOCK = 16 * 1024;
 const DIGEST = 32;
 
 export class BodyWriter {
   private seeking: boolean;
-  /** Every whole block so far equals the base's. */
+  /** Every byte so far (or every whole block, against digests) equals the base's. */
   private matching: boolean;
   /** Bytes after the anchor: seen, in the journal, and matched but not yet written as a reference. */
   private pos = 0;
   private done = 0;
   private refEnd = 0;
-  /** Bytes refEnd..pos, held until their block is compared (or the body is flushed). */
+  /** The bytes after the anchor, as they came (the next call's base). */
+  private kept: Buffer[] = [];
+  /** Against bytes: where `pos` lies in the base's chunks. */
+  private baseChunk = 0;
+  private baseAt = 0;
+  /** Against digests: bytes refEnd..pos, held until their block is compared (or the body is flushed). */
   private pending: Buffer[] = [];
-  /** The bytes of the block being filled (hashed once it is whole: a body shorter than a block is never hashed). */
+  /** Against digests: the bytes of the block being filled. */
   private block: Buffer[] = [];
-  private readonly digests: Buffer[] = [];
   private readonly own: number[] = [];
   /** While seeking: the end of the previous chunk, for an anchor cut in two. */
   private tail: Buffer | null = null;
@@ -62,13 +74,13 @@ export class BodyWriter {
   ) {
     this.anchor = kind === 'response' ? RESPONSE_ANCHOR : null;
     this.seeking = this.anchor !== null;
-    this.matching = base !== null && base.digests.length > 0;
+    this.matching = base !== null && (base.chunks !== null ? base.bytes > 0 : base.digests !== null && base.digests.length > 0);
   }
 
   /**
    * Takes one chunk of the body, pushing the offsets of the frames written onto `frames`. Bytes
-   * that may repeat the base are held until their block is whole; `flush` writes them out.
-   * Throws when the journal refuses.
+   * that repeat the base are not written until the bodies part or `flush` is called. Throws when
+   * the journal refuses.
    */
   write(bytes: Buffer, frames: number[]): void {
     if (bytes.length === 0) return;
@@ -83,14 +95,18 @@ export class BodyWriter {
       this.tail = null;
     }
     if (!this.matching) {
-      // Nothing to hold: the chunk is one frame, and what it adds to the body is noted for the next.
+      // Nothing to compare: the chunk is one frame, and what it adds to the body is noted for the next.
       const frame = this.journal.appendBody(this.callId, this.kind, bytes);
       frames.push(frame);
-      this.track(bytes, from, frame);
+      if (from < bytes.length) this.track(from > 0 ? bytes.subarray(from) : bytes, frame, from);
       return;
     }
     if (from > 0) frames.push(this.journal.appendBody(this.callId, this.kind, bytes.subarray(0, from)));
-    if (from < bytes.length) this.consume(from > 0 ? bytes.subarray(from) : bytes, frames);
+    if (from < bytes.length) {
+      const rest = from > 0 ? bytes.subarray(from) : bytes;
+      if (this.base!.chunks !== null) this.compare(rest, frames);
+      else this.consume(rest, frames);
+    }
   }
 
   /** Writes what is held: the agent is about to get these bytes, or the body is complete. */
@@ -101,36 +117,82 @@ export class BodyWriter {
   }
 
   /**
-   * Lets go of the body's bytes (the call is over, or its body is sent again). The writer itself
-   * may outlive its call in the old generation of the heap; what it points to must not.
+   * Lets go of the body's bytes (the call is over, or its body is sent again); `result` must come
+   * first. The writer itself may outlive its call in the old generation of the heap; what it
+   * points to must not.
    */
   close(): void {
     this.block = [];
     this.pending = [];
+    this.kept = [];
     this.tail = null;
   }
 
   /**
-   * This body as the base for the next one of its rollout: its whole blocks, which is all a later
-   * body can match (null when it has no anchor or no whole block). Flush first.
+   * This body as the base for the next one of its rollout: its bytes after the anchor and where
+   * they are (null when it has no anchor or is shorter than a block). Flush first.
    */
   result(): BodyBase | null {
-    if (this.seeking || this.digests.length === 0) return null;
-    const bytes = this.digests.length * BLOCK;
-    const extents = slice(this.own, 0, bytes);
+    if (this.seeking || this.pos < BLOCK) return null;
     let lowest = Infinity;
-    for (let i = 0; i < extents.length; i += 3) lowest = Math.min(lowest, extents[i]);
-    return { extents, bytes, digests: Buffer.concat(this.digests), lowest };
+    for (let i = 0; i < this.own.length; i += 3) lowest = Math.min(lowest, this.own[i]);
+    let held = 0;
+    let last: ArrayBufferLike | null = null;
+    for (const c of this.kept) {
+      if (c.buffer !== last) held += c.buffer.byteLength;
+      last = c.buffer;
+    }
+    let chunks = this.kept;
+    if (held > 2 * this.pos + 64 * 1024) {
+      // Small pieces of big allocations: one copy costs less than what they keep alive.
+      chunks = [Buffer.concat(chunks, this.pos)];
+      held = this.pos;
+    }
+    return { extents: this.own.slice(), bytes: this.pos, chunks, held, digests: null, lowest };
   }
 
-  /** While every block so far matches: bytes are held until their block is compared. */
+  /** Against the base's bytes: the shared part becomes a reference, the rest is written as it is. */
+  private compare(bytes: Buffer, frames: number[]): void {
+    const base = this.base!;
+    const n = Math.min(bytes.length, base.bytes - this.pos);
+    let same = 0;
+    const chunks = base.chunks!;
+    while (same < n) {
+      const c = chunks[this.baseChunk];
+      const take = Math.min(c.length - this.baseAt, n - same);
+      const equal = sameBytes(bytes, same, c, this.baseAt, take);
+      same += equal;
+      this.baseAt += equal;
+      if (this.baseAt === c.length) {
+        this.baseChunk++;
+        this.baseAt = 0;
+      }
+      if (equal < take) break;
+    }
+    this.pos += same;
+    this.refEnd = this.pos;
+    if (same === bytes.length) {
+      this.kept.push(bytes);
+      return;
+    }
+    // The bodies part here: the shared bytes go out as a reference, the rest as it is.
+    this.matching = false;
+    this.writeRef(frames);
+    const rest = same > 0 ? bytes.subarray(same) : bytes;
+    if (same > 0) this.kept.push(bytes.subarray(0, same));
+    const frame = this.journal.appendBody(this.callId, this.kind, rest);
+    frames.push(frame);
+    this.track(rest, frame, 0);
+  }
+
+  /** Against digests: bytes are held until their block is compared. */
   private consume(bytes: Buffer, frames: number[]): void {
     for (let at = 0; at < bytes.length;) {
       if (!this.matching) {
         const rest = at === 0 ? bytes : bytes.subarray(at);
         const frame = this.journal.appendBody(this.callId, this.kind, rest);
         frames.push(frame);
-        this.track(rest, 0, frame);
+        this.track(rest, frame, 0);
         return;
       }
       const blockEnd = (Math.floor(this.pos / BLOCK) + 1) * BLOCK;
@@ -138,41 +200,31 @@ export class BodyWriter {
       const part = n === bytes.length ? bytes : bytes.subarray(at, at + n);
       at += n;
       this.pending.push(part);
-      const digest = this.hashed(part);
-      if (digest === null) continue;
+      this.kept.push(part);
+      this.block.push(part);
+      this.pos += n;
+      if (this.pos !== blockEnd) continue;
+      const digest = hash('sha256', this.block.length === 1 ? this.block[0] : Buffer.concat(this.block, BLOCK), 'buffer');
+      this.block = [];
       const i = blockEnd / BLOCK - 1;
-      const base = this.base!;
-      if (base.digests.length >= (i + 1) * DIGEST && digest.equals(base.digests.subarray(i * DIGEST, (i + 1) * DIGEST))) {
+      const digests = this.base!.digests!;
+      if (digests.length >= (i + 1) * DIGEST && digest.equals(digests.subarray(i * DIGEST, (i + 1) * DIGEST))) {
         this.refEnd = this.pos;
         this.pending = [];
       } else {
-        // The bodies part here: what is held goes out as it is, and so does the rest.
+        // The bodies part in this block: what is held goes out as it is, and so does the rest.
         this.matching = false;
+        this.block = [];
         this.flush(frames);
       }
     }
   }
 
-  /** Bytes `from`.. of `bytes`, just written as (the same bytes of) `frame`: part of this body. */
-  private track(bytes: Buffer, from: number, frame: number): void {
-    if (from >= bytes.length) return;
-    this.written(frame, from, bytes.length - from);
-    for (let at = from; at < bytes.length;) {
-      const n = Math.min(BLOCK - (this.pos % BLOCK), bytes.length - at);
-      this.hashed(at === 0 && n === bytes.length ? bytes : bytes.subarray(at, at + n));
-      at += n;
-    }
-  }
-
-  /** Counts `part` (never past the end of a block) into the body; the block's digest once it is whole. */
-  private hashed(part: Buffer): Buffer | null {
-    this.block.push(part);
-    this.pos += part.length;
-    if (this.pos % BLOCK !== 0) return null;
-    const digest = hash('sha256', this.block.length === 1 ? this.block[0] : Buffer.concat(this.block, BLOCK), 'buffer');
-    this.block = [];
-    this.digests.push(digest);
-    return digest;
+  /** Bytes `from`.. of `frame` (`bytes`), just written as they are: the body's next bytes. */
+  private track(bytes: Buffer, frame: number, from: number): void {
+    this.kept.push(bytes);
+    this.pos += bytes.length;
+    this.written(frame, from, bytes.length);
   }
 
   private writeRef(frames: number[]): void {
@@ -221,6 +273,97 @@ export class BodyWriter {
     this.tail = Buffer.from(bytes.subarray(bytes.length - keep));
     return -1;
   }
+}
+
+/** How many leading bytes of a[ai..ai+n) equal b[bi..bi+n) (memcmp, halving down to where they part). */
+export function sameBytes(a: Buffer, ai: number, b: Buffer, bi: number, n: number): number {
+  if (n === 0) return 0;
+  if (a.compare(b, bi, bi + n, ai, ai + n) === 0) return n;
+  let lo = 0;
+  let hi = n;
+  // The first difference lies in [lo, hi): halve while the range is long.
+  while (hi - lo > 32) {
+    const mid = (lo + hi) >>> 1;
+    if (a.compare(b, bi + lo, bi + mid, ai + lo, ai + mid) === 0) lo = mid;
+    else hi = mid;
+  }
+  while (lo < hi && a[ai + lo] === b[bi + lo]) lo++;
+  return lo;
+}
+
+/**
+ * The bases of open rollouts, least recently used first. Their bytes stay in memory up to
+ * `maxBytes`; beyond it the oldest give their bytes up for block digests (`toDigests`).
+ */
+export class BaseStore<K> {
+  private readonly entries = new Map<K, { request: BodyBase | null; response: BodyBase | null }>();
+  /** Keys whose bases still hold bytes, least recently set first. */
+  private readonly inMemory = new Map<K, number>();
+  private held = 0;
+
+  constructor(
+    private readonly maxEntries: number,
+    private readonly maxBytes: number,
+  ) {}
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /** Memory the bases' bytes keep alive. */
+  get heldBytes(): number {
+    return this.held;
+  }
+
+  get(key: K, kind: 'request' | 'response'): BodyBase | null {
+    return this.entries.get(key)?.[kind] ?? null;
+  }
+
+  set(key: K, request: BodyBase | null, response: BodyBase | null): void {
+    this.delete(key);
+    this.entries.set(key, { request, response });
+    const held = (request?.chunks ? request.held : 0) + (response?.chunks ? response.held : 0);
+    if (held > 0) {
+      this.inMemory.set(key, held);
+      this.held += held;
+    }
+    if (this.entries.size > this.maxEntries) this.delete(this.entries.keys().next().value as K);
+    while (this.held > this.maxBytes && this.inMemory.size > 0) {
+      const oldest = this.inMemory.keys().next().value as K;
+      this.held -= this.inMemory.get(oldest)!;
+      this.inMemory.delete(oldest);
+      const e = this.entries.get(oldest)!;
+      if (e.request) e.request = toDigests(e.request);
+      if (e.response) e.response = toDigests(e.response);
+    }
+  }
+
+  delete(key: K): void {
+    if (!this.entries.delete(key)) return;
+    const held = this.inMemory.get(key);
+    if (held !== undefined) {
+      this.held -= held;
+      this.inMemory.delete(key);
+    }
+  }
+
+  clear(): void {
+    this.entries.clear();
+    this.inMemory.clear();
+    this.held = 0;
+  }
+}
+
+/** A base that keeps a digest of each whole block instead of its bytes (null when it has no whole block). */
+export function toDigests(base: BodyBase): BodyBase | null {
+  if (base.chunks === null) return base;
+  const blocks = Math.floor(base.bytes / BLOCK);
+  if (blocks === 0) return null;
+  const all = base.chunks.length === 1 ? base.chunks[0] : Buffer.concat(base.chunks, base.bytes);
+  const digests = Buffer.allocUnsafe(blocks * DIGEST);
+  for (let i = 0; i < blocks; i++) hash('sha256', all.subarray(i * BLOCK, (i + 1) * BLOCK), 'buffer').copy(digests, i * DIGEST);
+  const bytes = blocks * BLOCK;
+  return { extents: slice(base.extents, 0, bytes), bytes, chunks: null, held: 0, digests, lowest: base.lowest };
 }
 
 /** The extents naming bytes `from`..`from + length` of what `extents` name. */

@@ -4,7 +4,7 @@ import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
 import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
-import { BodyWriter, type BodyBase } from '../journal/repeats';
+import { BaseStore, BodyWriter } from '../journal/repeats';
 import { EpisodeAssembler, keyOf, type EpisodeClose } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -31,6 +31,11 @@ export type JournalRecord = Exclude<PipelineRecord, { type: 'tool_span' } | { ty
 /** Closed episodes exported in one batch at most, and how long a first one waits for company. */
 const EXPORT_BATCH = 64;
 const EXPORT_LINGER_MS = 20;
+/**
+ * Memory the bytes of open rollouts' latest bodies may keep alive (each later body is compared
+ * with them byte for byte); beyond it the least recently used keep block digests instead.
+ */
+const MAX_BASE_BYTES = 32 * 1024 * 1024;
 
 interface Queued {
   close: EpisodeClose;
@@ -95,10 +100,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
    * one may name frames that never reached the file, and is no base for the next.
    */
   const writing = new Map<number, { key: string; floor: number; failures: number; request: BodyWriter | null; response: BodyWriter | null }>();
-  /** The bodies of each rollout attempt's latest complete call, while its episode is open (least recently used first). */
-  const bases = new Map<string, { request: BodyBase | null; response: BodyBase | null }>();
-  let basesFailures = 0;
   const maxBases = config.processors.episodes.max_open_episodes;
+  /** The bodies of each rollout attempt's latest complete call, while its episode is open. */
+  const bases = new BaseStore<string>(maxBases, MAX_BASE_BYTES);
+  let basesFailures = 0;
 
   function writerFor(callId: number, kind: 'request' | 'response'): BodyWriter | null {
     const w = writing.get(callId);
@@ -110,7 +115,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       bases.clear();
       basesFailures = journal.writeFailures;
     }
-    const base = bases.get(w.key)?.[kind] ?? null;
+    const base = bases.get(w.key, kind);
     return (w[kind] = new BodyWriter(journal, callId, kind, base && base.lowest >= w.floor ? base : null));
   }
 
@@ -118,13 +123,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     const w = record.callId === undefined ? undefined : writing.get(record.callId);
     if (!w) return;
     writing.delete(record.callId!);
+    const usable = record.status === 'ok' && !record.truncated && record.httpStatus !== null && record.httpStatus < 300 && w.failures === journal.writeFailures;
+    if (usable) bases.set(w.key, w.request?.result() ?? null, w.response?.result() ?? null);
     w.request?.close();
     w.response?.close();
-    if (record.status !== 'ok' || record.truncated || record.httpStatus === null || record.httpStatus >= 300) return;
-    if (w.failures !== journal.writeFailures) return;
-    bases.delete(w.key);
-    bases.set(w.key, { request: w.request?.result() ?? null, response: w.response?.result() ?? null });
-    if (bases.size > maxBases) bases.delete(bases.keys().next().value as string);
   }
 
   /** The lowest offset a call in flight may still name in a reference. */

@@ -197,9 +197,11 @@ describe('journal body frames', () => {
 
   it('reads the newest body frames from memory, even before their batch is written, and older ones from the file', async () => {
     const dir = tmp();
-    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 1000 });
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 1300 });
     const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
     const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'), true);
+    // Pushes `old` out of memory (600 + 600 + 600 bytes > 1300).
+    j.appendBody(call, 'request', Buffer.alloc(600, 'x'), true);
     const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')], true);
     // Not kept: read from the file.
     const unkept = j.appendBody(call, 'response', Buffer.from('plain'));
@@ -217,6 +219,8 @@ describe('journal body frames', () => {
     );
     expect(j.readBodies([recent]).toString()).toBe('r'.repeat(300) + 's'.repeat(300));
     expect(j.readBodies([old]).toString()).toBe('O'.repeat(600));
+    // Read from the file once, it is kept in memory too: changing the file again changes nothing.
+    writeFileSync(file, readFileSync(file, 'latin1').replace(/O{600}/, 'P'.repeat(600)), 'latin1');
     // A range across the parts of a frame kept in memory.
     expect(j.readBodies([old, recent], Buffer.alloc(2000)).toString()).toBe('O'.repeat(600) + 'r'.repeat(300) + 's'.repeat(300));
     expect(() => j.readBodies([j.appendBody(call, 'response', Buffer.from('queued, not kept'))])).toThrow(/not in the journal/);

@@ -2,7 +2,7 @@ import { mkdtempSync, readdirSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Journal, type JournalOptions } from '../../src/journal/journal';
-import { BLOCK, BodyWriter, slice, type BodyBase } from '../../src/journal/repeats';
+import { BaseStore, BLOCK, BodyWriter, sameBytes, slice, toDigests, type BodyBase } from '../../src/journal/repeats';
 import { silentLogger } from '../../src/telemetry/logger';
 
 const tmp = () => mkdtempSync(path.join(os.tmpdir(), 'lightning-repeats-'));
@@ -149,10 +149,11 @@ describe('bodies that repeat the previous call of their rollout', () => {
     expect(j.readBodies(a.frames).equals(first)).toBe(true);
     expect(j.readBodies(b.frames).equals(second)).toBe(true);
     expect(j.readBodies(c.frames).equals(third)).toBe(true);
-    expect(journalBytes(dir) - before).toBeLessThan(3000 + BLOCK + 1024);
-    // A base keeps only its whole blocks: a later body can match nothing else.
-    expect(c.base!.bytes).toBe(5 * BLOCK);
-    expect(c.base!.extents.filter((_, i) => i % 3 === 2).reduce((n, l) => n + l, 0)).toBe(5 * BLOCK);
+    // Compared byte for byte: the 3000 new bytes, a reference frame and headers are journaled.
+    expect(journalBytes(dir) - before).toBeLessThan(3000 + 1024);
+    // A base names every byte of its body.
+    expect(c.base!.bytes).toBe(third.length);
+    expect(c.base!.extents.filter((_, i) => i % 3 === 2).reduce((n, l) => n + l, 0)).toBe(third.length);
     // Responses without the marker have no base to give.
     expect(writeBody(j, 4, 'response', null, [Buffer.from('{"choices":[]}')]).base).toBeNull();
     await j.close();
@@ -180,6 +181,66 @@ describe('bodies that repeat the previous call of their rollout', () => {
     expect(j.segmentCount).toBeLessThan(segments);
     expect(() => j.readBodies(b.frames)).toThrow(/not in the journal/);
     await j.close();
+  });
+
+  it('compares with a base that keeps only block digests, and reads every body back the same', async () => {
+    const dir = tmp();
+    const j = await open(dir);
+    const random = rng(19);
+    let body = Buffer.from(text(random, 3 * BLOCK + 500));
+    let base: BodyBase | null = writeBody(j, 1, 'request', null, chunks(random, body)).base;
+    const sent: [number[], Buffer][] = [];
+    for (let turn = 0; turn < 6; turn++) {
+      // Every other base gives its bytes up, as one pushed out of the store's budget does.
+      if (turn % 2 === 1) {
+        base = toDigests(base!);
+        expect(base!.chunks).toBeNull();
+        expect(base!.bytes % BLOCK).toBe(0);
+      }
+      body = Buffer.concat([body, Buffer.from(text(random, 5000 + turn * 3000))]);
+      if (turn === 4) body[BLOCK + 7] ^= 1; // parts from the base in its second block
+      const w = writeBody(j, 10 + turn, 'request', base, chunks(random, body));
+      sent.push([w.frames, Buffer.from(body)]);
+      base = w.base;
+    }
+    j.flushNow();
+    for (const [frames, b] of sent) expect(j.readBodies(frames).equals(b)).toBe(true);
+    await j.close();
+  });
+
+  it('keeps bases in memory within a byte budget; the oldest beyond it keep digests', () => {
+    const base = (bytes: number): BodyBase => ({ extents: [1, 0, bytes], bytes, chunks: [Buffer.alloc(bytes)], held: bytes, digests: null, lowest: 1 });
+    const store = new BaseStore<string>(3, 3 * BLOCK);
+    store.set('a', base(BLOCK + 10), null);
+    expect(store.heldBytes).toBe(BLOCK + 10);
+    store.set('b', base(BLOCK), base(BLOCK));
+    // Over budget: a (the least recently set) gives up its bytes for the digest of its one whole block.
+    expect(store.get('a', 'request')!.chunks).toBeNull();
+    expect(store.get('a', 'request')!.bytes).toBe(BLOCK);
+    expect(store.get('b', 'response')!.chunks).not.toBeNull();
+    expect(store.heldBytes).toBe(2 * BLOCK);
+    store.set('c', base(10), null);
+    store.set('d', null, null);
+    // More entries than allowed: the least recently set goes altogether.
+    expect(store.size).toBe(3);
+    expect(store.get('a', 'request')).toBeNull();
+    store.delete('b');
+    expect(store.heldBytes).toBe(10);
+    store.clear();
+    expect(store.heldBytes).toBe(0);
+  });
+
+  it('finds where two byte ranges part', () => {
+    const random = rng(5);
+    const a = Buffer.from(text(random, 70_000));
+    for (const at of [0, 1, 31, 32, 33, 1000, 65_535, 69_999]) {
+      const b = Buffer.concat([Buffer.from('xx'), a]);
+      b[2 + at] ^= 0x20;
+      expect(sameBytes(a, 0, b, 2, a.length)).toBe(at);
+      expect(sameBytes(a, 10, b, 12, a.length - 10)).toBe(at >= 10 ? at - 10 : a.length - 10);
+    }
+    expect(sameBytes(a, 5, a, 5, 100)).toBe(100);
+    expect(sameBytes(a, 0, a, 0, 0)).toBe(0);
   });
 
   it('slices extents by byte range', () => {

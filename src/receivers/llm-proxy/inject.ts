@@ -138,7 +138,8 @@ export class StreamInjector {
         .join(',') + (empty ? '' : ',');
     this.insertion = Buffer.from(text);
     this.insertedAt = at;
-    return [Buffer.concat([head.subarray(0, at), this.insertion, head.subarray(at)])];
+    // Pieces, not one copy of the head: the caller writes them together.
+    return at < head.length ? [head.subarray(0, at), this.insertion, head.subarray(at)] : [head.subarray(0, at), this.insertion];
   }
 
   /** Notes member names of the added fields in the agent's bytes, across chunk boundaries. */
