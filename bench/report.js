@@ -63,7 +63,7 @@ function markdown(r) {
       '',
     );
     L.push(
-      `Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). ${gc.warmup ? 'One round for every target first, not measured (warm-up). ' : ''}Medians of per-round values, min–max over rounds.`,
+      `Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). ${gc.warmup_rounds ? `${gc.warmup_rounds} rounds for every proxy first, not measured (warm-up: V8 goes on compiling the sidecar's code for thousands of calls). ` : ''}Medians of per-round values, min–max over rounds.`,
       '',
     );
     L.push(
@@ -82,13 +82,14 @@ function markdown(r) {
     if (journaled.length > 0)
       L.push(
         '',
-        `Journal: ${journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`).join('; ')} (per round, while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
+        `Journal: ${[...new Set(journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`))].join('; ')} (per round, ${journaled.length} round(s), while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
       );
     const verified = gc.targets.sidecar?.verify ?? [];
+    const sum = (xs, k) => xs.reduce((n, x) => n + x[k], 0);
     if (verified.length > 0)
       L.push(
         '',
-        `Checked, per round: ${verified.map((v) => `${v.checked} of ${v.expected} transitions, ${v.wrong} with ids different from what the server returned, ${v.continues_previous} marked continues_previous`).join('; ')}.`,
+        `Checked over ${verified.length} round(s): ${sum(verified, 'checked')} of ${sum(verified, 'expected')} transitions, ${sum(verified, 'wrong')} with ids different from what the server returned, ${sum(verified, 'continues_previous')} marked continues_previous.`,
       );
     L.push('');
   }
@@ -208,10 +209,13 @@ function bars(r) {
     );
     const load = med('sidecar', 'cpu_us_per_call_load') / med('bare-pipe', 'cpu_us_per_call_load');
     const all = med('sidecar', 'cpu_us_per_call') / med('bare-pipe', 'cpu_us_per_call');
+    // The machine's speed drifts between rounds: the ratio within each round (the two targets ran
+    // one after the other) is shown as well, and the bar holds only when both are within it.
+    const paired = summarize(gc.targets.sidecar.rounds.map((x, i) => x.cpu_us_per_call / gc.targets['bare-pipe'].rounds[i].cpu_us_per_call)).median;
     row(
       'Growing context: CPU per call ≤ 2× the bare pipe (capture and export included)',
-      `${f(all)}× with export (${f(med('sidecar', 'cpu_us_per_call'), 0)} vs ${f(med('bare-pipe', 'cpu_us_per_call'), 0)} µs); ${f(load)}× during the calls alone`,
-      all <= 2,
+      `${f(all)}× with export (${f(med('sidecar', 'cpu_us_per_call'), 0)} vs ${f(med('bare-pipe', 'cpu_us_per_call'), 0)} µs), ${f(paired)}× as the median of each round's own ratio; ${f(load)}× during the calls alone`,
+      all <= 2 && paired <= 2,
     );
     const peak = Math.max(...gc.targets.sidecar.rounds.map((x) => x.peak_rss_mib));
     row('Growing context: peak RSS ≤ 200 MiB with every episode open', `${f(peak, 0)} MiB`, peak <= 200);

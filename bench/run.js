@@ -234,8 +234,8 @@ async function main() {
       proc,
       agents: GC_AGENTS,
       turns: GC_TURNS,
-      rounds: QUICK ? 1 : 3,
-      warmup: !QUICK,
+      rounds: QUICK ? 1 : 5,
+      warmup: QUICK ? 0 : 8,
       sidecarDataDir: gcSidecar.dataDir,
       endRollouts,
     });
