@@ -129,8 +129,9 @@ export class Journal {
    * batch of its turn is written); a batch that cannot be written is dropped from it.
    */
   private readonly recent: RecentBodies;
-  /** The extents of the newest reference frames written or read (see `MAX_REFS`). */
+  /** The extents of the newest reference frames written or read (see `MAX_REFS`), and how many numbers they hold. */
   private readonly refs = new Map<number, readonly number[]>();
+  private refNumbers = 0;
   /** Run once the batch queued now is written (or could not be): see `afterWrite`. */
   private afterWriting: (() => void)[] = [];
   lastWriteError: Error | null = null;
@@ -458,8 +459,15 @@ export class Journal {
   }
 
   private rememberRef(offset: number, extents: readonly number[]): void {
+    if (extents.length > MAX_REF_NUMBERS) return;
     this.refs.set(offset, extents);
-    if (this.refs.size > MAX_REFS) this.refs.delete(this.refs.keys().next().value as number);
+    this.refNumbers += extents.length;
+    // Oldest first: a long rollout's references name many extents each.
+    while (this.refs.size > MAX_REFS || this.refNumbers > MAX_REF_NUMBERS) {
+      const [oldest, dropped] = this.refs.entries().next().value as [number, readonly number[]];
+      this.refs.delete(oldest);
+      this.refNumbers -= dropped.length;
+    }
   }
 
   /**
@@ -632,8 +640,12 @@ const BODY_DURABLE: Promise<number> = Promise.resolve(-1);
 /** Frames this close (bytes between them) are read together; a run's whole span is at most RUN_SPAN. */
 const RUN_GAP = 16 * 1024;
 const RUN_SPAN = 1024 * 1024;
-/** Reference frames whose extents are remembered (they are read again for every later body of their rollout). */
+/**
+ * Reference frames whose extents are remembered (they are read again for every later body of their
+ * rollout): at most this many, holding at most MAX_REF_NUMBERS numbers (~1 MiB) in all.
+ */
 const MAX_REFS = 4096;
+const MAX_REF_NUMBERS = 128 * 1024;
 
 /** Reads `len` bytes of a segment at `pos` into `into` at `at` (short reads continue). */
 function readFully(seg: Segment, into: Buffer, at: number, len: number, pos: number): void {

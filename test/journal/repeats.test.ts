@@ -247,6 +247,24 @@ describe('bodies that repeat the previous call of their rollout', () => {
     expect(sameBytes(a, 0, a, 0, 0)).toBe(0);
   });
 
+  it('reads reference frames back from the file once the extents kept in memory for them are let go', async () => {
+    const dir = tmp();
+    const j = await open(dir);
+    // 30,000 one-byte frames: a reference naming all of them holds 90,000 numbers.
+    const frames: number[] = [];
+    const bytes = Buffer.alloc(30_000);
+    for (let i = 0; i < bytes.length; i++) {
+      bytes[i] = 97 + (i % 26);
+      frames.push(j.appendBody(1, 'request', bytes.subarray(i, i + 1)));
+    }
+    const extents = frames.flatMap((f) => [f, 0, 1]);
+    const refs = [0, 1, 2].map(() => j.appendRef(2, 'request', extents));
+    j.flushNow();
+    // Together they hold more numbers than are kept in memory: the oldest are read from the file.
+    for (const r of refs) expect(j.readBodies([r]).equals(bytes)).toBe(true);
+    await j.close();
+  });
+
   it('slices extents by byte range', () => {
     const extents = [10, 0, 5, 11, 2, 3, 12, 0, 4];
     expect(slice(extents, 0, 12)).toEqual(extents);
