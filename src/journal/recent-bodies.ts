@@ -2,10 +2,10 @@
  * The newest body frames' bytes, copied into one ring buffer allocated once: an episode exported
  * soon after its calls ended (a one-call rollout, a final reward right after the last answer) is
  * built without reading its bodies back from the file, and a frame read from the file is read
- * once while it is here (a rollout's bodies name the frames of its earlier bodies again and again,
- * and an episode's responses are read to build it and again to export it). Copies, not references: a socket chunk
- * keeps its whole allocation alive (often 64 KiB for 1 KiB of body), so holding the chunks
- * themselves would cost many times the bytes they hold. Frames are forgotten oldest first as
+ * once while it is here (a rollout's bodies name the frames of its earlier bodies again and
+ * again, and an episode's responses are read to build it and again to export it). Copies, not
+ * references: a socket chunk keeps its whole allocation alive (often 64 KiB for 1 KiB of body),
+ * so holding the chunks themselves would cost many times the bytes they hold. Frames are forgotten oldest first as
  * newer bytes overwrite them; frames over `maxFrameBytes` are not kept.
  */
 export class RecentBodies {
