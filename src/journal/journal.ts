@@ -17,6 +17,7 @@ import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../model/component';
 import type { Logger } from '../telemetry/logger';
+import { FrameIndex } from './frame-index';
 import { RecentBodies } from './recent-bodies';
 import {
   BODY_HEADER_BYTES,
@@ -64,13 +65,10 @@ interface Segment {
   file: string;
   bytes: number;
   /** Body frames in this segment: offset → where their bytes are. */
-  bodies: Map<number, BodyLoc>;
+  bodies: FrameIndex;
   /** Read descriptor, opened on the first body read. */
   readFd: number | null;
 }
-
-/** Position and length of a body frame's bytes in its segment; a third member marks a reference frame (its bytes are extents). */
-type BodyLoc = [pos: number, len: number] | [pos: number, len: number, ref: 1];
 
 interface Waiter {
   /** Frame header, then the payload's parts (written with one writev, never concatenated). */
@@ -162,7 +160,7 @@ export class Journal {
       const last = i === names.length - 1;
       // Listed before its frames are handed out: an episode closed during replay reads its
       // calls' bodies from the frames already scanned.
-      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: buf.length, bodies: new Map(), readFd: null };
+      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: buf.length, bodies: new FrameIndex(), readFd: null };
       this.segments.push(segment);
       let at = 0;
       for (;;) {
@@ -170,12 +168,9 @@ export class Journal {
         const r = decodeFrame(buf, at);
         if (r.kind === 'frame') {
           if (isBodyPayload(r.payload)) {
-            const loc: BodyLoc = [at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES];
-            if (isRefPayload(r.payload)) {
-              loc.push(1);
-              this.pin(r.offset, decodeExtents(r.payload.subarray(BODY_HEADER_BYTES)));
-            }
-            segment.bodies.set(r.offset, loc);
+            const ref = isRefPayload(r.payload);
+            if (ref) this.pin(r.offset, decodeExtents(r.payload.subarray(BODY_HEADER_BYTES)));
+            segment.bodies.add(r.offset, at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES, ref);
           }
           onRecord(r.offset, r.payload);
           report.records++;
@@ -196,7 +191,7 @@ export class Journal {
       }
       segment.bytes = Math.min(at, buf.length);
     }
-    if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new Map(), readFd: null });
+    if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new FrameIndex(), readFd: null });
     this.nextOffset = Math.max(this.nextOffset, this.active().first);
     this.fd = openSync(this.active().file, 'a');
     if (typeof this.options.fsync === 'number') {
@@ -383,8 +378,7 @@ export class Journal {
       }
       let pos = seg.bytes;
       for (const w of batch) {
-        if (w.body !== null)
-          seg.bodies.set(w.offset, w.ref ? [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body, 1] : [pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body]);
+        if (w.body !== null) seg.bodies.add(w.offset, pos + HEADER_BYTES + BODY_HEADER_BYTES, w.body, w.ref);
         pos += w.bytes;
       }
       seg.bytes += bytes;
@@ -430,29 +424,31 @@ export class Journal {
         pieces.push(offset, 0, kept);
         continue;
       }
-      const [seg, loc] = this.locate(offset);
-      if (loc.length === 2) {
-        pieces.push(offset, 0, loc[1]);
+      const [seg, i] = this.locate(offset);
+      if (!seg.bodies.isRef(i)) {
+        pieces.push(offset, 0, seg.bodies.len(i));
         continue;
       }
-      const extents = this.refs.get(offset) ?? this.refExtents(seg, loc, offset);
+      const extents = this.refs.get(offset) ?? this.refExtents(seg, i, offset);
       for (let i = 0; i < extents.length; i += 3) pieces.push(extents[i], extents[i + 1], extents[i + 2]);
     }
     return this.readPieces(pieces, scratch);
   }
 
-  private locate(offset: number): [Segment, BodyLoc] {
+  /** The segment holding a body frame and the frame's index there. */
+  private locate(offset: number): [Segment, number] {
     const seg = this.segmentOf(offset);
-    const loc = seg?.bodies.get(offset);
-    if (!seg || !loc) throw new Error(`journal: body frame ${offset} is not in the journal`);
-    return [seg, loc];
+    const i = seg ? seg.bodies.find(offset) : -1;
+    if (!seg || i < 0) throw new Error(`journal: body frame ${offset} is not in the journal`);
+    return [seg, i];
   }
 
   /** The extents a reference frame holds (a small read from the page cache), remembered for a while. */
-  private refExtents(seg: Segment, loc: BodyLoc, offset: number): number[] {
-    const bytes = Buffer.allocUnsafe(loc[1]);
+  private refExtents(seg: Segment, i: number, offset: number): number[] {
+    const len = seg.bodies.len(i);
+    const bytes = Buffer.allocUnsafe(len);
     seg.readFd ??= openSync(seg.file, 'r');
-    readFully(seg, bytes, 0, loc[1], loc[0]);
+    readFully(seg, bytes, 0, len, seg.bodies.pos(i));
     const extents = decodeExtents(bytes);
     this.rememberRef(offset, extents);
     return extents;
@@ -490,32 +486,35 @@ export class Journal {
         i += 3;
         continue;
       }
-      const [seg, loc] = this.locate(frame);
-      if (loc.length === 3 || start + length > loc[1]) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
+      const [seg, f] = this.locate(frame);
+      const frames = seg.bodies;
+      if (frames.isRef(f) || start + length > frames.len(f)) throw new Error(`journal: extent ${frame}+${start} does not name body bytes`);
       seg.readFd ??= openSync(seg.file, 'r');
-      if (loc[1] > this.recent.maxFrameBytes) {
-        readFully(seg, out, at, length, loc[0] + start);
+      if (frames.len(f) > this.recent.maxFrameBytes) {
+        readFully(seg, out, at, length, frames.pos(f) + start);
         at += length;
         i += 3;
         continue;
       }
       // The run: the next pieces' frames, small, not in memory, further on in this segment and close.
-      const pos = loc[0];
-      let spanEnd = pos + loc[1];
+      const pos = frames.pos(f);
+      let spanEnd = pos + frames.len(f);
       let j = i + 3;
       while (j < pieces.length && !this.recent.has(pieces[j])) {
-        const next = seg.bodies.get(pieces[j]);
-        if (!next || next.length === 3 || next[1] > this.recent.maxFrameBytes || pieces[j + 1] + pieces[j + 2] > next[1]) break;
-        if (next[0] < spanEnd || next[0] - spanEnd > RUN_GAP || next[0] + next[1] - pos > RUN_SPAN) break;
-        spanEnd = next[0] + next[1];
+        const next = frames.find(pieces[j]);
+        if (next < 0 || frames.isRef(next) || frames.len(next) > this.recent.maxFrameBytes || pieces[j + 1] + pieces[j + 2] > frames.len(next)) break;
+        const nextPos = frames.pos(next);
+        if (nextPos < spanEnd || nextPos - spanEnd > RUN_GAP || nextPos + frames.len(next) - pos > RUN_SPAN) break;
+        spanEnd = nextPos + frames.len(next);
         j += 3;
       }
       const span = this.spanBuffer(spanEnd - pos);
       readFully(seg, span, 0, spanEnd - pos, pos);
       for (let k = i; k < j; k += 3) {
-        const l = k === i ? loc : seg.bodies.get(pieces[k])!;
-        const from = l[0] - pos;
-        this.recent.keep(pieces[k], [span.subarray(from, from + l[1])], l[1]);
+        const l = k === i ? f : frames.find(pieces[k]);
+        const from = frames.pos(l) - pos;
+        const len = frames.len(l);
+        this.recent.keep(pieces[k], [span.subarray(from, from + len)], len);
         at += span.copy(out, at, from + pieces[k + 1], from + pieces[k + 1] + pieces[k + 2]);
       }
       i = j;
@@ -551,7 +550,7 @@ export class Journal {
     const next = openSync(file, 'a');
     const previous = this.fd!;
     this.fd = next;
-    this.segments.push({ first, file, bytes: 0, bodies: new Map(), readFd: null });
+    this.segments.push({ first, file, bytes: 0, bodies: new FrameIndex(), readFd: null });
     // The finished segment is synced and closed off the event loop (closing a file with much
     // just written can take milliseconds on ext4).
     fdatasync(previous, (err) => {
@@ -584,7 +583,7 @@ export class Journal {
     let removed = 0;
     while (this.segments.length > 1 && this.segments[1].first <= low) {
       const seg = this.segments.shift()!;
-      for (const offset of seg.bodies.keys()) this.recent.forget(offset);
+      for (let i = 0; i < seg.bodies.size; i++) this.recent.forget(seg.bodies.offsetAt(i));
       if (seg.readFd !== null) closeLater(seg.readFd);
       await unlink(seg.file).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;

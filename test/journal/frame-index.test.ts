@@ -1,0 +1,37 @@
+import { FrameIndex } from '../../src/journal/frame-index';
+
+describe('FrameIndex', () => {
+  it('finds frames added in offset order, past several growths', () => {
+    const idx = new FrameIndex();
+    for (let i = 0; i < 1000; i++) idx.add(10 + 3 * i, 100 * i, i + 1, i % 7 === 0);
+    expect(idx.size).toBe(1000);
+    for (let i = 0; i < 1000; i++) {
+      const f = idx.find(10 + 3 * i);
+      expect(f).toBe(i);
+      expect([idx.offsetAt(f), idx.pos(f), idx.len(f), idx.isRef(f)]).toEqual([10 + 3 * i, 100 * i, i + 1, i % 7 === 0]);
+    }
+    // Offsets between frames, before the first and after the last are not frames.
+    for (const missing of [0, 9, 11, 12, 10 + 3 * 999 + 1, 1e12]) expect(idx.find(missing)).toBe(-1);
+  });
+
+  it('keeps a zero-length reference frame apart from a zero-length body frame', () => {
+    const idx = new FrameIndex();
+    idx.add(1, 0, 0, false);
+    idx.add(2, 0, 0, true);
+    expect([idx.len(0), idx.isRef(0), idx.len(1), idx.isRef(1)]).toEqual([0, false, 0, true]);
+  });
+
+  it('puts a frame added out of order in its place, and replaces one added again', () => {
+    const idx = new FrameIndex();
+    for (const o of [5, 9, 7, 1, 9]) idx.add(o, o * 10, o, false);
+    expect(idx.size).toBe(4);
+    expect(Array.from({ length: idx.size }, (_, i) => idx.offsetAt(i))).toEqual([1, 5, 7, 9]);
+    expect(idx.pos(idx.find(7))).toBe(70);
+  });
+
+  it('holds offsets and positions beyond 32 bits', () => {
+    const idx = new FrameIndex();
+    idx.add(2 ** 40, 2 ** 33, 5, false);
+    expect(idx.pos(idx.find(2 ** 40))).toBe(2 ** 33);
+  });
+});
