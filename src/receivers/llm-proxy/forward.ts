@@ -127,7 +127,7 @@ export function forwardCall(
     let retried = false;
     /** Sends the agent's own body again, without the added fields (the server refused one). */
     const retryWithout = (field: string, detail: string): boolean => {
-      if (retried || !capture || capture.callId === null || !injector) return false;
+      if (retried || !capture || capture.begin() === null || !injector) return false;
       let original: Buffer;
       try {
         capture.flush('request');
@@ -194,15 +194,17 @@ export function forwardCall(
       ures.on('data', (chunk: Buffer) => {
         if (capture) {
           if (capture.firstByteAt === null) capture.firstByteAt = performance.now();
-          capture.response(chunk);
           passed += chunk.length;
           if (passed >= declared) {
+            capture.response(chunk);
             held = chunk;
             return;
           }
         }
+        // The agent's bytes go out first; they are teed into the journal right after, in this turn.
         if (sse) for (const part of sse.push(chunk)) write(part);
         else write(chunk);
+        capture?.response(chunk);
       });
       ures.on('end', () => {
         if (streamed && api && capture) m.streamedChunks.inc({ api }, capture.chunks);
@@ -324,11 +326,11 @@ export function forwardCall(
           body = injection.body;
           capture.injected = injection.injected;
         }
-        journalRequest(capture, body);
       }
       const headers = forwardHeaders(req.rawHeaders, { host: upstream.host, 'content-length': String(body.length) }, DROP_WHEN_REWRITTEN);
       ureq = dispatch(headers);
       ureq.end(body);
+      if (capture) journalRequest(capture, body);
     };
 
     if (preread !== null) {
@@ -360,12 +362,13 @@ export function forwardCall(
       };
       let r: UpstreamRequest | null = injector ? null : open();
       const send = (parts: Buffer[]): void => {
-        if (capture) for (const part of parts) if (part.length > 0) capture.request(part);
-        // The pieces of a chunk (fields added between them) go out in one write.
+        // The pieces of a chunk (fields added between them) go out in one write, before any
+        // capture work (the journal takes them by reference; it writes them later in this turn).
         if (!r!.write(parts)) {
           req.pause();
           r!.once('drain', () => req.resume());
         }
+        if (capture) for (const part of parts) if (part.length > 0) capture.request(part);
       };
       req.on('data', (chunk: Buffer) => {
         if (rejected) return;

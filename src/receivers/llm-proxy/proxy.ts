@@ -129,7 +129,6 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const seq = correlation.source === 'self' ? 0 : deps.sequences.take(correlation.rolloutId, correlation.attemptId);
         capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes, deps.capture);
         capture.policyVersion = deps.policyVersion?.() ?? null;
-        startCapture(capture);
       } else if (routed.rolloutId !== null && (!ID_PATTERN.test(routed.rolloutId) || !ID_PATTERN.test(routed.attemptId ?? '0'))) {
         throw new CorrelationError('rollout id', routed.rolloutId);
       }
@@ -240,29 +239,19 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     capture.request(Buffer.from(JSON.stringify(deps.redact(parsed))));
   }
 
-  function startCapture(capture: CallCapture): void {
-    try {
-      capture.callId = deps.capture.callStarted({
-        type: 'call_start',
-        correlation: capture.correlation,
-        seq: capture.seq,
-        api: capture.api,
-        traceId: capture.traceId,
-        at: capture.startedAt,
-      });
-    } catch (err) {
-      m.captureDrops.inc({ reason: 'capture_error' });
-      log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err });
-    }
-  }
-
   /**
    * Journals the call's end record; false when it could not be (nothing to write through). Where
    * the agent's answer is still to complete, the caller writes the journal through first
    * (`capture.flush` or `capture.afterWrite`).
    */
   function finishCapture(capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number): boolean {
-    if (capture.callId === null) return false;
+    if (capture.begin() === null) {
+      if (capture.startError !== null) {
+        m.captureDrops.inc({ reason: 'capture_error' });
+        log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err: capture.startError });
+      }
+      return false;
+    }
     try {
       const record = capture.finish({ status, error, endedAt: now(), endedMono: performance.now() }, t0);
       if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
