@@ -132,6 +132,8 @@ export class Journal {
   private refNumbers = 0;
   /** Run once the batch queued now is written (or could not be): see `afterWrite`. */
   private afterWriting: (() => void)[] = [];
+  /** Run right before the next write: see `beforeWrite`. */
+  private beforeWriting: (() => void)[] = [];
   lastWriteError: Error | null = null;
   /** Batches that could not be written (their body frames are not in the journal). */
   writeFailures = 0;
@@ -304,7 +306,17 @@ export class Journal {
 
   /** Writes what is queued at the end of this turn of the event loop (lazy appends included). */
   writeSoon(): void {
-    if (this.queue.length > 0) this.flushSoon();
+    if (this.queue.length > 0 || this.beforeWriting.length > 0) this.flushSoon();
+  }
+
+  /**
+   * Runs `then` right before the next write, which it does not call for (it comes within
+   * `LAZY_MS`): a streamed answer's chunks are appended then, as one frame, instead of one frame
+   * a chunk.
+   */
+  beforeWrite(then: () => void): void {
+    this.beforeWriting.push(then);
+    if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
   }
 
   private flushSoon(): void {
@@ -317,7 +329,7 @@ export class Journal {
    * share one write instead of one each. `then` runs at once when nothing is queued.
    */
   afterWrite(then: () => void): void {
-    if (this.queue.length === 0) {
+    if (this.queue.length === 0 && this.beforeWriting.length === 0) {
       then();
       return;
     }
@@ -327,6 +339,7 @@ export class Journal {
 
   /** Writes everything queued now, synchronously (the bytes are in the kernel when it returns). */
   flushNow(): void {
+    this.runBeforeWrite();
     if (this.flushing) {
       clearImmediate(this.flushing);
       this.flushing = null;
@@ -348,6 +361,20 @@ export class Journal {
             // One caller's failure must not keep the others' answers back.
             this.logger.once('after_write', 'error', 'journal: a write-through callback failed', { err });
           }
+        }
+      }
+    }
+  }
+
+  private runBeforeWrite(): void {
+    while (this.beforeWriting.length > 0) {
+      const hooks = this.beforeWriting;
+      this.beforeWriting = [];
+      for (const then of hooks) {
+        try {
+          then();
+        } catch (err) {
+          this.logger.once('before_write', 'error', 'journal: a before-write callback failed', { err });
         }
       }
     }
@@ -604,6 +631,8 @@ export class Journal {
   /** Flushes what is queued, syncs, and refuses further appends. Idempotent. */
   async close(): Promise<void> {
     if (this.closed) return;
+    // What waits to be appended goes in before appends are refused.
+    this.runBeforeWrite();
     this.closed = true;
     if (this.syncTimer) clearInterval(this.syncTimer);
     this.flushNow();

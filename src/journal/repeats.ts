@@ -109,6 +109,26 @@ export class BodyWriter {
     }
   }
 
+  /**
+   * Takes consecutive chunks of the body (a streamed answer's, handed over together): once the
+   * body has parted from its base, or has none, they are one frame.
+   */
+  writeParts(parts: readonly Buffer[], frames: number[]): void {
+    let i = 0;
+    while (i < parts.length && (this.seeking || this.matching)) this.write(parts[i++], frames);
+    const rest = i === 0 ? parts : parts.slice(i);
+    let length = 0;
+    for (const p of rest) length += p.length;
+    if (length === 0) return;
+    const frame = this.journal.appendBody(this.callId, this.kind, rest);
+    frames.push(frame);
+    let from = 0;
+    for (const p of rest) {
+      if (p.length > 0) this.track(p, frame, from);
+      from += p.length;
+    }
+  }
+
   /** Writes what is held: the agent is about to get these bytes, or the body is complete. */
   flush(frames: number[]): void {
     this.writeRef(frames);

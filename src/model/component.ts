@@ -37,10 +37,11 @@ export interface CaptureSink {
   /** Registers a call; returns its id (for its body frames), or null when it cannot be recorded. */
   callStarted(record: CallStartRecord): number | null;
   /**
-   * Appends request or response bytes, pushing the offsets of the frames that hold them onto
-   * `frames` (a body's frames, in order, read back as its bytes); false when refused.
+   * Appends request or response bytes (one buffer, or consecutive pieces), pushing the offsets
+   * of the frames that hold them onto `frames` (a body's frames, in order, read back as its
+   * bytes); false when refused.
    */
-  body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer, frames: number[]): boolean;
+  body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer | readonly Buffer[], frames: number[]): boolean;
   /**
    * Writes what the sink holds of one body (bytes that may repeat an earlier call's, kept until
    * that is known), pushing the frames onto `frames`: before the agent gets those bytes, and when
@@ -59,6 +60,11 @@ export interface CaptureSink {
   afterWrite(then: () => void): void;
   /** Writes what is queued at the end of this turn of the event loop: a streamed answer has begun. */
   writeSoon(): void;
+  /**
+   * Runs `then` right before the next write (within 20 ms, sooner when something calls for a
+   * write): a streamed answer's chunks are handed over then, together.
+   */
+  beforeWrite(then: () => void): void;
   /** Reads journaled body frames back (written through first); throws when they are gone. */
   read(frames: readonly number[]): Buffer;
 }

@@ -361,10 +361,13 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
       return id;
     },
-    body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer, frames: number[]): boolean {
+    body(callId: number, kind: 'request' | 'response' | 'agent_request' | 'agent_response', bytes: Buffer | readonly Buffer[], frames: number[]): boolean {
       try {
         const writer = kind === 'request' || kind === 'response' ? writerFor(callId, kind) : null;
-        if (writer) writer.write(bytes, frames);
+        if (writer) {
+          if (Buffer.isBuffer(bytes)) writer.write(bytes, frames);
+          else writer.writeParts(bytes, frames);
+        }
         // Journaled as they are (a call that names no rollout, whose episode is exported as soon
         // as it ends): a copy stays in memory for that export.
         else frames.push(journal.appendBody(callId, kind, bytes, true));
@@ -404,6 +407,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     },
     writeSoon(): void {
       journal.writeSoon();
+    },
+    beforeWrite(then: () => void): void {
+      journal.beforeWrite(then);
     },
     read(frames: readonly number[], scratch?: Buffer): Buffer {
       journal.flushNow();

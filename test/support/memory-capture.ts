@@ -14,7 +14,7 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
       return next++;
     },
     body: (_callId, _kind, bytes, offsets) => {
-      frames.set(next, Buffer.from(bytes));
+      frames.set(next, Buffer.isBuffer(bytes) ? Buffer.from(bytes) : Buffer.concat(bytes));
       offsets.push(next++);
       return true;
     },
@@ -24,6 +24,7 @@ export function memoryCapture(): { sink: CaptureSink; read: BodyReader; started:
     flush: () => {},
     afterWrite: (then) => then(),
     writeSoon: () => {},
+    beforeWrite: (then) => then(),
     read: (offsets) => read(offsets),
   };
   const read: BodyReader = (offsets) => Buffer.concat(offsets.map((o) => frames.get(o)!));

@@ -23,6 +23,9 @@ export class CallCapture {
   /** Why this call will have no token ids (set when the sidecar knows it). */
   tokenIdsMissing: string | null = null;
   private captured = 0;
+  /** A streamed answer's chunks not yet handed to the sink (see `response`). */
+  private streaming: Buffer[] = [];
+  private streamingBytes = 0;
   /** The request's held bytes were written (its answer began); a request sent again is held anew. */
   private requestWritten = false;
   truncated = false;
@@ -82,24 +85,36 @@ export class CallCapture {
       this.requestWritten = true;
       this.flush('request');
     }
-    this.keep(chunk, 'response', this.responseFrames);
-    if (this.streamed) {
-      // A streamed answer's bytes reach the agent as they come: what the sink holds goes to the
-      // journal, and once the answer has begun the call is written at the end of this turn (the
-      // rest of the stream goes with later writes; its end is written before the agent sees it).
-      this.flush('response');
-      if (this.chunks === 1) {
-        try {
-          this.sink.writeSoon();
-        } catch {
-          // The sink never throws by contract.
-        }
-      }
+    if (!this.streamed) {
+      this.keep(chunk, 'response', this.responseFrames);
+      return;
+    }
+    // A streamed answer's bytes reach the agent as they come. Its chunks are handed to the sink
+    // together right before the journal's next write (one frame for many, not one a chunk); once
+    // the answer has begun the call is written at the end of this turn (the rest of the stream
+    // goes with later writes; its end is written before the agent sees it).
+    if (this.begin() === null || this.truncated) return;
+    this.streaming.push(chunk);
+    this.streamingBytes += chunk.length;
+    try {
+      if (this.streaming.length === 1) this.sink.beforeWrite(this.handOver);
+      else if (this.streamingBytes >= HAND_OVER_BYTES) this.flush('response');
+      if (this.chunks === 1) this.sink.writeSoon();
+    } catch {
+      // The sink never throws by contract; what it was not given goes with the call's end.
     }
   }
 
+  private readonly handOver = (): void => this.flush('response');
+
   /** Everything kept of the request (or response) so far is in the journal's queue (the sink may hold bytes back). */
   flush(kind: 'request' | 'response'): void {
+    if (kind === 'response' && this.streaming.length > 0) {
+      const parts = this.streaming;
+      this.streaming = [];
+      this.streamingBytes = 0;
+      this.keepParts(parts, this.responseFrames);
+    }
     if (this.begin() === null || this.truncated) return;
     let kept = false;
     try {
@@ -138,8 +153,37 @@ export class CallCapture {
     if (!kept) this.truncated = true;
   }
 
+  /** Streamed response chunks handed to the sink together; cut short at the capture cap like `keep`. */
+  private keepParts(parts: Buffer[], frames: number[]): void {
+    if (this.begin() === null || this.truncated) return;
+    let n = 0;
+    let bytes = 0;
+    while (n < parts.length && this.captured + bytes + parts[n].length <= this.maxCaptureBytes) bytes += parts[n++].length;
+    if (n > 0) {
+      this.captured += bytes;
+      let kept = false;
+      try {
+        kept = this.sink.body(this.callId!, 'response', n === parts.length ? parts : parts.slice(0, n), frames);
+      } catch {
+        // As in `keep`.
+      }
+      if (!kept) {
+        this.truncated = true;
+        return;
+      }
+    }
+    if (n < parts.length) {
+      this.flush('response');
+      this.truncated = true;
+    }
+  }
+
   /** The call's request (or response) is sent again, changed: what was kept of it is dropped. */
   restart(kind: 'request' | 'response'): void {
+    if (kind === 'response') {
+      this.streaming = [];
+      this.streamingBytes = 0;
+    }
     (kind === 'request' ? this.requestFrames : this.responseFrames).length = 0;
     if (kind === 'request') this.requestWritten = false;
     try {
@@ -185,6 +229,9 @@ export class CallCapture {
     };
   }
 }
+
+/** Streamed chunks are handed over at once when this many bytes wait (the journal writes at the end of the turn then). */
+const HAND_OVER_BYTES = 64 * 1024;
 
 function round3(n: number): number {
   return Math.round(n * 1000) / 1000;

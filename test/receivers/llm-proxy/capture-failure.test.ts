@@ -43,6 +43,9 @@ describe('capture failures', () => {
         writeSoon: () => {
           throw new Error('pipeline exploded asked to write');
         },
+        beforeWrite: () => {
+          throw new Error('pipeline exploded asked to wait for a write');
+        },
         read: () => {
           throw new Error('pipeline exploded on read');
         },

@@ -25,6 +25,7 @@ describe('call sequence numbers', () => {
         flush: () => {},
         afterWrite: (then) => then(),
         writeSoon: () => {},
+        beforeWrite: (then) => then(),
         read: () => Buffer.alloc(0),
       },
     });
