@@ -351,31 +351,25 @@ export class Journal {
     try {
       this.writeQueued();
     } finally {
-      if (this.afterWriting.length > 0) {
-        const waiting = this.afterWriting;
-        this.afterWriting = [];
-        for (const then of waiting) {
-          try {
-            then();
-          } catch (err) {
-            // One caller's failure must not keep the others' answers back.
-            this.logger.once('after_write', 'error', 'journal: a write-through callback failed', { err });
-          }
-        }
-      }
+      this.runEach('afterWriting', 'after_write', 'journal: a write-through callback failed');
     }
   }
 
+  /** What waits to be appended goes in (a callback may add more: they run too). */
   private runBeforeWrite(): void {
-    while (this.beforeWriting.length > 0) {
-      const hooks = this.beforeWriting;
-      this.beforeWriting = [];
-      for (const then of hooks) {
-        try {
-          then();
-        } catch (err) {
-          this.logger.once('before_write', 'error', 'journal: a before-write callback failed', { err });
-        }
+    while (this.beforeWriting.length > 0) this.runEach('beforeWriting', 'before_write', 'journal: a before-write callback failed');
+  }
+
+  /** Runs and clears one list of callbacks; one caller's failure does not keep the others back. */
+  private runEach(list: 'beforeWriting' | 'afterWriting', key: string, message: string): void {
+    if (this[list].length === 0) return;
+    const callbacks = this[list];
+    this[list] = [];
+    for (const then of callbacks) {
+      try {
+        then();
+      } catch (err) {
+        this.logger.once(key, 'error', message, { err });
       }
     }
   }

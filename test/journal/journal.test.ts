@@ -274,4 +274,37 @@ describe('journal body frames', () => {
     expect(sizes[0]).toBe(file());
     await j.close();
   });
+
+  it('hands what waits for the next write in right before it: in that write, lazily, and at close', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { segmentBytes: 1 << 20 });
+    const file = () => statSync(path.join(dir, readdirSync(dir)[0])).size;
+    const frames: number[] = [];
+    // A callback that fails does not keep the others from appending.
+    j.beforeWrite(() => {
+      throw new Error('one caller fails');
+    });
+    j.beforeWrite(() => frames.push(j.appendBody(0, 'response', [Buffer.from('one'), Buffer.from('two')])));
+    // It does not call for a write of its own: nothing is in the file yet, and nothing waits to be
+    // written through (afterWrite still waits for it, as for anything queued).
+    expect(file()).toBe(0);
+    let told = false;
+    j.afterWrite(() => (told = true));
+    expect(told).toBe(false);
+    await new Promise((r) => setImmediate(r));
+    expect(told).toBe(true);
+    expect(frames).toHaveLength(1);
+    expect(j.readBodies(frames).toString()).toBe('onetwo');
+    // Alone, it is written within the lazy window.
+    j.beforeWrite(() => frames.push(j.appendBody(0, 'response', Buffer.from('three'))));
+    const before = file();
+    await new Promise((r) => setTimeout(r, 60));
+    expect(file()).toBeGreaterThan(before);
+    // At close, before appends are refused.
+    j.beforeWrite(() => frames.push(j.appendBody(0, 'response', Buffer.from('four'))));
+    await j.close();
+    const { j: j2 } = await reopen(dir, { segmentBytes: 1 << 20 });
+    expect(j2.readBodies(frames).toString()).toBe('onetwothreefour');
+    await j2.close();
+  });
 });
