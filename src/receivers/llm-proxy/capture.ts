@@ -105,7 +105,10 @@ export class CallCapture {
     }
   }
 
-  private readonly handOver = (): void => this.flush('response');
+  /** Run by the sink before its write; nothing to do when the chunks went already (cap reached, or the call ended). */
+  private readonly handOver = (): void => {
+    if (this.streaming.length > 0) this.flush('response');
+  };
 
   /** Everything kept of the request (or response) so far is in the journal's queue (the sink may hold bytes back). */
   flush(kind: 'request' | 'response'): void {
