@@ -86,7 +86,10 @@ async function startOnce(env: Record<string, string>, args: string[]): Promise<C
   for (;;) {
     if (done) throw new Error(`sidecar exited during start-up: ${stderr.join('')}`);
     try {
-      if ((await fetch(`${child.telemetryOrigin}/readyz`)).ok) return child;
+      // Ready, and the proxy port is this child's: a port can be taken by another test's
+      // sidecar between freePort and the bind, and its /readyz would answer for a child that
+      // exited with EADDRINUSE.
+      if ((await fetch(`${child.telemetryOrigin}/readyz`)).ok && (await accepts(proxy)) && !done) return child;
     } catch {
       // not listening yet
     }
@@ -96,4 +99,16 @@ async function startOnce(env: Record<string, string>, args: string[]): Promise<C
     }
     await new Promise((r) => setTimeout(r, 50));
   }
+}
+
+/** Whether something accepts TCP connections on the port (no request is sent). */
+function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once('error', () => resolve(false));
+  });
 }
