@@ -146,14 +146,7 @@ export class CallCapture {
       this.truncated = true;
       return;
     }
-    this.captured += chunk.length;
-    let kept = false;
-    try {
-      kept = this.sink.body(this.callId!, kind, chunk, frames);
-    } catch {
-      // The sink never throws by contract; if it does, the record is incomplete, the call is served.
-    }
-    if (!kept) this.truncated = true;
+    this.give(kind, chunk, chunk.length, frames);
   }
 
   /** Streamed response chunks handed to the sink together; cut short at the capture cap like `keep`. */
@@ -162,23 +155,24 @@ export class CallCapture {
     let n = 0;
     let bytes = 0;
     while (n < parts.length && this.captured + bytes + parts[n].length <= this.maxCaptureBytes) bytes += parts[n++].length;
-    if (n > 0) {
-      this.captured += bytes;
-      let kept = false;
-      try {
-        kept = this.sink.body(this.callId!, 'response', n === parts.length ? parts : parts.slice(0, n), frames);
-      } catch {
-        // As in `keep`.
-      }
-      if (!kept) {
-        this.truncated = true;
-        return;
-      }
-    }
+    if (n > 0 && !this.give('response', n === parts.length ? parts : parts.slice(0, n), bytes, frames)) return;
     if (n < parts.length) {
       this.flush('response');
       this.truncated = true;
     }
+  }
+
+  /** Hands bytes within the cap to the sink; false (the record truncated) when it does not take them. */
+  private give(kind: BodyKind, bytes: Buffer | Buffer[], length: number, frames: number[]): boolean {
+    this.captured += length;
+    let kept = false;
+    try {
+      kept = this.sink.body(this.callId!, kind, bytes, frames);
+    } catch {
+      // The sink never throws by contract; if it does, the record is incomplete, the call is served.
+    }
+    if (!kept) this.truncated = true;
+    return kept;
   }
 
   /** The call's request (or response) is sent again, changed: what was kept of it is dropped. */
