@@ -300,7 +300,7 @@ export class Journal {
       });
     }
     if (!lazy || this.queuedBytes >= LAZY_MAX_BYTES) this.flushSoon();
-    else if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
+    else this.flushLater();
     return { offset, durable };
   }
 
@@ -316,11 +316,16 @@ export class Journal {
    */
   beforeWrite(then: () => void): void {
     this.beforeWriting.push(then);
-    if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
+    this.flushLater();
   }
 
   private flushSoon(): void {
     this.flushing ??= setImmediate(() => this.flushNow());
+  }
+
+  /** Writes within `LAZY_MS` unless a write comes sooner (one is already due this turn, or will be called for). */
+  private flushLater(): void {
+    if (this.flushing === null) this.lazyTimer ??= setTimeout(() => this.flushNow(), LAZY_MS).unref();
   }
 
   /**
