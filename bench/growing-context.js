@@ -77,25 +77,39 @@ async function runAgents({ port, agents, turns, prefix }) {
   };
 }
 
-/** Checks every transition of the run against the ids the server gave (recomputed from the request). */
+/**
+ * Checks every transition of the run against the ids the server gave (recomputed from the
+ * request). A prompt written as a delta (`exporters.file.prompt_ids: delta`) is made whole from
+ * the transition it names first, as a consumer does.
+ */
 function verifyTransitions(dataDir, prefix, expectCalls) {
   const dir = path.join(dataDir, 'transitions');
   let checked = 0;
   let wrong = 0;
   let continues = 0;
+  let deltas = 0;
   let bytes = 0;
   const problems = [];
-  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir) : []) {
+  const held = new Map();
+  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir).sort() : []) {
     for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
       if (!line) continue;
-      bytes += line.length + 1;
       const t = JSON.parse(line);
       if (!t.rollout_id.startsWith(prefix)) continue;
+      bytes += line.length + 1;
       checked++;
+      let prompt = t.prompt_token_ids;
+      const d = t.prompt_token_ids_delta;
+      if (d) {
+        deltas++;
+        const prev = held.get(d.previous_transition_id);
+        prompt = prev && prev.prompt.length + prev.response.length === d.prefix_length ? prev.prompt.concat(prev.response, d.suffix) : null;
+      }
+      if (Array.isArray(prompt) && Array.isArray(t.response_token_ids)) held.set(t.transition_id, { prompt, response: t.response_token_ids });
       const wantPrompt = promptIds(t.request.messages);
       const wantAnswer = answerIds(t.response.choices[0].message.content);
       const ok =
-        same(t.prompt_token_ids, wantPrompt) &&
+        same(prompt, wantPrompt) &&
         same(t.response_token_ids, wantAnswer) &&
         Array.isArray(t.response_logprobs) &&
         t.response_logprobs.length === wantAnswer.length &&
@@ -108,7 +122,15 @@ function verifyTransitions(dataDir, prefix, expectCalls) {
       if (t.continues_previous) continues++;
     }
   }
-  return { expected: expectCalls, checked, wrong, continues_previous: continues, avg_transition_bytes: checked ? bytes / checked : 0, problems };
+  return {
+    expected: expectCalls,
+    checked,
+    wrong,
+    continues_previous: continues,
+    prompt_deltas: deltas,
+    avg_transition_bytes: checked ? bytes / checked : 0,
+    problems,
+  };
 }
 
 /** Bytes in the files of a directory. */
@@ -124,7 +146,12 @@ function same(a, b) {
   return true;
 }
 
-async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup, sidecarDataDir, endRollouts }) {
+/**
+ * `targets`: {name, port, pid, capture?}; a capturing target (a sidecar) has `capture: {dataDir,
+ * endRollouts(prefix, agents)}`: its episodes are closed and exported after each round (CPU
+ * counted) and its transitions checked.
+ */
+async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup }) {
   const out = { agents, turns, turn_bytes: TURN_BYTES, warmup_rounds: warmup, targets: {} };
   // Rounds not measured, for every proxy: its code compiled and its pools warm, as in a process
   // that has served for a while. A round is only agents × turns calls, and V8 goes on compiling
@@ -135,7 +162,7 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
     for (const t of targets) {
       if (!t.pid) continue;
       await runAgents({ port: t.port, agents, turns, prefix: `gcw${w}-${t.name}` });
-      if (t.name === 'sidecar') await endRollouts(`gcw${w}-${t.name}`, agents);
+      if (t.capture) await t.capture.endRollouts(`gcw${w}-${t.name}`, agents);
     }
   }
   for (let r = 0; r < rounds; r++) {
@@ -145,14 +172,14 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
       const before = t.pid ? proc(t.pid) : null;
       let peak = before ? before.rss : NaN;
       const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 25) : null;
-      const journalBefore = t.name === 'sidecar' ? dirBytes(path.join(sidecarDataDir, 'journal')) : 0;
+      const journalBefore = t.capture ? dirBytes(path.join(t.capture.dataDir, 'journal')) : 0;
       const res = await runAgents({ port: t.port, agents, turns, prefix });
       const loadCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
       // Every episode is still open: nothing of this round has been released yet.
-      const journalBytes = t.name === 'sidecar' ? dirBytes(path.join(sidecarDataDir, 'journal')) - journalBefore : null;
+      const journalBytes = t.capture ? dirBytes(path.join(t.capture.dataDir, 'journal')) - journalBefore : null;
       // The sidecar then closes every episode and exports it: that is capture work too.
       let exportS = 0;
-      if (t.name === 'sidecar') exportS = await endRollouts(prefix, agents);
+      if (t.capture) exportS = await t.capture.endRollouts(prefix, agents);
       const after = before ? proc(t.pid) : null;
       const totalCpu = before ? after.cpu - before.cpu : NaN;
       const mainCpu = before ? after.mainCpu - before.mainCpu : NaN;
@@ -168,7 +195,7 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
         export_s: exportS,
         journal_bytes: journalBytes,
       });
-      if (t.name === 'sidecar') (x.verify ??= []).push(verifyTransitions(sidecarDataDir, prefix, res.calls));
+      if (t.capture) (x.verify ??= []).push(verifyTransitions(t.capture.dataDir, prefix, res.calls));
     }
   }
   return out;

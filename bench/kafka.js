@@ -4,6 +4,7 @@
 // reward → delivery lag.
 const http = require('node:http');
 const path = require('node:path');
+const { writeConfig } = require('./lib');
 
 const BROKER = path.join(__dirname, '../build/test/support/kafka-broker/index.js');
 
@@ -181,14 +182,6 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
 
 function writeFsyncConfig(fsync) {
   return writeConfig(`service:\n  journal:\n    fsync: ${fsync === 'always' || fsync === 'never' ? fsync : Number(fsync)}\n`);
-}
-
-function writeConfig(yaml) {
-  const fs = require('node:fs');
-  const os = require('node:os');
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-cfg-')), 'config.yaml');
-  fs.writeFileSync(file, yaml);
-  return file;
 }
 
 module.exports = { benchKafka };

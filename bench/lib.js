@@ -4,6 +4,8 @@ const http = require('node:http');
 const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const net = require('node:net');
+const os = require('node:os');
+const path = require('node:path');
 
 const CLK_TCK = (() => {
   try {
@@ -155,4 +157,11 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
   });
 }
 
-module.exports = { proc, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, CLK_TCK };
+/** A config file for a sidecar (LIGHTNING_CONFIG), in a fresh temporary directory. */
+function writeConfig(yaml) {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-cfg-')), 'config.yaml');
+  fs.writeFileSync(file, yaml);
+  return file;
+}
+
+module.exports = { proc, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig, CLK_TCK };

@@ -91,6 +91,12 @@ function markdown(r) {
         '',
         `Checked over ${verified.length} round(s): ${sum(verified, 'checked')} of ${sum(verified, 'expected')} transitions, ${sum(verified, 'wrong')} with ids different from what the server returned, ${sum(verified, 'continues_previous')} marked continues_previous.`,
       );
+    const deltaVerified = gc.targets['sidecar-file-delta']?.verify ?? [];
+    if (verified.length > 0 && deltaVerified.length > 0)
+      L.push(
+        '',
+        `Output (the NDJSON transitions): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition with full prompts (the default); ${f(sum(deltaVerified, 'avg_transition_bytes') / deltaVerified.length / 1000, 1)} KB with \`exporters.file.prompt_ids: delta\` (sidecar-file-delta: ${sum(deltaVerified, 'prompt_deltas')} of ${sum(deltaVerified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(deltaVerified, 'wrong') + sum(deltaVerified, 'expected') - sum(deltaVerified, 'checked')} wrong or missing).`,
+      );
     L.push('');
   }
   const o = r.scenarios.otlp;
@@ -217,6 +223,16 @@ function bars(r) {
       `${f(all)}× with export (${f(med('sidecar', 'cpu_us_per_call'), 0)} vs ${f(med('bare-pipe', 'cpu_us_per_call'), 0)} µs), ${f(paired)}× as the median of each round's own ratio; ${f(load)}× during the calls alone`,
       all <= 2 && paired <= 2,
     );
+    const delta = gc.targets['sidecar-file-delta'];
+    if (delta) {
+      const d = med('sidecar-file-delta', 'cpu_us_per_call');
+      const dPaired = summarize(delta.rounds.map((x, i) => x.cpu_us_per_call / gc.targets['bare-pipe'].rounds[i].cpu_us_per_call)).median;
+      row(
+        'Growing context, `exporters.file.prompt_ids: delta` (not the default; for comparison): CPU per call against the bare pipe',
+        `${f(d / med('bare-pipe', 'cpu_us_per_call'))}× with export (${f(d, 0)} µs), ${f(dPaired)}× as the median of each round's own ratio`,
+        null,
+      );
+    }
     const peak = Math.max(...gc.targets.sidecar.rounds.map((x) => x.peak_rss_mib));
     row('Growing context: peak RSS ≤ 200 MiB with every episode open', `${f(peak, 0)} MiB`, peak <= 200);
     const v = gc.targets.sidecar.verify ?? [];

@@ -5,7 +5,7 @@ const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { proc, median, freePort, startNodeChild, waitHttp, closedLoop } = require('./lib');
+const { proc, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
 
 const QUICK = process.argv.includes('--quick');
 // --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing).
@@ -205,17 +205,21 @@ async function main() {
     const agentBare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(agentModel.port)]);
     children.push(agentBare.proc);
     const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
-    const endRollouts = async (prefix, agents) => {
+    // The same with the file exporter writing prompt ids as deltas (not the default).
+    const gcDelta = await startSidecar(agentModel.port, {
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
+      LIGHTNING_CONFIG: writeConfig('exporters:\n  file:\n    prompt_ids: delta\n'),
+    });
+    const endRollouts = (sc) => async (prefix, agents) => {
       const exported = async () =>
         Number(
-          /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(
-            await (await fetch(`http://127.0.0.1:${gcSidecar.telemetry}/metrics`)).text(),
-          )?.[1] ?? 0,
+          /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text())?.[1] ??
+            0,
         );
       const before = await exported();
       const t0 = performance.now();
       for (let a = 0; a < agents; a++)
-        await fetch(`http://127.0.0.1:${gcSidecar.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
+        await fetch(`http://127.0.0.1:${sc.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
           method: 'POST',
           headers: { 'content-type': 'application/json' },
           body: '{}',
@@ -229,16 +233,21 @@ async function main() {
       targets: [
         { name: 'direct', port: agentModel.port, pid: null },
         { name: 'bare-pipe', port: agentBare.port, pid: agentBare.proc.pid },
-        { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid },
+        { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid, capture: { dataDir: gcSidecar.dataDir, endRollouts: endRollouts(gcSidecar) } },
+        {
+          name: 'sidecar-file-delta',
+          port: gcDelta.port,
+          pid: gcDelta.proc.pid,
+          capture: { dataDir: gcDelta.dataDir, endRollouts: endRollouts(gcDelta) },
+        },
       ],
       proc,
       agents: GC_AGENTS,
       turns: GC_TURNS,
       rounds: QUICK ? 1 : 5,
       warmup: QUICK ? 0 : 8,
-      sidecarDataDir: gcSidecar.dataDir,
-      endRollouts,
     });
+    await stop(gcDelta.proc);
     await stop(gcSidecar.proc);
     await stop(agentBare.proc);
     await stop(agentModel.proc);

@@ -198,6 +198,8 @@ export const fileExporterSchema = z
     /** Defaults to `{service.data_dir}`. */
     dir: z.string().min(1).optional(),
     max_file_bytes: positiveInt.default(64 * MiB),
+    /** `delta`: a transition that continues the previous call carries only its new prompt ids (docs/output-contract.md). */
+    prompt_ids: z.enum(['full', 'delta']).default('full'),
   })
   .strict();
 

@@ -48,8 +48,11 @@ export class TransitionWriter {
     return parts.length === 1 ? parts[0] : Buffer.concat(parts);
   }
 
-  /** The same bytes as pieces, for writers that take a list of buffers (no copy into one). */
-  jsonParts(t: TransitionRecord, extra?: Record<string, unknown>): Buffer[] {
+  /**
+   * The same bytes as pieces, for writers that take a list of buffers (no copy into one). `tail`:
+   * members already in JSON (`,"name":value…`), put last.
+   */
+  jsonParts(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): Buffer[] {
     const parts: Buffer[] = [];
     let text = '{';
     const flush = () => {
@@ -72,6 +75,10 @@ export class TransitionWriter {
       }
     }
     if (extra) for (const [k, v] of Object.entries(extra)) text += `,${JSON.stringify(k)}:${JSON.stringify(v)}`;
+    if (tail) {
+      flush();
+      for (const b of tail) parts.push(b);
+    }
     text += '}';
     flush();
     return parts;
@@ -95,6 +102,14 @@ export class TransitionWriter {
     const r = this.response(t);
     const a = r ? readIntArray(r, ids.start, ids.end) : null;
     return a ? Array.from(a) : null;
+  }
+
+  /** Token ids as the JSON text of their array: the model server's bytes for a range, else formatted. */
+  idsBytes(t: TransitionRecord, ids: TokenIds | null): Buffer | null {
+    if (ids === null) return null;
+    if (Array.isArray(ids)) return Buffer.from(JSON.stringify(ids));
+    const r = this.response(t);
+    return r ? r.subarray(ids.start, ids.end) : null;
   }
 
   private rawValue(t: TransitionRecord, key: keyof TransitionRecord, v: unknown): Buffer[] | undefined {

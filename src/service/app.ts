@@ -55,7 +55,11 @@ export function createApp(config: Config, deps: AppDeps) {
   const exporter =
     deps.exporter ??
     kafka ??
-    createFileExporter({ dir: path.resolve(config.exporters.file.dir ?? dataDir), maxFileBytes: config.exporters.file.max_file_bytes });
+    createFileExporter({
+      dir: path.resolve(config.exporters.file.dir ?? dataDir),
+      maxFileBytes: config.exporters.file.max_file_bytes,
+      promptIds: config.exporters.file.prompt_ids,
+    });
   const sequences = new SequenceCounter();
   const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
   const rolloutApi = config.receivers.rollout_api.enabled

@@ -3,11 +3,14 @@ import { NO_JOURNAL, type Exporter } from '../exporter';
 import { TransitionWriter } from '../transition-json';
 import type { ClosedEpisode } from '../../model/records';
 import { NdjsonWriter } from './ndjson-writer';
+import { PromptDeltaBytes, type PromptDeltaParts } from '../prompt-delta-bytes';
 import { once } from '../../model/component';
 
 export interface FileExporterOptions {
   dir: string;
   maxFileBytes: number;
+  /** `delta`: a transition that continues the previous call of its episode carries only its new prompt ids. */
+  promptIds?: 'full' | 'delta';
 }
 
 /** The embedded default: `{dir}/transitions/*.ndjson` and `{dir}/episodes/*.ndjson` (docs/output-contract.md). */
@@ -39,8 +42,10 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
     let lines: Buffer[][] = [];
     let bytes = 0;
     for (const c of batch) {
+      const deltas = options.promptIds === 'delta' ? new PromptDeltaBytes(writer) : null;
       for (const t of c.transitions) {
-        const parts = writer.jsonParts(t);
+        const delta = deltas?.next(t) ?? null;
+        const parts = delta ? writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(delta)) : writer.jsonParts(t);
         lines.push(parts);
         for (const p of parts) bytes += p.length;
         if (bytes >= RUN_BYTES || writer.arenaUsed >= RUN_BYTES) {
@@ -56,3 +61,11 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
     episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
   }
 }
+
+/** `,"prompt_token_ids_delta":{…}` with the suffix as the model server's bytes. */
+function deltaMember(d: PromptDeltaParts): Buffer[] {
+  const head = `,"prompt_token_ids_delta":{"previous_transition_id":${JSON.stringify(d.previousTransitionId)},"prefix_length":${d.prefixLength},"suffix":`;
+  return [Buffer.from(head), ...d.suffix, CLOSE];
+}
+
+const CLOSE = Buffer.from('}');
