@@ -159,8 +159,76 @@ function markdown(r) {
       `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before).`,
       '',
     );
-  L.push(...bars(r), '');
+  L.push(...bars(r), '', ...persisting(r));
   return L.join('\n') + '\n';
+}
+
+/**
+ * The sidecar against the persisting bare pipe (bare-persist-proxy.js: one write of each call's
+ * bytes before its answer ends): what capture costs beyond persisting the bytes at all. Not a bar.
+ */
+function persisting(r) {
+  const L = [];
+  const rows = [];
+  const j1 = r.scenarios.json_c1;
+  const j16 = r.scenarios.json_c16;
+  const sse = r.scenarios.sse_c4;
+  const large = r.scenarios.large_1mib_c2;
+  const gc = r.scenarios.growing_context;
+  const both = (x) => x?.sidecar && x['bare-persist'] && x['bare-pipe'];
+  const ratio = (a, b) => `${f(a / b)}×`;
+  if (both(j1)) {
+    const cpu = (t) => j1[t].cpu_us_per_req.median;
+    rows.push([
+      'JSON c=1: CPU per request',
+      `${f(cpu('bare-persist'), 0)} µs`,
+      ratio(cpu('bare-persist'), cpu('bare-pipe')),
+      ratio(cpu('sidecar'), cpu('bare-persist')),
+    ]);
+  }
+  if (both(j16)) {
+    const rps = (t) => j16[t].rps.median;
+    rows.push(['JSON c=16: req/s', f(rps('bare-persist'), 0), ratio(rps('bare-persist'), rps('bare-pipe')), ratio(rps('sidecar'), rps('bare-persist'))]);
+  }
+  if (both(sse)) {
+    const cpu = (t) => sse[t].cpu_us_per_chunk.median;
+    rows.push([
+      'SSE: CPU per chunk',
+      `${f(cpu('bare-persist'), 1)} µs`,
+      ratio(cpu('bare-persist'), cpu('bare-pipe')),
+      ratio(cpu('sidecar'), cpu('bare-persist')),
+    ]);
+  }
+  if (both(large)) {
+    const cpu = (t) => large[t].cpu_us_per_req.median;
+    rows.push([
+      '1 MiB prompts: CPU per request',
+      `${f(cpu('bare-persist'), 0)} µs`,
+      ratio(cpu('bare-persist'), cpu('bare-pipe')),
+      ratio(cpu('sidecar'), cpu('bare-persist')),
+    ]);
+  }
+  if (gc?.targets?.sidecar && gc.targets['bare-persist'] && gc.targets['bare-pipe']) {
+    const cpu = (t) => summarize(gc.targets[t].rounds.map((x) => x.cpu_us_per_call)).median;
+    rows.push([
+      'Growing context: CPU per call (export included)',
+      `${f(cpu('bare-persist'), 0)} µs`,
+      ratio(cpu('bare-persist'), cpu('bare-pipe')),
+      ratio(cpu('sidecar'), cpu('bare-persist')),
+    ]);
+  }
+  if (rows.length === 0) return L;
+  L.push(
+    '## Against a pipe that persists (reference, not a bar)',
+    '',
+    "`bare-persist` is the bare pipe plus one synchronous write per call of the request and response bytes, before the answer's last bytes go out: the least any proxy pays that keeps every answered call. The sidecar writes each body twice (journal, then the exporter's file), checksums, extracts and builds transitions on top of that.",
+    '',
+    '| measure | bare-persist | bare-persist vs bare pipe | sidecar vs bare-persist |',
+    '|---|---|---|---|',
+    ...rows.map((x) => `| ${x.join(' | ')} |`),
+    '',
+  );
+  return L;
 }
 
 /** Every quality bar beside the value measured in this run. */

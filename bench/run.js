@@ -183,6 +183,9 @@ async function main() {
   children.push(model.proc);
   const bare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(model.port)]);
   children.push(bare.proc);
+  // The floor for a proxy that persists every call (one write per call, before the answer's end).
+  const persist = await startNodeChild(path.join(__dirname, 'bare-persist-proxy.js'), [String(model.port), fs.mkdtempSync(path.join(tmp, 'persist-'))]);
+  children.push(persist.proc);
   const nginx = await startNginx(model.port);
   const sidecar = await startSidecar(model.port);
   log(`model :${model.port}  bare :${bare.port}  nginx ${nginx ? ':' + nginx.port : 'not installed'}  sidecar :${sidecar.port}`);
@@ -190,6 +193,7 @@ async function main() {
   const targets = [
     { name: 'direct', port: model.port, pid: null, path: '/v1/chat/completions' },
     { name: 'bare-pipe', port: bare.port, pid: bare.proc.pid, path: '/v1/chat/completions' },
+    { name: 'bare-persist', port: persist.port, pid: persist.proc.pid, path: '/v1/chat/completions' },
     ...(nginx ? [{ name: 'nginx', port: nginx.port, pid: nginx.pid, path: '/v1/chat/completions' }] : []),
     { name: 'sidecar', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/chat/completions' },
     // Same sidecar, a route it forwards without capture: the forwarding cost alone.
@@ -204,6 +208,11 @@ async function main() {
     children.push(agentModel.proc);
     const agentBare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(agentModel.port)]);
     children.push(agentBare.proc);
+    const agentPersist = await startNodeChild(path.join(__dirname, 'bare-persist-proxy.js'), [
+      String(agentModel.port),
+      fs.mkdtempSync(path.join(tmp, 'persist-')),
+    ]);
+    children.push(agentPersist.proc);
     const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
     // The same with the file exporter writing prompt ids as deltas (not the default).
     const gcDelta = await startSidecar(agentModel.port, {
@@ -233,6 +242,7 @@ async function main() {
       targets: [
         { name: 'direct', port: agentModel.port, pid: null },
         { name: 'bare-pipe', port: agentBare.port, pid: agentBare.proc.pid },
+        { name: 'bare-persist', port: agentPersist.port, pid: agentPersist.proc.pid },
         { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid, capture: { dataDir: gcSidecar.dataDir, endRollouts: endRollouts(gcSidecar) } },
         {
           name: 'sidecar-file-delta',
@@ -250,6 +260,7 @@ async function main() {
     await stop(gcDelta.proc);
     await stop(gcSidecar.proc);
     await stop(agentBare.proc);
+    await stop(agentPersist.proc);
     await stop(agentModel.proc);
   }
 

@@ -1,0 +1,48 @@
+'use strict';
+// The floor for a proxy that persists every call: bare-proxy.js, plus one synchronous write per
+// call of a small header line, the request body and the response body to a file, made before the
+// answer's last bytes go to the client (so an answered call is in the file). No parsing, no
+// checksum, no second copy for an exporter. argv: upstream port, directory for the file. Prints
+// {"port": N} when up; the file is removed at exit.
+const fs = require('node:fs');
+const http = require('node:http');
+const path = require('node:path');
+
+const upstreamPort = Number(process.argv[2]);
+const file = path.join(process.argv[3], `calls-${process.pid}.log`);
+const fd = fs.openSync(file, 'a');
+const agent = new http.Agent({ keepAlive: true, maxSockets: 256 });
+const NL = Buffer.from('\n');
+let calls = 0;
+
+const server = http.createServer((req, res) => {
+  const request = [];
+  req.on('data', (c) => request.push(c));
+  const up = http.request({ host: '127.0.0.1', port: upstreamPort, method: req.method, path: req.url, headers: req.headers, agent }, (ures) => {
+    res.writeHead(ures.statusCode, ures.headers);
+    const response = [];
+    let last = null;
+    ures.on('data', (c) => {
+      response.push(c);
+      // Each chunk but the last goes on at once; the last waits for the write.
+      if (last) res.write(last);
+      last = c;
+    });
+    ures.on('end', () => {
+      const head = Buffer.from(`${JSON.stringify({ call: ++calls, path: req.url, status: ures.statusCode })}\n`);
+      fs.writevSync(fd, [head, ...request, NL, ...response, NL]);
+      if (last) res.end(last);
+      else res.end();
+    });
+  });
+  up.on('error', () => {
+    res.writeHead(502).end();
+  });
+  req.pipe(up);
+});
+server.keepAliveTimeout = 65_000;
+server.listen(0, '127.0.0.1', () => process.stdout.write(JSON.stringify({ port: server.address().port }) + '\n'));
+process.on('SIGTERM', () => {
+  fs.rmSync(file, { force: true });
+  process.exit(0);
+});
