@@ -1,7 +1,7 @@
 'use strict';
 // The floor for a proxy that persists every call: bare-proxy.js, plus one synchronous write per
 // call of a small header line, the request body and the response body to a file, made before the
-// answer's last bytes go to the client (so an answered call is in the file). No parsing, no
+// answer is complete for the client (so an answered call is in the file). No parsing, no
 // checksum, no second copy for an exporter. argv: upstream port, directory for the file. Prints
 // {"port": N} when up; the file is removed at exit.
 const fs = require('node:fs');
@@ -21,10 +21,17 @@ const server = http.createServer((req, res) => {
   const up = http.request({ host: '127.0.0.1', port: upstreamPort, method: req.method, path: req.url, headers: req.headers, agent }, (ures) => {
     res.writeHead(ures.statusCode, ures.headers);
     const response = [];
+    // The client must not see the whole answer before the write: a chunked answer's chunks go on
+    // at once and its end (the terminating chunk) after the write; an answer with a
+    // content-length keeps its last chunk back until then.
+    const sized = ures.headers['content-length'] !== undefined;
     let last = null;
     ures.on('data', (c) => {
       response.push(c);
-      // Each chunk but the last goes on at once; the last waits for the write.
+      if (!sized) {
+        res.write(c);
+        return;
+      }
       if (last) res.write(last);
       last = c;
     });
