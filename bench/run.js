@@ -274,7 +274,8 @@ async function main() {
     for (const t of targets) {
       if (!t.pid) continue;
       await closedLoop({ port: t.port, path: t.path, body: CHAT, conns: 16, durationMs: WARM_MS, maxRequests: 200_000 });
-      if (t.name !== 'sidecar-nocapture') await closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: WARM_MS / 2, maxRequests: 20_000 });
+      if (t.name !== 'sidecar-nocapture')
+        await closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: WARM_MS / 2, maxRequests: 20_000 });
     }
   }
 
