@@ -2,7 +2,7 @@ import json
 
 from lightning_sidecar_client.files import FileSource
 from lightning_sidecar_client.readers import GroupReader, RecordReader
-from factories import rollout
+from factories import as_delta, rollout
 
 
 def write(path, records, tail=''):
@@ -20,6 +20,17 @@ def test_groups_come_from_the_file_exporters_directory_across_rotated_files(tmp_
     [g] = list(GroupReader(FileSource(tmp_path), 2))
     assert g['batch']['transition_id'] == ['a/0/0', 'a/0/1', 'b/0/0']
     assert g['batch']['prompt_ids'] == [t['prompt_token_ids'] for t in a + b]
+
+
+def test_prompt_deltas_in_the_files_are_made_whole_across_rotated_files(tmp_path):
+    # exporters.file.prompt_ids: delta; the previous transition may be in an earlier file.
+    a, ea = rollout('a', 3, group_id='g', final_reward=1)
+    write(tmp_path / 'transitions' / 'transitions-20250101T000000-1-0001.ndjson', [a[0], as_delta(a[1], a[0])])
+    write(tmp_path / 'transitions' / 'transitions-20250101T000000-1-0002.ndjson', [as_delta(a[2], a[1])])
+    write(tmp_path / 'episodes' / 'episodes-20250101T000000-1-0001.ndjson', [ea])
+    [g] = list(GroupReader(FileSource(tmp_path), 1))
+    assert g['batch']['prompt_ids'] == [t['prompt_token_ids'] for t in a]
+    assert list(RecordReader(FileSource(tmp_path)).transitions()) == a
 
 
 def test_following_a_directory_reads_only_whole_lines_and_picks_up_what_is_appended(tmp_path):

@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { findMembers, isJson, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/formats/json-scan';
+import { findMembers, isJson, looksLikeIntArray, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/formats/json-scan';
 
 /** Fixed seed: CI runs the same cases every time; change it to explore. */
 const RUN = { seed: 20261123, numRuns: 400 };
@@ -106,6 +106,40 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
     );
     for (const bad of ['[1.5]', '[1,]', '["1"]', '[1e3]', '[null]', '[2147483648]', '{}', '[1 2]'])
       expect(readIntArray(Buffer.from(bad), 0, bad.length)).toBeNull();
+  });
+
+  it('takes bytes for an integer array (copied into records as they are) only where JSON.parse reads one, but for the shapes it does not look for', () => {
+    // Every byte an array of numbers can hold, arranged at random: most arrangements are not JSON.
+    const bytes = fc.array(fc.constantFrom('0', '1', '7', '9', ',', '-', ' ', ']'), { maxLength: 12 });
+    // What looksLikeIntArray leaves unchecked (a pass over every byte): empty elements, signs
+    // inside, leading zeros.
+    const unchecked = /,\s*,|-\s*[,\-\s]|\d\s*-|(^|[^\d])0\d|\d\s+\d/;
+    fc.assert(
+      fc.property(bytes, (chars) => {
+        const text = `[${chars.join('')}]`;
+        const buf = Buffer.from(text);
+        let parsed: unknown = undefined;
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          // Not JSON.
+        }
+        const ints = Array.isArray(parsed) && parsed.every((x) => Number.isInteger(x));
+        if (looksLikeIntArray(buf, 0, buf.length) && !ints) expect(text).toMatch(unchecked);
+        const read = readIntArray(buf, 0, buf.length);
+        if (read !== null) expect(Array.from(read)).toEqual((parsed as number[]).map((x) => (x === 0 ? 0 : x)));
+      }),
+      { ...RUN, numRuns: 4000 },
+    );
+    fc.assert(
+      fc.property(fc.array(fc.integer({ min: -(2 ** 31) + 1, max: 2 ** 31 - 1 }), { maxLength: 40 }), whitespace, (ids, ws) => {
+        const buf = Buffer.from(spaced(ids, ws));
+        expect(looksLikeIntArray(buf, 0, buf.length)).toBe(true);
+      }),
+      RUN,
+    );
+    for (const bad of ['[,1]', '[1,]', '[-]', '[1]2]', '[1, ]', '[ -]', '[1.5]', '[true]'])
+      expect([bad, looksLikeIntArray(Buffer.from(bad), 0, bad.length)]).toEqual([bad, false]);
   });
 
   it('decides prefix continuity by bytes only when the text settles it, and then as the numbers do', () => {
