@@ -89,6 +89,13 @@ interface Held {
   responseCount: number;
 }
 
+/** `,"prompt_token_ids_delta":{…}`: the member as JSON pieces, the suffix as the model server's bytes. */
+export function deltaMember(d: PromptDeltaParts): Buffer[] {
+  const head = `,"prompt_token_ids_delta":{"previous_transition_id":${JSON.stringify(d.previousTransitionId)},"prefix_length":${d.prefixLength},"suffix":`;
+  return [Buffer.from(head), ...d.suffix, CLOSE];
+}
+
+const CLOSE = Buffer.from('}');
 const OPEN = Buffer.from('[');
 const EMPTY = Buffer.from('[]');
 

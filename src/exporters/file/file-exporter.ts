@@ -3,7 +3,7 @@ import { NO_JOURNAL, type Exporter } from '../exporter';
 import { TransitionWriter } from '../transition-json';
 import type { ClosedEpisode } from '../../model/records';
 import { NdjsonWriter } from './ndjson-writer';
-import { PromptDeltaBytes, type PromptDeltaParts } from '../prompt-delta-bytes';
+import { deltaMember, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { once } from '../../model/component';
 
 export interface FileExporterOptions {
@@ -61,11 +61,3 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
     episodes.append(batch.map((c) => Buffer.from(JSON.stringify(c.episode))));
   }
 }
-
-/** `,"prompt_token_ids_delta":{…}` with the suffix as the model server's bytes. */
-function deltaMember(d: PromptDeltaParts): Buffer[] {
-  const head = `,"prompt_token_ids_delta":{"previous_transition_id":${JSON.stringify(d.previousTransitionId)},"prefix_length":${d.prefixLength},"suffix":`;
-  return [Buffer.from(head), ...d.suffix, CLOSE];
-}
-
-const CLOSE = Buffer.from('}');

@@ -2,10 +2,11 @@ import { appendFile, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { KafkaExporterConfig } from '../../config/schema';
 import { once } from '../../model/component';
-import type { ClosedEpisode } from '../../model/records';
+import type { ClosedEpisode, TransitionRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { NO_JOURNAL, type Exporter } from '../exporter';
+import { deltaMember, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { TransitionWriter } from '../transition-json';
 import { chunkMessages } from './chunks';
 import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
@@ -157,14 +158,13 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       const writer = new TransitionWriter(read);
       const transitions = new Batcher(config.topic, 'transitions');
       for (const c of batch) {
-        const deltas = config.prompt_ids === 'delta' ? new DeltaTracker(writer) : null;
+        // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
+        const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer);
         for (const t of c.transitions) {
-          const delta = deltas?.next(t) ?? null;
-          const value = delta
-            ? encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: delta })
-            : encodeTransition(t, config.encoding, writer);
+          const d = delta?.(t) ?? null;
+          const value = d ? d.value : encodeTransition(t, config.encoding, writer);
           const h = headers('lightning.transition.v1', t);
-          if (delta) h['lightning-prompt-ids'] = 'delta';
+          if (d) h['lightning-prompt-ids'] = 'delta';
           if (value.length > config.max_record_bytes) {
             m.exportOversize.inc({ action: 'dead_letter' });
             await deadLetter('transitions', writer.materialize(t), `larger than max_record_bytes (${value.length} > ${config.max_record_bytes})`);
@@ -188,4 +188,22 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     }),
   };
   return exporter;
+
+  /** Deltas as ids (protobuf): the transition encoded with its delta, or null for a full prompt. */
+  function deltaOfIds(writer: TransitionWriter): (t: TransitionRecord) => { value: Buffer } | null {
+    const tracker = new DeltaTracker(writer);
+    return (t) => {
+      const d = tracker.next(t);
+      return d ? { value: encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: d }) } : null;
+    };
+  }
+}
+
+/** Deltas as bytes (JSON): the suffix copied from the model server's answer, no id parsed. */
+function deltaOfBytes(writer: TransitionWriter): (t: TransitionRecord) => { value: Buffer } | null {
+  const tracker = new PromptDeltaBytes(writer);
+  return (t) => {
+    const d = tracker.next(t);
+    return d ? { value: Buffer.concat(writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(d))) } : null;
+  };
 }
