@@ -1,5 +1,5 @@
 import type { TransitionRecord } from '../model/records';
-import { startsWithConcat } from '../formats/json-scan';
+import { isDigit, startsWithConcat } from '../formats/json-scan';
 import type { TransitionWriter } from './transition-json';
 
 /**
@@ -89,10 +89,13 @@ interface Held {
   responseCount: number;
 }
 
-/** `,"prompt_token_ids_delta":{…}`: the member as JSON pieces, the suffix as the model server's bytes. */
-export function deltaMember(d: PromptDeltaParts): Buffer[] {
+/**
+ * `t`'s JSON as pieces with its prompt as the delta `d`: `prompt_token_ids` null and a
+ * `prompt_token_ids_delta` member, the suffix being the model server's bytes.
+ */
+export function deltaJsonParts(writer: TransitionWriter, t: TransitionRecord, d: PromptDeltaParts): Buffer[] {
   const head = `,"prompt_token_ids_delta":{"previous_transition_id":${JSON.stringify(d.previousTransitionId)},"prefix_length":${d.prefixLength},"suffix":`;
-  return [Buffer.from(head), ...d.suffix, CLOSE];
+  return writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, [Buffer.from(head), ...d.suffix, CLOSE]);
 }
 
 const CLOSE = Buffer.from('}');
@@ -104,8 +107,7 @@ function countInts(buf: Buffer, start: number, end: number): number {
   let n = 0;
   let inNumber = false;
   for (let i = start; i < end; i++) {
-    const c = buf[i];
-    const digit = c >= 0x30 && c <= 0x39;
+    const digit = isDigit(buf[i]);
     if (digit && !inNumber) n++;
     inNumber = digit;
   }

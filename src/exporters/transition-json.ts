@@ -115,9 +115,7 @@ export class TransitionWriter {
   private rawValue(t: TransitionRecord, key: keyof TransitionRecord, v: unknown): Buffer[] | undefined {
     if ((key === 'request' || key === 'response') && isRawBody(v)) return this.bodyParts(v, t);
     if ((key === 'prompt_token_ids' || key === 'response_token_ids') && v !== null && !Array.isArray(v)) {
-      const range = v as { start: number; end: number };
-      const r = this.response(t);
-      return [r ? r.subarray(range.start, range.end) : Buffer.from('null')];
+      return [this.idsBytes(t, v as TokenIds) ?? Buffer.from('null')];
     }
     return undefined;
   }

@@ -266,7 +266,7 @@ export function looksLikeIntArray(buf: Buffer, start: number, end: number): bool
   return (isDigit(inner[first]) || inner[first] === 0x2d) && isDigit(inner[last]);
 }
 
-function isDigit(c: number): boolean {
+export function isDigit(c: number): boolean {
   return c >= 0x30 && c <= 0x39;
 }
 
@@ -291,7 +291,7 @@ export function readIntArray(buf: Buffer, start: number, end: number): Int32Arra
     }
     if (c < 0x30 || c > 0x39) return null;
     // JSON allows no leading zero (`01`).
-    if (c === 0x30 && buf[i + 1] >= 0x30 && buf[i + 1] <= 0x39) return null;
+    if (c === 0x30 && isDigit(buf[i + 1])) return null;
     let v = 0;
     while (c >= 0x30 && c <= 0x39) {
       v = v * 10 + (c - 0x30);

@@ -3,7 +3,7 @@ import { NO_JOURNAL, type Exporter } from '../exporter';
 import { TransitionWriter } from '../transition-json';
 import type { ClosedEpisode } from '../../model/records';
 import { NdjsonWriter } from './ndjson-writer';
-import { deltaMember, PromptDeltaBytes } from '../prompt-delta-bytes';
+import { deltaJsonParts, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { once } from '../../model/component';
 
 export interface FileExporterOptions {
@@ -45,7 +45,7 @@ export function createFileExporter(options: FileExporterOptions): Exporter & { f
       const deltas = options.promptIds === 'delta' ? new PromptDeltaBytes(writer) : null;
       for (const t of c.transitions) {
         const delta = deltas?.next(t) ?? null;
-        const parts = delta ? writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(delta)) : writer.jsonParts(t);
+        const parts = delta ? deltaJsonParts(writer, t, delta) : writer.jsonParts(t);
         lines.push(parts);
         for (const p of parts) bytes += p.length;
         if (bytes >= RUN_BYTES || writer.arenaUsed >= RUN_BYTES) {

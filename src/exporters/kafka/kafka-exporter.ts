@@ -6,7 +6,7 @@ import type { ClosedEpisode, TransitionRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { NO_JOURNAL, type Exporter } from '../exporter';
-import { deltaMember, PromptDeltaBytes } from '../prompt-delta-bytes';
+import { deltaJsonParts, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { TransitionWriter } from '../transition-json';
 import { chunkMessages } from './chunks';
 import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
@@ -204,6 +204,6 @@ function deltaOfBytes(writer: TransitionWriter): (t: TransitionRecord) => { valu
   const tracker = new PromptDeltaBytes(writer);
   return (t) => {
     const d = tracker.next(t);
-    return d ? { value: Buffer.concat(writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(d))) } : null;
+    return d ? { value: Buffer.concat(deltaJsonParts(writer, t, d)) } : null;
   };
 }
