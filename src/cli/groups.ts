@@ -1,5 +1,6 @@
 import { appendFileSync, closeSync, existsSync, fsyncSync, openSync, readFileSync, writeSync } from 'node:fs';
-import { Partitioners, type Producer } from 'kafkajs';
+import type { Producer } from 'kafkajs';
+import { kafkajs } from '../exporters/kafka/kafkajs-producer';
 import { ChunkReassembler, type IncompleteRecord } from '../trainer/chunk-reassembly';
 import { GroupAssembler, type GroupEvent, type Position } from '../trainer/groups';
 import { UsageError, type Command, type CommandSpec } from './command';
@@ -57,7 +58,7 @@ export const groupsCommand: Command = {
     const chunks = new ChunkReassembler({ timeoutMs, maxBytes: 256 * 1024 * 1024 });
     const { kafka } = kafkaForCommand(config, 'groups', io);
     const consumer = kafka.consumer({ groupId: (values['group-id'] as string | undefined) ?? 'lightning-groups', maxWaitTimeInMs: 250 });
-    const producer: Producer | null = toTopic ? kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner }) : null;
+    const producer: Producer | null = toTopic ? kafka.producer({ idempotent: true, createPartitioner: kafkajs().Partitioners.DefaultPartitioner }) : null;
     const lastSeen = new Map<string, Position>();
     let outFd: number | null = null;
     let emitted = 0;

@@ -1,9 +1,21 @@
 import { readFileSync } from 'node:fs';
-import { CompressionTypes, Kafka, Partitioners, type KafkaConfig, type Producer as KafkajsProducer, type SASLOptions } from 'kafkajs';
+import type * as KafkajsModule from 'kafkajs';
+import type { Kafka, KafkaConfig, Producer as KafkajsProducer, SASLOptions } from 'kafkajs';
 import type { Config } from '../../config/schema';
 import { createKafkaLogCreator, KAFKAJS_LOG_LEVEL } from '../../telemetry/kafka-log';
 import type { Logger } from '../../telemetry/logger';
 import type { OutMessage, Producer, SendResult } from './producer';
+
+let kafkajsModule: typeof KafkajsModule | null = null;
+
+/**
+ * kafkajs, loaded when the first Kafka client is made: a sidecar that exports to files never
+ * loads it, and its code does not sit in the heap every full collection marks.
+ */
+export function kafkajs(): typeof KafkajsModule {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  return (kafkajsModule ??= require('kafkajs') as typeof KafkajsModule);
+}
 
 export interface KafkajsProducerOptions {
   brokers: string[];
@@ -54,7 +66,7 @@ export function createKafkaClient(options: KafkajsProducerOptions, logger: Logge
       key: options.tls.keyFile ? readFileSync(options.tls.keyFile, 'utf8') : undefined,
     };
   }
-  return new Kafka(config);
+  return new (kafkajs().Kafka)(config);
 }
 
 /** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
@@ -66,7 +78,7 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
 
   const make = (): KafkajsProducer => {
     const p = kafka.producer({
-      createPartitioner: Partitioners.DefaultPartitioner,
+      createPartitioner: kafkajs().Partitioners.DefaultPartitioner,
       idempotent: true,
       maxInFlightRequests: 1,
       allowAutoTopicCreation: true,
@@ -102,7 +114,7 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
         await producer.send({
           topic,
           acks: -1,
-          compression: options.compression === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None,
+          compression: options.compression === 'gzip' ? kafkajs().CompressionTypes.GZIP : kafkajs().CompressionTypes.None,
           timeout: options.requestTimeoutMs,
           messages: messages.map((msg) => ({ key: msg.key, value: msg.value, headers: msg.headers })),
         });
