@@ -72,13 +72,15 @@ export function createKafkaClient(options: KafkajsProducerOptions, logger: Logge
 /** Our Producer over kafkajs: idempotent, acks=-1, one request in flight (ordering per partition). */
 export function createKafkajsProducer(options: KafkajsProducerOptions, logger: Logger): Producer {
   const kafka = createKafkaClient(options, logger);
+  const { CompressionTypes, Partitioners } = kafkajs();
+  const compression = options.compression === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None;
   let producer: KafkajsProducer | null = null;
   let connected = false;
   let connecting: Promise<void> | null = null;
 
   const make = (): KafkajsProducer => {
     const p = kafka.producer({
-      createPartitioner: kafkajs().Partitioners.DefaultPartitioner,
+      createPartitioner: Partitioners.DefaultPartitioner,
       idempotent: true,
       maxInFlightRequests: 1,
       allowAutoTopicCreation: true,
@@ -114,7 +116,7 @@ export function createKafkajsProducer(options: KafkajsProducerOptions, logger: L
         await producer.send({
           topic,
           acks: -1,
-          compression: options.compression === 'gzip' ? kafkajs().CompressionTypes.GZIP : kafkajs().CompressionTypes.None,
+          compression,
           timeout: options.requestTimeoutMs,
           messages: messages.map((msg) => ({ key: msg.key, value: msg.value, headers: msg.headers })),
         });

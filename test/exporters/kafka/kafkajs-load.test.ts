@@ -3,7 +3,7 @@ import path from 'node:path';
 
 const ROOT = path.join(__dirname, '../../..');
 
-/** Which of kafkajs' files the built modules have loaded, in a fresh process. */
+/** Whether any of kafkajs' files is in `require.cache` after `script` ran in a fresh process (the built modules). */
 function kafkajsLoaded(script: string): boolean {
   const out = execFileSync(
     process.execPath,
