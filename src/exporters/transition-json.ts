@@ -42,10 +42,25 @@ export class TransitionWriter {
     return bytes;
   }
 
-  /** The transition's JSON bytes; `extra` members are appended (e.g. `bodies_dropped`). */
+  /**
+   * The transition's JSON bytes in one buffer; `extra` members are appended (e.g.
+   * `bodies_dropped`). The small fields' text and the journal's bytes are written into it
+   * directly: one allocation, no intermediate buffer per piece.
+   */
   json(t: TransitionRecord, extra?: Record<string, unknown>): Buffer {
-    const parts = this.jsonParts(t, extra);
-    return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+    const pieces = this.pieces(t, extra);
+    let size = 0;
+    for (const p of pieces) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
+    const out = Buffer.allocUnsafe(size);
+    let at = 0;
+    for (const p of pieces) {
+      if (typeof p === 'string') at += out.write(p, at);
+      else {
+        out.set(p, at);
+        at += p.length;
+      }
+    }
+    return out;
   }
 
   /**
@@ -53,10 +68,15 @@ export class TransitionWriter {
    * members already in JSON (`,"name":value…`), put last.
    */
   jsonParts(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): Buffer[] {
-    const parts: Buffer[] = [];
+    return this.pieces(t, extra, tail).map((p) => (typeof p === 'string' ? Buffer.from(p) : p));
+  }
+
+  /** The JSON as text (the small fields) between the bytes copied as they are. */
+  private pieces(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): (string | Buffer)[] {
+    const parts: (string | Buffer)[] = [];
     let text = '{';
     const flush = () => {
-      if (text.length > 0) parts.push(Buffer.from(text));
+      if (text.length > 0) parts.push(text);
       text = '';
     };
     let first = true;

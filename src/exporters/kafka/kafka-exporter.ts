@@ -45,9 +45,10 @@ interface Pending {
  * rollout's records stay ordered on one partition. A record bigger than `max_message_bytes` is
  * sent as ordered chunks (docs/kafka-records.md); only one over `max_record_bytes`, or one the
  * broker refuses for good, goes to dead-letter/. Messages are sent in produce requests of up to
- * `max_batch_bytes`, one after another, as they are encoded (memory holds one batch). An export
- * resolves only when the broker acknowledged everything (acks=all); otherwise it rejects and the
- * pipeline retries from the journal. Starts without Kafka: connection is attempted on each
+ * `max_batch_bytes`, one after another; the next is encoded while one waits for its
+ * acknowledgement (memory holds two batches). An export resolves only when the broker
+ * acknowledged everything (acks=all); otherwise it rejects and the pipeline retries from the
+ * journal. Starts without Kafka: connection is attempted on each
  * export until it succeeds.
  */
 export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExporterDeps): Exporter & { readonly connected: boolean } {
@@ -68,10 +69,17 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     log.once(`dead_letter:${reason}`, 'warn', 'records Kafka cannot take are written to dead-letter/', { dir: deps.deadLetterDir, reason });
   }
 
-  /** Collects messages and sends a produce request whenever max_batch_bytes is reached. */
+  /**
+   * Collects messages and sends a produce request whenever max_batch_bytes is reached. The next
+   * batch is encoded while the previous one waits for the broker's acknowledgement; it is sent
+   * only once that one succeeded (one request in flight, as the idempotent producer requires), so
+   * a failure stops the export where it happened.
+   */
   class Batcher {
     private items: Pending[] = [];
     private bytes = 0;
+    /** The produce request in flight, if any. */
+    private inflight: Promise<void> | null = null;
     /** Records that were dead-lettered part way: their remaining chunks are not sent. */
     private readonly abandoned = new Set<string>();
 
@@ -82,17 +90,34 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     async add(items: Pending[]): Promise<void> {
       for (const item of items) {
-        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.flush();
+        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.dispatch();
         this.items.push(item);
         this.bytes += item.msg.value.length;
       }
     }
 
+    /** Everything added is sent and acknowledged. */
     async flush(): Promise<void> {
-      const items = this.items.filter((i) => !this.abandoned.has(i.recordId));
+      await this.dispatch();
+      const last = this.inflight;
+      this.inflight = null;
+      await last;
+    }
+
+    /** Waits for the request in flight, then sends what was collected meanwhile (not waiting). */
+    private async dispatch(): Promise<void> {
+      const collected = this.items;
       this.items = [];
       this.bytes = 0;
-      if (items.length > 0) await this.send(items);
+      const previous = this.inflight;
+      this.inflight = null;
+      await previous;
+      // Filtered only now: the request just acknowledged may have dead-lettered a record.
+      const items = collected.filter((i) => !this.abandoned.has(i.recordId));
+      if (items.length === 0) return;
+      const sending = this.send(items);
+      sending.catch(() => {}); // observed by the next dispatch or flush
+      this.inflight = sending;
     }
 
     private async send(items: Pending[]): Promise<void> {

@@ -164,6 +164,65 @@ describe('kafka exporter', () => {
     expect(readFileSync(path.join(deadLetterDir, 'transitions.ndjson'), 'utf8')).toContain('broker refused the size');
   });
 
+  it('keeps one produce request in flight, in order; a failed one stops the export before the next is sent', async () => {
+    // Each send waits until the test lets it finish.
+    class GatedProducer extends FakeProducer {
+      gates: (() => void)[] = [];
+      inflight = 0;
+      maxInflight = 0;
+      calls: string[][] = [];
+      override async send(topic: string, messages: OutMessage[]): Promise<SendResult> {
+        this.calls.push(messages.map((m) => JSON.parse(m.value.toString()).transition_id ?? 'episode'));
+        this.inflight++;
+        this.maxInflight = Math.max(this.maxInflight, this.inflight);
+        await new Promise<void>((r) => this.gates.push(r));
+        this.inflight--;
+        return super.send(topic, messages);
+      }
+    }
+    const producer = new GatedProducer();
+    const exporter = createKafkaExporter(kafkaConfig({ max_batch_bytes: 1500 }), {
+      producer,
+      logger: silentLogger,
+      metrics: createMetrics(),
+      deadLetterDir: path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-kafka-')), 'dead-letter'),
+    });
+    const tick = () => new Promise((r) => setImmediate(r));
+    const done = exporter.export([episode('p', 6, 400)]);
+    let settled = false;
+    void done.then(() => (settled = true));
+    for (let i = 0; i < 50 && !settled; i++) {
+      await tick();
+      // Only ever one request waiting on the broker: the next starts after it is acknowledged.
+      expect(producer.inflight).toBeLessThanOrEqual(1);
+      producer.gates.shift()?.();
+    }
+    await done;
+    expect(producer.maxInflight).toBe(1);
+    expect(producer.calls.length).toBeGreaterThan(2);
+    const sent = producer.sent
+      .filter((s) => s.topic === 'lightning.transitions')
+      .flatMap((s) => s.messages.map((m) => JSON.parse(m.value.toString()).transition_id));
+    expect(sent).toEqual(['p/0/0', 'p/0/1', 'p/0/2', 'p/0/3', 'p/0/4', 'p/0/5']);
+
+    // The first request fails: the export rejects and nothing after it is sent.
+    producer.sent = [];
+    producer.calls = [];
+    producer.next = [{ status: 'retryable', error: new Error('NOT_ENOUGH_REPLICAS') }];
+    const failing = exporter.export([episode('q', 6, 400)]);
+    const outcome = failing.then(
+      () => 'resolved',
+      (e: unknown) => e,
+    );
+    for (let i = 0; i < 10; i++) {
+      await tick();
+      producer.gates.shift()?.();
+    }
+    expect(await outcome).toBeInstanceOf(ExportError);
+    expect(producer.calls).toHaveLength(1);
+    expect(producer.sent).toEqual([]);
+  });
+
   it('rejects with a retryable error when the broker is unreachable or answers a retriable error', async () => {
     const { producer, exporter, metrics } = setup();
     producer.connected = false;
