@@ -3,6 +3,7 @@
  * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
  * the contract does not hold.
  */
+import { rmSync } from 'node:fs';
 import { runSoak } from './soak';
 
 async function main(): Promise<number> {
@@ -29,7 +30,7 @@ async function main(): Promise<number> {
     contextBytes: contextKiB * 1024,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
-  const { samples, ...summary } = report;
+  const { samples, data_dir: dataDir, ...summary } = report;
   process.stdout.write(
     JSON.stringify(
       { ...summary, journal_cap_mib: journalMiB, context_kib: contextKiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) },
@@ -37,6 +38,9 @@ async function main(): Promise<number> {
       2,
     ) + '\n',
   );
+  // The sidecar's data directory is kept for a look when the contract does not hold.
+  if (report.contract.holds) for (const p of [dataDir, `${dataDir}.yaml`]) rmSync(p, { recursive: true, force: true });
+  else process.stderr.write(`contract does not hold; the sidecar's data directory is kept: ${dataDir}\n`);
   return report.contract.holds ? 0 : 1;
 }
 
