@@ -3,10 +3,16 @@
  * Kafka outage, a retriable-error storm). Prints the report as JSON and a summary; exit 1 when
  * the contract does not hold.
  */
-import { rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { runSoak } from './soak';
 
 async function main(): Promise<number> {
+  // Everything the run writes (the sidecar's data directory and config, its logs) goes into one
+  // directory: removed when the contract holds, kept for a look when it does not.
+  const runDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-soak-run-'));
+  process.env.TMPDIR = runDir;
   const i = process.argv.indexOf('--minutes');
   const minutes = i >= 0 ? Number(process.argv[i + 1]) : 3;
   const j = process.argv.indexOf('--journal-mib');
@@ -30,7 +36,7 @@ async function main(): Promise<number> {
     contextBytes: contextKiB * 1024,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
-  const { samples, data_dir: dataDir, ...summary } = report;
+  const { samples, ...summary } = report;
   process.stdout.write(
     JSON.stringify(
       { ...summary, journal_cap_mib: journalMiB, context_kib: contextKiB, samples: samples.filter((_, k) => k % Math.ceil(samples.length / 20) === 0) },
@@ -38,9 +44,8 @@ async function main(): Promise<number> {
       2,
     ) + '\n',
   );
-  // The sidecar's data directory is kept for a look when the contract does not hold.
-  if (report.contract.holds) for (const p of [dataDir, `${dataDir}.yaml`]) rmSync(p, { recursive: true, force: true });
-  else process.stderr.write(`contract does not hold; the sidecar's data directory is kept: ${dataDir}\n`);
+  if (report.contract.holds) rmSync(runDir, { recursive: true, force: true });
+  else process.stderr.write(`contract does not hold; what the run wrote is kept in ${runDir}\n`);
   return report.contract.holds ? 0 : 1;
 }
 

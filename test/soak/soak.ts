@@ -54,8 +54,6 @@ export interface SoakReport {
   faults: { kills: number; kafka_outage_ms: number; retry_storm_ms: number };
   samples: { t_s: number; rss_mib: number; fds: number; journal_bytes: number }[];
   peak: { rss_mib: number; fds: number; journal_bytes: number };
-  /** The sidecar's data directory (journal, dead letters, its log; its config is `<dir>.yaml`); the caller removes them. */
-  data_dir: string;
 }
 
 const tools = [{ type: 'function', function: { name: 'calculator', parameters: { type: 'object', properties: {} } } }];
@@ -133,7 +131,6 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       holds: false,
     },
     faults: { kills: 0, kafka_outage_ms: 0, retry_storm_ms: 0 },
-    data_dir: dataDir,
     samples: [],
     peak: { rss_mib: 0, fds: 0, journal_bytes: 0 },
   };
