@@ -19,6 +19,8 @@ const DUR = QUICK ? 1200 : 4000;
 const WARM_MS = QUICK ? 500 : 8000;
 const ROOT = path.join(__dirname, '..');
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'lightning-bench-'));
+// Everything the run writes (configs included) goes under it, removed at the end.
+process.env.TMPDIR = tmp;
 const children = [];
 const results = { machine: machine(), quick: QUICK, rounds: ROUNDS, duration_ms: DUR, started_at: new Date().toISOString(), scenarios: {} };
 
