@@ -94,8 +94,18 @@ interface Held {
  * `prompt_token_ids_delta` member, the suffix being the model server's bytes.
  */
 export function deltaJsonParts(writer: TransitionWriter, t: TransitionRecord, d: PromptDeltaParts): Buffer[] {
+  return writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(d));
+}
+
+/** The same bytes in one buffer. */
+export function deltaJson(writer: TransitionWriter, t: TransitionRecord, d: PromptDeltaParts): Buffer {
+  return writer.json({ ...t, prompt_token_ids: null }, undefined, deltaMember(d));
+}
+
+/** `,"prompt_token_ids_delta":{…}` as pieces. */
+function deltaMember(d: PromptDeltaParts): Buffer[] {
   const head = `,"prompt_token_ids_delta":{"previous_transition_id":${JSON.stringify(d.previousTransitionId)},"prefix_length":${d.prefixLength},"suffix":`;
-  return writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, [Buffer.from(head), ...d.suffix, CLOSE]);
+  return [Buffer.from(head), ...d.suffix, CLOSE];
 }
 
 const CLOSE = Buffer.from('}');

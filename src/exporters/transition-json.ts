@@ -44,11 +44,12 @@ export class TransitionWriter {
 
   /**
    * The transition's JSON bytes in one buffer; `extra` members are appended (e.g.
-   * `bodies_dropped`). The small fields' text and the journal's bytes are written into it
-   * directly: one allocation, no intermediate buffer per piece.
+   * `bodies_dropped`), then `tail` (members already in JSON, `,"name":value…`). The small fields'
+   * text and the journal's bytes are written into it directly: one allocation, no intermediate
+   * buffer per piece.
    */
-  json(t: TransitionRecord, extra?: Record<string, unknown>): Buffer {
-    const pieces = this.pieces(t, extra);
+  json(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): Buffer {
+    const pieces = this.pieces(t, extra, tail);
     let size = 0;
     for (const p of pieces) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
     const out = Buffer.allocUnsafe(size);
@@ -63,10 +64,7 @@ export class TransitionWriter {
     return out;
   }
 
-  /**
-   * The same bytes as pieces, for writers that take a list of buffers (no copy into one). `tail`:
-   * members already in JSON (`,"name":value…`), put last.
-   */
+  /** The same bytes as pieces, for writers that take a list of buffers (no copy into one). */
   jsonParts(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): Buffer[] {
     return this.pieces(t, extra, tail).map((p) => (typeof p === 'string' ? Buffer.from(p) : p));
   }

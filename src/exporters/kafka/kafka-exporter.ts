@@ -6,7 +6,7 @@ import type { ClosedEpisode, TransitionRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { NO_JOURNAL, type Exporter } from '../exporter';
-import { deltaJsonParts, PromptDeltaBytes } from '../prompt-delta-bytes';
+import { deltaJson, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { TransitionWriter } from '../transition-json';
 import { chunkMessages } from './chunks';
 import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
@@ -48,8 +48,7 @@ interface Pending {
  * `max_batch_bytes`, one after another; the next is encoded while one waits for its
  * acknowledgement (memory holds two batches). An export resolves only when the broker
  * acknowledged everything (acks=all); otherwise it rejects and the pipeline retries from the
- * journal. Starts without Kafka: connection is attempted on each
- * export until it succeeds.
+ * journal. Starts without Kafka: connection is attempted on each export until it succeeds.
  */
 export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExporterDeps): Exporter & { readonly connected: boolean } {
   const log = deps.logger.child('exporter.kafka');
@@ -229,6 +228,6 @@ function deltaOfBytes(writer: TransitionWriter): (t: TransitionRecord) => { valu
   const tracker = new PromptDeltaBytes(writer);
   return (t) => {
     const d = tracker.next(t);
-    return d ? { value: Buffer.concat(deltaJsonParts(writer, t, d)) } : null;
+    return d ? { value: deltaJson(writer, t, d) } : null;
   };
 }
