@@ -1,5 +1,5 @@
 import type { ChoiceCapture, TokenIds } from '../../model/records';
-import { emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
 export function extractChat(body: unknown): Extracted {
@@ -95,17 +95,18 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
   return extracted;
 }
 
+const MERGED_MEMBERS = new Set(['index', 'delta', 'finish_reason', 'token_ids', 'prompt_token_ids', 'logprobs']);
+
 function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
   if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finishReason = c.finish_reason;
+  // Appended in place: a stream of n chunks costs n appends, not n copies of what came before.
   const ids = intList(c.token_ids);
-  if (ids) acc.tokenIds = acc.tokenIds ? acc.tokenIds.concat(ids) : ids.slice();
+  if (ids) appendTo((acc.tokenIds ??= []), ids);
   const pids = intArray(c.prompt_token_ids);
   if (pids && acc.promptTokenIds === null) acc.promptTokenIds = pids;
-  if (isObject(c.logprobs) && Array.isArray(c.logprobs.content)) {
-    acc.logprobs = (acc.logprobs ?? []).concat(c.logprobs.content);
-  }
+  if (isObject(c.logprobs) && Array.isArray(c.logprobs.content)) appendTo((acc.logprobs ??= []), c.logprobs.content);
   for (const [k, v] of Object.entries(c)) {
-    if (['index', 'delta', 'finish_reason', 'token_ids', 'prompt_token_ids', 'logprobs'].includes(k)) continue;
+    if (MERGED_MEMBERS.has(k)) continue;
     if (v !== null && v !== undefined) acc.extra[k] = v;
   }
   const delta = isObject(c.delta) ? c.delta : {};

@@ -1,5 +1,5 @@
 import type { ChoiceCapture } from '../../model/records';
-import { emptyChoice, intArray, intList, isObject, logprobList, str, type Extracted, type Json } from './shape';
+import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, type Extracted, type Json } from './shape';
 
 /** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
 export function extractCompletions(body: unknown): Extracted {
@@ -43,14 +43,14 @@ export function assembleCompletionsStream(chunks: unknown[], done: boolean): Ext
       if (typeof c.text === 'string') acc.text = (acc.text as string) + c.text;
       if (c.finish_reason !== undefined && c.finish_reason !== null) acc.finish_reason = c.finish_reason;
       const ids = intList(c.token_ids);
-      if (ids) acc.token_ids = ((acc.token_ids as number[] | undefined) ?? []).concat(ids);
+      if (ids) appendTo((acc.token_ids ??= []) as number[], ids);
       const pids = intArray(c.prompt_token_ids);
       if (pids && acc.prompt_token_ids === undefined) acc.prompt_token_ids = pids;
       if (isObject(c.logprobs)) {
         const prev = isObject(acc.logprobs) ? acc.logprobs : { tokens: [], token_logprobs: [] };
         for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'] as const) {
           const more = c.logprobs[key];
-          if (Array.isArray(more)) prev[key] = ((prev[key] as unknown[] | undefined) ?? []).concat(more);
+          if (Array.isArray(more)) appendTo((prev[key] ??= []) as unknown[], more);
         }
         acc.logprobs = prev;
       }

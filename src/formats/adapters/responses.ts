@@ -1,4 +1,4 @@
-import { emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
 
 /** OpenAI Responses API: `output[]` items; `function_call` items are the tool calls. */
 export function extractResponses(body: unknown): Extracted {
@@ -11,11 +11,11 @@ export function extractResponses(body: unknown): Extracted {
     if (item.type === 'function_call') choice.toolCalls.push(toolCall(item.call_id ?? item.id, item.name, item.arguments));
     if (item.type === 'message' && Array.isArray(item.content)) {
       for (const part of item.content) {
-        if (isObject(part) && Array.isArray(part.logprobs)) logprobs.push(...part.logprobs);
+        if (isObject(part) && Array.isArray(part.logprobs)) appendTo(logprobs, part.logprobs);
       }
     }
     const ids = intList(item.token_ids);
-    if (ids) tokenIds = (tokenIds ?? ([] as number[])).concat(ids);
+    if (ids) appendTo((tokenIds ??= []), ids);
   }
   choice.responseTokenIds = tokenIds ?? intArray(res.token_ids) ?? intArray(res.output_token_ids);
   choice.responseLogprobs = logprobList(logprobs, (e) => (isObject(e) ? e.logprob : undefined));

@@ -43,30 +43,60 @@ const NULL = Buffer.from('null');
 
 /**
  * Strips members from an event stream as it passes: bytes are held only until their event is
- * complete (a blank line), then the event goes out with those members' values set to null.
+ * complete (a blank line), then the event goes out with those members' values set to null. An
+ * event that arrives in many reads (vLLM's first one carries the whole prompt's ids) is joined
+ * once, when it completes; each read is searched for an event's end once, so the work grows with
+ * the event's size, not with its size times the number of reads.
  */
 export class SseStripper {
   private held: Buffer[] = [];
+  /** The last (up to three) bytes held: an event's end may begin in them. */
+  private heldTail: Buffer = EMPTY;
 
   constructor(private readonly members: readonly string[]) {}
 
   push(chunk: Buffer): Buffer[] {
-    this.held.push(chunk);
-    const buf = this.held.length === 1 ? chunk : Buffer.concat(this.held);
-    const end = lastEventEnd(buf);
+    if (chunk.length === 0) return [];
+    const end = this.held.length === 0 ? lastEventEnd(chunk) : lastEventEndAfter(this.heldTail, chunk);
     if (end < 0) {
-      this.held = [buf];
+      this.held.push(chunk);
+      this.heldTail = lastBytes(this.heldTail, chunk);
       return [];
     }
-    this.held = end < buf.length ? [buf.subarray(end)] : [];
-    return [nullMembers(buf.subarray(0, end), this.members)];
+    const event = this.held.length === 0 ? chunk.subarray(0, end) : Buffer.concat([...this.held, chunk.subarray(0, end)]);
+    this.held = end < chunk.length ? [chunk.subarray(end)] : [];
+    this.heldTail = end < chunk.length ? lastBytes(EMPTY, chunk.subarray(end)) : EMPTY;
+    return [nullMembers(event, this.members)];
   }
 
   end(): Buffer[] {
-    const rest = Buffer.concat(this.held);
+    const rest = this.held.length === 1 ? this.held[0] : Buffer.concat(this.held);
     this.held = [];
+    this.heldTail = EMPTY;
     return rest.length > 0 ? [nullMembers(rest, this.members)] : [];
   }
+}
+
+const EMPTY = Buffer.alloc(0);
+
+/** The last three bytes of `before` followed by `chunk` (a copy: at most three bytes). */
+function lastBytes(before: Buffer, chunk: Buffer): Buffer {
+  if (chunk.length >= 3) return Buffer.from(chunk.subarray(chunk.length - 3));
+  const joined = Buffer.concat([before, chunk]);
+  return Buffer.from(joined.subarray(Math.max(0, joined.length - 3)));
+}
+
+/**
+ * Index in `chunk` just past the last event end that closes in it, or -1; `before` holds the
+ * (up to three) bytes that came right before the chunk, where the end may begin.
+ */
+function lastEventEndAfter(before: Buffer, chunk: Buffer): number {
+  const inChunk = lastEventEnd(chunk);
+  if (inChunk >= 4 || before.length === 0) return inChunk;
+  // An end whose last byte is one of the chunk's first three and which begins in `before`.
+  const seam = Buffer.concat([before, chunk.subarray(0, 3)]);
+  const at = lastEventEnd(seam);
+  return Math.max(inChunk, at > before.length ? at - before.length : -1);
 }
 
 /** Index just past the last blank line (event end) in `buf`, or -1. */
