@@ -22,12 +22,12 @@ export function str(v: unknown): string | null {
   return typeof v === 'string' ? v : null;
 }
 
-/** An array of integers, or null when absent or not all integers. */
 /** Appends `more` to `list` in place (no spread: a long array would overflow the call stack). */
 export function appendTo<T>(list: T[], more: readonly T[]): void {
   for (let i = 0; i < more.length; i++) list.push(more[i]);
 }
 
+/** An array of integers, or null when absent or not all integers. */
 export function intList(v: unknown): number[] | null {
   if (!Array.isArray(v)) return null;
   for (const x of v) if (!Number.isInteger(x)) return null;

@@ -50,53 +50,50 @@ const NULL = Buffer.from('null');
  */
 export class SseStripper {
   private held: Buffer[] = [];
-  /** The last (up to three) bytes held: an event's end may begin in them. */
-  private heldTail: Buffer = EMPTY;
 
   constructor(private readonly members: readonly string[]) {}
 
   push(chunk: Buffer): Buffer[] {
     if (chunk.length === 0) return [];
-    const end = this.held.length === 0 ? lastEventEnd(chunk) : lastEventEndAfter(this.heldTail, chunk);
+    const end = lastEventEndAfter(this.held, chunk);
     if (end < 0) {
       this.held.push(chunk);
-      this.heldTail = lastBytes(this.heldTail, chunk);
       return [];
     }
     const event = this.held.length === 0 ? chunk.subarray(0, end) : Buffer.concat([...this.held, chunk.subarray(0, end)]);
     this.held = end < chunk.length ? [chunk.subarray(end)] : [];
-    this.heldTail = end < chunk.length ? lastBytes(EMPTY, chunk.subarray(end)) : EMPTY;
     return [nullMembers(event, this.members)];
   }
 
   end(): Buffer[] {
     const rest = this.held.length === 1 ? this.held[0] : Buffer.concat(this.held);
     this.held = [];
-    this.heldTail = EMPTY;
     return rest.length > 0 ? [nullMembers(rest, this.members)] : [];
   }
 }
 
-const EMPTY = Buffer.alloc(0);
-
-/** The last three bytes of `before` followed by `chunk` (a copy: at most three bytes). */
-function lastBytes(before: Buffer, chunk: Buffer): Buffer {
-  if (chunk.length >= 3) return Buffer.from(chunk.subarray(chunk.length - 3));
-  const joined = Buffer.concat([before, chunk]);
-  return Buffer.from(joined.subarray(Math.max(0, joined.length - 3)));
+/**
+ * Index in `chunk` just past the last event end that closes in it, or -1. `held` are the bytes
+ * that came before the chunk (no event end in them): an end may begin in their last three.
+ */
+function lastEventEndAfter(held: readonly Buffer[], chunk: Buffer): number {
+  const inChunk = lastEventEnd(chunk);
+  if (inChunk >= 4 || held.length === 0) return inChunk;
+  // An end whose last byte is one of the chunk's first three and which begins in what is held.
+  const before = lastBytes(held, 3);
+  const at = lastEventEnd(Buffer.concat([before, chunk.subarray(0, 3)]));
+  return Math.max(inChunk, at > before.length ? at - before.length : -1);
 }
 
-/**
- * Index in `chunk` just past the last event end that closes in it, or -1; `before` holds the
- * (up to three) bytes that came right before the chunk, where the end may begin.
- */
-function lastEventEndAfter(before: Buffer, chunk: Buffer): number {
-  const inChunk = lastEventEnd(chunk);
-  if (inChunk >= 4 || before.length === 0) return inChunk;
-  // An end whose last byte is one of the chunk's first three and which begins in `before`.
-  const seam = Buffer.concat([before, chunk.subarray(0, 3)]);
-  const at = lastEventEnd(seam);
-  return Math.max(inChunk, at > before.length ? at - before.length : -1);
+/** The last `n` bytes (or fewer) of the chunks, in order. */
+function lastBytes(chunks: readonly Buffer[], n: number): Buffer {
+  const parts: Buffer[] = [];
+  for (let i = chunks.length - 1; i >= 0 && n > 0; i--) {
+    const c = chunks[i];
+    parts.unshift(c.subarray(Math.max(0, c.length - n)));
+    n -= Math.min(n, c.length);
+  }
+  return Buffer.concat(parts);
 }
 
 /** Index just past the last blank line (event end) in `buf`, or -1. */
