@@ -1,8 +1,8 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
-import { IDS_MARKER } from './adapters/shape';
-import { findMembers, memberCut, readIntArray, type Member } from './json-scan';
+import { IDS_MARKER, logprobsMarker } from './adapters/shape';
+import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, type Member, type ValueEnd } from './json-scan';
 
 /**
  * Reads the bytes of journaled body frames, in order; into `scratch` when it is given and big
@@ -67,7 +67,28 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       extracted = extractStream(upstreamApi, patched.text);
       response = lifted ? withoutLiftedMembers(extracted.response) : extracted.response;
     } else {
-      const patched = patchIds(decoded, ['prompt_token_ids', 'token_ids']);
+      // A chat answer's logprobs (an object per token, with its top alternatives) are read from
+      // the bytes as they are found, and left out of the parse.
+      const logprobs = new Map<string, number[] | null>();
+      const bytes = decoded;
+      const readLogprobs: ValueEnd = (buf, i, end) => {
+        if (upstreamApi === 'chat.completions' && buf[i] === 0x7b) {
+          const r = readChosenLogprobs(buf, i, end);
+          if (r !== null) {
+            logprobs.set(logprobsMarker(i), r.values);
+            return r.end;
+          }
+        }
+        return skipValue(buf, i, end);
+      };
+      const lpMembers = lifted
+        ? findMembers(bytes, 'logprobs', 0, bytes.length, readLogprobs).filter((m) => bytes[m.valueStart] === 0x7b || bytes[m.valueStart] === 0x6e)
+        : [];
+      const patched = patchIds(
+        bytes,
+        ['prompt_token_ids', 'token_ids'],
+        lpMembers.filter((m) => logprobs.has(logprobsMarker(m.valueStart))),
+      );
       let value: unknown;
       try {
         value = JSON.parse(patched.text);
@@ -75,12 +96,10 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         parseError = 'response body is not JSON';
       }
       if (parseError === null) {
-        extracted = extractBody(upstreamApi, value);
+        extracted = extractBody(upstreamApi, value, logprobs);
         const used = usedRanges(extracted);
-        const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(decoded, m));
-        if (lifted)
-          for (const m of findMembers(decoded, 'logprobs'))
-            if (decoded[m.valueStart] === 0x7b || decoded[m.valueStart] === 0x6e) cut.push(memberCut(decoded, m));
+        const cut = patched.members.filter((m) => used.has(m.valueStart)).map((m) => memberCut(bytes, m));
+        for (const m of lpMembers) cut.push(memberCut(bytes, m));
         const rawBody: RawBody = { raw: 'journal', offsets: bodies.response, encoding: bodies.encoding, cuts: mergeCuts(cut) };
         response = rawBody;
       }
@@ -149,18 +168,20 @@ function modelFromRequest(offsets: number[], read: BodyReader): string | null {
 
 /**
  * The text of `buf` with each `key` member's array value replaced by a marker string naming the
- * array's byte range.
+ * array's byte range, and each of `read` (logprobs objects already read) by its logprobs marker.
  */
-export function patchIds(buf: Buffer, keys: string[]): { text: string; members: Member[] } {
+export function patchIds(buf: Buffer, keys: string[], read: Member[] = []): { text: string; members: Member[] } {
   const members: Member[] = [];
   for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b) members.push(m);
-  if (members.length === 0) return { text: buf.toString('utf8'), members };
-  members.sort((a, b) => a.valueStart - b.valueStart);
+  if (members.length === 0 && read.length === 0) return { text: buf.toString('utf8'), members };
+  const replaced = members.map((m) => ({ m, marker: `${IDS_MARKER}${m.valueStart}:${m.valueEnd}` }));
+  for (const m of read) replaced.push({ m, marker: logprobsMarker(m.valueStart) });
+  replaced.sort((a, b) => a.m.valueStart - b.m.valueStart);
   const parts: string[] = [];
   let at = 0;
-  for (const m of members) {
+  for (const { m, marker } of replaced) {
     if (m.valueStart < at) continue;
-    parts.push(buf.toString('utf8', at, m.valueStart), JSON.stringify(`${IDS_MARKER}${m.valueStart}:${m.valueEnd}`));
+    parts.push(buf.toString('utf8', at, m.valueStart), JSON.stringify(marker));
     at = m.valueEnd;
   }
   parts.push(buf.toString('utf8', at));

@@ -170,7 +170,7 @@ export interface Member {
  * Every member named `key` in `[start, end)`, at any depth, in order. Members whose value is
  * malformed are skipped.
  */
-export function findMembers(buf: Buffer, key: string, start = 0, end = buf.length): Member[] {
+export function findMembers(buf: Buffer, key: string, start = 0, end = buf.length, valueEnd: ValueEnd = plainValueEnd): Member[] {
   const needle = needleOf(key);
   const out: Member[] = [];
   let from = start;
@@ -184,11 +184,153 @@ export function findMembers(buf: Buffer, key: string, start = 0, end = buf.lengt
     const colon = skipWs(buf, at + needle.length, end);
     if (colon >= end || buf[colon] !== 0x3a) continue;
     const valueStart = skipWs(buf, colon + 1, end);
-    const valueEnd = flatArrayEnd(buf, valueStart, end) ?? skipValue(buf, valueStart, end);
-    if (valueEnd < 0) continue;
-    out.push({ nameAt: at, valueStart, valueEnd });
-    from = valueEnd;
+    const stop = valueEnd(buf, valueStart, end);
+    if (stop < 0) continue;
+    out.push({ nameAt: at, valueStart, valueEnd: stop });
+    from = stop;
   }
+}
+
+/** Finds where the value at `i` ends (index past it, or -1 when malformed); may read it on the way. */
+export type ValueEnd = (buf: Buffer, i: number, end: number) => number;
+
+function plainValueEnd(buf: Buffer, i: number, end: number): number {
+  return flatArrayEnd(buf, i, end) ?? skipValue(buf, i, end);
+}
+
+/**
+ * The chosen tokens' logprobs in a chat answer's `logprobs` object at `i`
+ * (`{"content": [{"token": .., "logprob": -0.1, "bytes": [..], "top_logprobs": [..]}, ..]}`), read
+ * from the bytes without building an object per token. `values` is what parsing the object and
+ * taking each entry's `logprob` gives: null when `content` is absent, not a list or empty, or when
+ * an entry has no finite number there; the last of repeated members counts, as in `JSON.parse`.
+ * Returns null when the bytes are not plainly that shape (an escaped member name, a `logprob`
+ * outside JSON's number grammar, malformed structure): the caller then parses them. Other numbers
+ * in the object are checked loosely, as `skipValue` does.
+ */
+export function readChosenLogprobs(buf: Buffer, i: number, end = buf.length): { values: number[] | null; end: number } | null {
+  i = skipWs(buf, i, end);
+  if (buf[i] !== 0x7b) return null;
+  let values: number[] | null = null;
+  i = skipWs(buf, i + 1, end);
+  if (buf[i] === 0x7d) return { values, end: i + 1 };
+  for (;;) {
+    const name = i;
+    const v = memberValueAt(buf, i, end);
+    if (v < 0) return null;
+    if (nameIs(buf, name, 'content')) {
+      if (buf[v] === 0x5b) {
+        const list: number[] = [];
+        i = chosenLogprobs(buf, v, end, list);
+        if (i < 0) return null;
+        values = list.length > 0 && !list.some(Number.isNaN) ? list : null;
+      } else {
+        i = skipValue(buf, v, end);
+        if (i < 0) return null;
+        values = null;
+      }
+    } else {
+      i = skipValue(buf, v, end);
+      if (i < 0) return null;
+    }
+    i = skipWs(buf, i, end);
+    if (buf[i] === 0x2c) {
+      i = skipWs(buf, i + 1, end);
+      continue;
+    }
+    return buf[i] === 0x7d ? { values, end: i + 1 } : null;
+  }
+}
+
+/** Reads the entries of the array at `i` into `out` (NaN for an entry without a finite `logprob`); index past the array, or -1. */
+function chosenLogprobs(buf: Buffer, i: number, end: number, out: number[]): number {
+  i = skipWs(buf, i + 1, end);
+  if (buf[i] === 0x5d) return i + 1;
+  for (;;) {
+    if (buf[i] === 0x7b) {
+      i = entryLogprob(buf, i, end, out);
+    } else {
+      i = skipValue(buf, i, end);
+      out.push(NaN);
+    }
+    if (i < 0) return -1;
+    i = skipWs(buf, i, end);
+    if (buf[i] === 0x2c) {
+      i = skipWs(buf, i + 1, end);
+      continue;
+    }
+    return buf[i] === 0x5d ? i + 1 : -1;
+  }
+}
+
+/** Pushes the `logprob` of the entry object at `i` (NaN when absent or not a finite number); index past the object, or -1. */
+function entryLogprob(buf: Buffer, i: number, end: number, out: number[]): number {
+  let value = NaN;
+  i = skipWs(buf, i + 1, end);
+  if (buf[i] !== 0x7d) {
+    for (;;) {
+      const name = i;
+      const v = memberValueAt(buf, i, end);
+      if (v < 0) return -1;
+      if (nameIs(buf, name, 'logprob') && isNumberByte(buf[v])) {
+        i = numberEnd(buf, v, end);
+        if (i < 0) return -1;
+        const x = Number(buf.toString('latin1', v, i));
+        value = Number.isFinite(x) ? x : NaN;
+      } else {
+        // An entry's other members: its token (a string), its bytes (a flat list), its top logprobs.
+        i = buf[v] === QUOTE ? skipString(buf, v, end) : skipValue(buf, v, end);
+        if (i < 0) return -1;
+        if (nameIs(buf, name, 'logprob')) value = NaN;
+      }
+      i = skipWs(buf, i, end);
+      if (buf[i] === 0x2c) {
+        i = skipWs(buf, i + 1, end);
+        continue;
+      }
+      if (buf[i] !== 0x7d) return -1;
+      break;
+    }
+  }
+  out.push(value);
+  return i + 1;
+}
+
+/** At a member name's opening quote: where its value starts, or -1 (malformed, or a name with escapes). */
+function memberValueAt(buf: Buffer, i: number, end: number): number {
+  if (buf[i] !== QUOTE) return -1;
+  const k = skipString(buf, i, end);
+  if (k < 0) return -1;
+  for (let j = i + 1; j < k - 1; j++) if (buf[j] === BACKSLASH) return -1;
+  const colon = skipWs(buf, k, end);
+  if (buf[colon] !== 0x3a) return -1;
+  return skipWs(buf, colon + 1, end);
+}
+
+/** Whether the name whose opening quote is at `i` is `word` (a name without escapes). */
+function nameIs(buf: Buffer, i: number, word: string): boolean {
+  for (let k = 0; k < word.length; k++) if (buf[i + 1 + k] !== word.charCodeAt(k)) return false;
+  return buf[i + 1 + word.length] === QUOTE;
+}
+
+/** Index just past the JSON number at `i` (JSON's grammar: no `+`, leading zero or bare `.`), or -1. */
+function numberEnd(buf: Buffer, i: number, end: number): number {
+  if (buf[i] === 0x2d) i++;
+  if (i >= end || !isDigit(buf[i])) return -1;
+  if (buf[i] === 0x30) i++;
+  else while (i < end && isDigit(buf[i])) i++;
+  if (i < end && buf[i] === 0x2e) {
+    i++;
+    if (i >= end || !isDigit(buf[i])) return -1;
+    while (i < end && isDigit(buf[i])) i++;
+  }
+  if (i < end && (buf[i] === 0x65 || buf[i] === 0x45)) {
+    i++;
+    if (i < end && (buf[i] === 0x2b || buf[i] === 0x2d)) i++;
+    if (i >= end || !isDigit(buf[i])) return -1;
+    while (i < end && isDigit(buf[i])) i++;
+  }
+  return i;
 }
 
 /**

@@ -1,8 +1,21 @@
 import type { ChoiceCapture, TokenIds } from '../../model/records';
-import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import {
+  appendTo,
+  emptyChoice,
+  intArray,
+  intList,
+  isObject,
+  logprobList,
+  NONE_READ,
+  str,
+  toolCall,
+  type Extracted,
+  type Json,
+  type ReadLogprobs,
+} from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
-export function extractChat(body: unknown): Extracted {
+export function extractChat(body: unknown, read: ReadLogprobs = NONE_READ): Extracted {
   const res = isObject(body) ? body : {};
   const choices = Array.isArray(res.choices) ? res.choices : [];
   return {
@@ -10,18 +23,23 @@ export function extractChat(body: unknown): Extracted {
     model: str(res.model),
     usage: res.usage ?? null,
     promptTokenIds: intArray(res.prompt_token_ids),
-    choices: choices.filter(isObject).map((c, i) => chatChoice(c, i)),
+    choices: choices.filter(isObject).map((c, i) => chatChoice(c, i, read)),
     incomplete: false,
   };
 }
 
-function chatChoice(c: Json, position: number): ChoiceCapture {
+function chatChoice(c: Json, position: number, read: ReadLogprobs): ChoiceCapture {
   const choice = emptyChoice(typeof c.index === 'number' ? c.index : position);
   choice.finishReason = str(c.finish_reason);
   choice.responseTokenIds = intArray(c.token_ids);
   choice.promptTokenIds = intArray(c.prompt_token_ids);
-  const lp = isObject(c.logprobs) ? c.logprobs.content : undefined;
-  choice.responseLogprobs = logprobList(lp, (e) => (isObject(e) ? e.logprob : undefined));
+  const readValues = typeof c.logprobs === 'string' ? read.get(c.logprobs) : undefined;
+  if (readValues !== undefined) {
+    choice.responseLogprobs = readValues;
+  } else {
+    const lp = isObject(c.logprobs) ? c.logprobs.content : undefined;
+    choice.responseLogprobs = logprobList(lp, (e) => (isObject(e) ? e.logprob : undefined));
+  }
   const msg = isObject(c.message) ? c.message : {};
   if (Array.isArray(msg.tool_calls)) {
     for (const tc of msg.tool_calls) {

@@ -4,7 +4,7 @@ import { assembleAnthropicStream, extractAnthropic } from './anthropic-messages'
 import { assembleChatStream, extractChat } from './chat-completions';
 import { assembleCompletionsStream, extractCompletions } from './completions';
 import { assembleResponsesStream, extractResponses } from './responses';
-import type { Extracted } from './shape';
+import type { Extracted, ReadLogprobs } from './shape';
 
 export type { Extracted } from './shape';
 
@@ -23,10 +23,11 @@ export function recordedApi(method: string | undefined, path: string): Api | nul
   return ROUTES[bare.length > 1 && bare.endsWith('/') ? bare.slice(0, -1) : bare] ?? null;
 }
 
-export function extractBody(api: Api, body: unknown): Extracted {
+/** `read`: chat logprobs objects already read from the bytes, by the marker that replaced them. */
+export function extractBody(api: Api, body: unknown, read?: ReadLogprobs): Extracted {
   switch (api) {
     case 'chat.completions':
-      return extractChat(body);
+      return extractChat(body, read);
     case 'completions':
       return extractCompletions(body);
     case 'responses':

@@ -57,6 +57,21 @@ export function intArray(v: unknown): TokenIds | null {
   return intList(v);
 }
 
+/**
+ * A chat answer's logprobs object read from the bytes before the parse (formats/extract.ts) is
+ * replaced by this marker, naming where it was; its values come beside the parsed body.
+ */
+const LOGPROBS_MARKER = '\u0000logprobs:';
+
+export function logprobsMarker(valueStart: number): string {
+  return `${LOGPROBS_MARKER}${valueStart}`;
+}
+
+/** Logprobs read from the bytes, by marker. */
+export type ReadLogprobs = ReadonlyMap<string, number[] | null>;
+
+export const NONE_READ: ReadLogprobs = new Map();
+
 /** Chosen-token logprobs; null when absent or any value is not a finite number. */
 export function logprobList(entries: unknown, pick: (e: unknown) => unknown): number[] | null {
   if (!Array.isArray(entries) || entries.length === 0) return null;

@@ -153,6 +153,21 @@ describe('extracting a captured call from its journaled bodies', () => {
     expect(gone.error).toMatch(/unreadable from the journal: segment released/);
   });
 
+  it('reads chat logprobs from the bytes, and leaves to the parse what it does not read plainly', () => {
+    const body = buildChat(generation(3), false).body as { choices: { logprobs: { content: { logprob: number }[] } }[] };
+    const want = body.choices[0].logprobs.content.map((e) => e.logprob);
+    const text = JSON.stringify(body);
+    const facts = (raw: string) => {
+      const { call, read } = captured('chat.completions', false, request, Buffer.from(raw));
+      return extractFacts(call, read).facts;
+    };
+    expect(facts(text).choices[0].responseLogprobs).toEqual(want);
+    // An escaped member name is read by the parse, with the same result.
+    expect(facts(text.replace('"content":[', '"con\\u0074ent":[')).choices[0].responseLogprobs).toEqual(want);
+    // A logprob outside JSON's grammar makes the answer what it is: not JSON.
+    expect(facts(text.replace(/"logprob":-?/, '"logprob":+'))).toMatchObject({ status: 'error', error: 'response body is not JSON' });
+  });
+
   it('writes a request that is not JSON as null rather than breaking the transition', () => {
     const { call, read } = captured(
       'chat.completions',

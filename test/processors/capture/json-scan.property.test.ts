@@ -1,5 +1,16 @@
 import fc from 'fast-check';
-import { findMembers, isJson, looksLikeIntArray, memberCut, readIntArray, skipValue, startsWithConcat, topLevelKeys } from '../../../src/formats/json-scan';
+import {
+  findMembers,
+  isJson,
+  looksLikeIntArray,
+  memberCut,
+  readChosenLogprobs,
+  readIntArray,
+  skipValue,
+  startsWithConcat,
+  topLevelKeys,
+} from '../../../src/formats/json-scan';
+import { logprobList } from '../../../src/formats/adapters/shape';
 
 /** Fixed seed: CI runs the same cases every time; change it to explore. */
 const RUN = { seed: 20261123, numRuns: 400 };
@@ -159,5 +170,65 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
       }),
       RUN,
     );
+  });
+
+  it('reads the chosen logprobs of a chat logprobs object as parsing it does, or declines', () => {
+    // Entries as servers send them, and the odd ones: no logprob, a string or null there, a
+    // repeated logprob (the last counts), a non-object entry, extra members at either level.
+    const number = fc.oneof(fc.double({ noNaN: true, noDefaultInfinity: true }), fc.integer(), fc.constantFrom(-0, -9999, 1e-30, -1.5e300));
+    const entry = fc.oneof(
+      fc.record({
+        token: fc.string({ maxLength: 6 }),
+        logprob: number,
+        bytes: fc.array(fc.nat(255), { maxLength: 4 }),
+        top_logprobs: fc.array(fc.record({ token: fc.string({ maxLength: 4 }), logprob: number }), { maxLength: 2 }),
+      }),
+      fc.record({ token: fc.string({ maxLength: 6 }) }),
+      fc.record({ logprob: fc.oneof(fc.string({ maxLength: 3 }), fc.constant(null), fc.array(number, { maxLength: 2 })) }),
+      value,
+    );
+    const logprobs = fc.oneof(
+      fc.record({ content: fc.array(entry, { maxLength: 6 }) }),
+      fc.record({ content: fc.array(entry, { maxLength: 6 }), refusal: value }),
+      fc.record({ refusal: value, content: fc.oneof(fc.constant(null), value) }),
+      fc.dictionary(key, value, { maxKeys: 3 }),
+    );
+    fc.assert(
+      fc.property(logprobs, whitespace, (lp, ws) => {
+        const text = spaced(lp, ws);
+        const buf = Buffer.from(` ${text},`);
+        const r = readChosenLogprobs(buf, 0, buf.length);
+        const parsed = JSON.parse(text) as { content?: unknown };
+        const expected = logprobList(parsed.content, (e) =>
+          e !== null && typeof e === 'object' && !Array.isArray(e) ? (e as Record<string, unknown>).logprob : undefined,
+        );
+        // Declining (the caller parses instead) is only for escaped member names.
+        if (r === null) expect(text).toContain('\\');
+        else {
+          expect(r.end).toBe(skipValue(buf, 0));
+          expect(r.values).toEqual(expected);
+          if (r.values !== null) r.values.forEach((x, i) => expect(Object.is(x, expected![i])).toBe(true));
+        }
+      }),
+      { ...RUN, numRuns: 1000 },
+    );
+    // Repeated members: the last one counts, as in JSON.parse.
+    const twice = Buffer.from('{"content":[{"logprob":-1,"logprob":-2}],"content":[{"logprob":-3}]}');
+    expect(readChosenLogprobs(twice, 0)?.values).toEqual([-3]);
+    expect(readChosenLogprobs(Buffer.from('{"content":[{"logprob":-1,"logprob":"x"}]}'), 0)?.values).toBeNull();
+    // A number too big for a double parses to Infinity, which is no logprob.
+    expect(readChosenLogprobs(Buffer.from('{"content":[{"logprob":-1e999}]}'), 0)?.values).toBeNull();
+    // Numbers outside JSON's grammar, and malformed objects: declined, for the parse to judge.
+    for (const bad of [
+      '{"content":[{"logprob":01}]}',
+      '{"content":[{"logprob":-.5}]}',
+      '{"content":[{"logprob":1.}]}',
+      '{"content":[{"logprob":+1}]}',
+      '{"content":[{"logprob":1e}]}',
+      '{"content":[{"logprob":-1}]',
+      '{"content":[{"logprob" -1}]}',
+      '{"con\\u0074ent":[]}',
+    ])
+      expect(readChosenLogprobs(Buffer.from(bad), 0)).toBeNull();
   });
 });
