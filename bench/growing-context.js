@@ -4,6 +4,8 @@
 // every target; the agents ask for token ids themselves, so every target moves the same bytes and
 // the difference is the capture's cost. After the run the sidecar's transitions are checked
 // against what the model server returned (ids recomputed from each recorded request).
+// A second workload, "agents as they are", is what an agent framework sends: no ids asked for
+// (the sidecar asks on its behalf and gives them back as null) and every third turn streamed.
 const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
@@ -41,10 +43,39 @@ function turnText(agent, turn) {
   return line.repeat(Math.ceil(TURN_BYTES / line.length)).slice(0, TURN_BYTES);
 }
 
-/** Runs the workload against one target; returns per-call latencies and errors. */
-async function runAgents({ port, agents, turns, prefix }) {
+/** Whether an answer (or a stream's event) carries ids or logprobs, which an agent that did not ask for them must not get. */
+function carriesIds(x) {
+  const c = x.choices?.[0] ?? {};
+  return x.prompt_token_ids != null || c.token_ids != null || c.logprobs != null;
+}
+
+/** A chat answer as the agent got it: its text, and whether it carries ids or logprobs. */
+function readAnswer(body, stream) {
+  if (!stream) {
+    const x = JSON.parse(body.toString('utf8'));
+    return { content: x.choices[0].message.content, ids: carriesIds(x) };
+  }
+  let content = '';
+  let ids = false;
+  for (const line of body.toString('utf8').split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    const x = JSON.parse(line.slice(6));
+    ids ||= carriesIds(x);
+    const delta = x.choices?.[0]?.delta;
+    if (typeof delta?.content === 'string') content += delta.content;
+  }
+  return { content, ids };
+}
+
+/**
+ * Runs the workload against one target; returns per-call latencies and errors. `ask`: the agents
+ * ask for token ids and logprobs; `streamEvery`: every that many turns one is streamed (0: none).
+ */
+async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery = 0 }) {
   const lat = [];
   let errors = 0;
+  let streamed = 0;
+  let unasked = 0;
   let bodyBytes = 0;
   await Promise.all(
     Array.from({ length: agents }, async (_, a) => {
@@ -52,7 +83,16 @@ async function runAgents({ port, agents, turns, prefix }) {
       const messages = [{ role: 'system', content: 'You are a coding agent. Use the tools.' }];
       for (let t = 0; t < turns; t++) {
         messages.push({ role: t === 0 ? 'user' : 'tool', content: turnText(a, t) });
-        const body = Buffer.from(JSON.stringify({ model: 'bench-policy', messages, return_token_ids: true, logprobs: true, max_tokens: 128 }));
+        const stream = streamEvery > 0 && t % streamEvery === streamEvery - 1;
+        const body = Buffer.from(
+          JSON.stringify({
+            model: 'bench-policy',
+            messages,
+            ...(ask ? { return_token_ids: true, logprobs: true } : {}),
+            max_tokens: 128,
+            ...(stream ? { stream } : {}),
+          }),
+        );
         const r = await post(agent, port, body, { 'x-rollout-id': `${prefix}-${a}` });
         if (r.status !== 200) {
           errors++;
@@ -60,7 +100,9 @@ async function runAgents({ port, agents, turns, prefix }) {
         }
         lat.push(r.ms);
         bodyBytes += body.length + r.body.length;
-        const answer = JSON.parse(r.body.toString('utf8')).choices[0].message.content;
+        const { content: answer, ids } = readAnswer(r.body, stream);
+        if (stream) streamed++;
+        if (!ask && ids) unasked++;
         messages.push({ role: 'assistant', content: answer });
       }
       agent.destroy();
@@ -74,6 +116,9 @@ async function runAgents({ port, agents, turns, prefix }) {
     p99: lat[Math.min(lat.length - 1, Math.floor(lat.length * 0.99))],
     lastPromptBytes: TURN_BYTES * turns,
     body_bytes: bodyBytes,
+    streamed,
+    // Answers with ids or logprobs the agent did not ask for (the sidecar must give them back as null).
+    unasked_ids: unasked,
   };
 }
 
@@ -151,8 +196,9 @@ function same(a, b) {
  * endRollouts(prefix, agents)}`: its episodes are closed and exported after each round (CPU
  * counted) and its transitions checked.
  */
-async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup }) {
-  const out = { agents, turns, turn_bytes: TURN_BYTES, warmup_rounds: warmup, targets: {} };
+async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup, ask = true, streamEvery = 0, tag = 'gc' }) {
+  const out = { agents, turns, turn_bytes: TURN_BYTES, warmup_rounds: warmup, ask, stream_every: streamEvery, targets: {} };
+  const workload = { agents, turns, ask, streamEvery };
   // Rounds not measured, for every proxy: its code compiled and its pools warm, as in a process
   // that has served for a while. A round is only agents × turns calls, and V8 goes on compiling
   // the sidecar's functions for thousands of calls (measured with --trace-opt: ~70 functions
@@ -161,19 +207,19 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
   for (let w = 0; w < warmup; w++) {
     for (const t of targets) {
       if (!t.pid) continue;
-      await runAgents({ port: t.port, agents, turns, prefix: `gcw${w}-${t.name}` });
-      if (t.capture) await t.capture.endRollouts(`gcw${w}-${t.name}`, agents);
+      await runAgents({ port: t.port, prefix: `${tag}w${w}-${t.name}`, ...workload });
+      if (t.capture) await t.capture.endRollouts(`${tag}w${w}-${t.name}`, agents);
     }
   }
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? targets : [...targets].reverse();
     for (const t of order) {
-      const prefix = `gc${r}-${t.name}`;
+      const prefix = `${tag}${r}-${t.name}`;
       const before = t.pid ? proc(t.pid) : null;
       let peak = before ? before.rss : NaN;
       const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 25) : null;
       const journalBefore = t.capture ? dirBytes(path.join(t.capture.dataDir, 'journal')) : 0;
-      const res = await runAgents({ port: t.port, agents, turns, prefix });
+      const res = await runAgents({ port: t.port, prefix, ...workload });
       const loadCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
       // Every episode is still open: nothing of this round has been released yet.
       const journalBytes = t.capture ? dirBytes(path.join(t.capture.dataDir, 'journal')) - journalBefore : null;

@@ -8,6 +8,51 @@ const summarize = (xs) => {
 };
 const range = (s, d = 2) => (s ? `${f(s.median, d)} (${f(s.min, d)}–${f(s.max, d)})` : '–');
 
+/** The growing context's section: one workload, every target. */
+function growingSection(L, gc, title = '', intro = '') {
+  L.push(
+    `## Growing context${title}: ${gc.agents} agents × ${gc.turns} turns, +${gc.turn_bytes / 1024} KiB a turn (last prompt ~${Math.round((gc.agents && gc.turns * gc.turn_bytes) / 1024)} KiB)`,
+    '',
+  );
+  if (intro) L.push(intro, '');
+  L.push(
+    `Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). ${gc.warmup_rounds ? `${gc.warmup_rounds} rounds for every proxy first, not measured (warm-up: V8 goes on compiling the sidecar's code for thousands of calls). ` : ''}Medians of per-round values, min–max over rounds.`,
+    '',
+  );
+  L.push(
+    '| target | added p50 ms | p99 ms | CPU µs/call (load) | CPU µs/call (load + export) | of which main thread | peak RSS MiB | errors |',
+    '|---|---|---|---|---|---|---|---|',
+  );
+  const med = (xs, k) => summarize(xs.map((x) => x[k]));
+  const direct = med(gc.targets.direct.rounds, 'p50');
+  for (const [name, x] of Object.entries(gc.targets)) {
+    const p50 = med(x.rounds, 'p50');
+    L.push(
+      `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_main'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
+    );
+  }
+  const journaled = (gc.targets.sidecar?.rounds ?? []).filter((x) => typeof x.journal_bytes === 'number');
+  if (journaled.length > 0)
+    L.push(
+      '',
+      `Journal: ${[...new Set(journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`))].join('; ')} (per round, ${journaled.length} round(s), while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
+    );
+  const verified = gc.targets.sidecar?.verify ?? [];
+  const sum = (xs, k) => xs.reduce((n, x) => n + x[k], 0);
+  if (verified.length > 0)
+    L.push(
+      '',
+      `Checked over ${verified.length} round(s): ${sum(verified, 'checked')} of ${sum(verified, 'expected')} transitions, ${sum(verified, 'wrong')} with ids different from what the server returned, ${sum(verified, 'continues_previous')} marked continues_previous.`,
+    );
+  const deltaVerified = gc.targets['sidecar-file-delta']?.verify ?? [];
+  if (verified.length > 0 && deltaVerified.length > 0)
+    L.push(
+      '',
+      `Output (the NDJSON transitions): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition with full prompts (the default); ${f(sum(deltaVerified, 'avg_transition_bytes') / deltaVerified.length / 1000, 1)} KB with \`exporters.file.prompt_ids: delta\` (sidecar-file-delta: ${sum(deltaVerified, 'prompt_deltas')} of ${sum(deltaVerified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(deltaVerified, 'wrong') + sum(deltaVerified, 'expected') - sum(deltaVerified, 'checked')} wrong or missing).`,
+    );
+  L.push('');
+}
+
 function markdown(r) {
   const L = [];
   L.push(`# lightning-sidecar benchmark${r.quick ? ' (quick mode: short, indicative only)' : ''}`, '');
@@ -56,49 +101,15 @@ function markdown(r) {
       );
     L.push('');
   }
-  const gc = r.scenarios.growing_context;
-  if (gc) {
-    L.push(
-      `## Growing context: ${gc.agents} agents × ${gc.turns} turns, +${gc.turn_bytes / 1024} KiB a turn (last prompt ~${Math.round((gc.agents && gc.turns * gc.turn_bytes) / 1024)} KiB)`,
-      '',
+  if (r.scenarios.growing_context) growingSection(L, r.scenarios.growing_context);
+  const ga = r.scenarios.growing_context_as_is;
+  if (ga)
+    growingSection(
+      L,
+      ga,
+      ', agents as they are (not a bar)',
+      `The same agents as an agent framework sends them: they do not ask for token ids or logprobs (the sidecar asks on their behalf and gives them back as null, stripping the prompt's ids from each answer, and from a stream's first event) and one turn in ${ga.stream_every} is streamed (${summarize(ga.targets.direct.rounds.map((x) => x.streamed)).median} calls a round). No bar names it; it measures the path the bars' workload does not take. Answers carrying ids or logprobs the agents did not ask for: ${Object.values(ga.targets).reduce((n, x) => n + x.rounds.reduce((m, y) => m + (y.unasked_ids ?? 0), 0), 0)}.`,
     );
-    L.push(
-      `Every episode stays open until all turns are done; then the sidecar closes and exports them (its CPU is shown without and with that export, and the share of the main thread, the event loop, in the latter; the rest is other threads: file writes and fsync in the thread pool, GC helpers). ${gc.warmup_rounds ? `${gc.warmup_rounds} rounds for every proxy first, not measured (warm-up: V8 goes on compiling the sidecar's code for thousands of calls). ` : ''}Medians of per-round values, min–max over rounds.`,
-      '',
-    );
-    L.push(
-      '| target | added p50 ms | p99 ms | CPU µs/call (load) | CPU µs/call (load + export) | of which main thread | peak RSS MiB | errors |',
-      '|---|---|---|---|---|---|---|---|',
-    );
-    const med = (xs, k) => summarize(xs.map((x) => x[k]));
-    const direct = med(gc.targets.direct.rounds, 'p50');
-    for (const [name, x] of Object.entries(gc.targets)) {
-      const p50 = med(x.rounds, 'p50');
-      L.push(
-        `| ${name} | ${f(p50.median - direct.median, 2)} | ${range(med(x.rounds, 'p99'), 1)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_load'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'cpu_us_per_call_main'), 0)} | ${name === 'direct' ? '–' : range(med(x.rounds, 'peak_rss_mib'), 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
-      );
-    }
-    const journaled = (gc.targets.sidecar?.rounds ?? []).filter((x) => typeof x.journal_bytes === 'number');
-    if (journaled.length > 0)
-      L.push(
-        '',
-        `Journal: ${[...new Set(journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`))].join('; ')} (per round, ${journaled.length} round(s), while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
-      );
-    const verified = gc.targets.sidecar?.verify ?? [];
-    const sum = (xs, k) => xs.reduce((n, x) => n + x[k], 0);
-    if (verified.length > 0)
-      L.push(
-        '',
-        `Checked over ${verified.length} round(s): ${sum(verified, 'checked')} of ${sum(verified, 'expected')} transitions, ${sum(verified, 'wrong')} with ids different from what the server returned, ${sum(verified, 'continues_previous')} marked continues_previous.`,
-      );
-    const deltaVerified = gc.targets['sidecar-file-delta']?.verify ?? [];
-    if (verified.length > 0 && deltaVerified.length > 0)
-      L.push(
-        '',
-        `Output (the NDJSON transitions): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition with full prompts (the default); ${f(sum(deltaVerified, 'avg_transition_bytes') / deltaVerified.length / 1000, 1)} KB with \`exporters.file.prompt_ids: delta\` (sidecar-file-delta: ${sum(deltaVerified, 'prompt_deltas')} of ${sum(deltaVerified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(deltaVerified, 'wrong') + sum(deltaVerified, 'expected') - sum(deltaVerified, 'checked')} wrong or missing).`,
-      );
-    L.push('');
-  }
   const o = r.scenarios.otlp;
   if (o) {
     L.push('## OTLP ingest (batches of 512 spans, 10 % tool spans)', '');

@@ -260,6 +260,24 @@ async function main() {
       rounds: QUICK ? 1 : 5,
       warmup: QUICK ? 0 : 8,
     });
+    // The same agents as an agent framework sends them (no ids asked for, one turn in three
+    // streamed): the path through the sidecar's own requests for ids and its stripping, which
+    // the workload above does not take. Reported, not a bar.
+    results.scenarios.growing_context_as_is = await require('./growing-context').benchGrowingContext({
+      targets: [
+        { name: 'direct', port: agentModel.port, pid: null },
+        { name: 'bare-pipe', port: agentBare.port, pid: agentBare.proc.pid },
+        { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid, capture: { dataDir: gcSidecar.dataDir, endRollouts: endRollouts(gcSidecar) } },
+      ],
+      proc,
+      agents: GC_AGENTS,
+      turns: GC_TURNS,
+      rounds: QUICK ? 1 : 3,
+      warmup: QUICK ? 0 : 3,
+      ask: false,
+      streamEvery: 3,
+      tag: 'ga',
+    });
     await stop(gcDelta.proc);
     await stop(gcSidecar.proc);
     await stop(agentBare.proc);
