@@ -370,6 +370,38 @@ export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, 
 }
 
 /**
+ * Whether the int array at `cur` starts with the array at `a` (a JSON text range of `prev`) and
+ * then the numbers `b` (a streamed answer's ids, assembled from its events): the first part
+ * compared as bytes, the second as numbers read from `cur` only as far as `b` goes. true or false
+ * when that settles it, null when it cannot (a different spelling, an empty part): then compare
+ * all the numbers.
+ */
+export function startsWithRangeThen(cur: Buffer, curStart: number, curEnd: number, prev: Buffer, a: [number, number], b: ArrayLike<number>): boolean | null {
+  const aBody = prev.subarray(a[0] + 1, a[1] - 1);
+  if (aBody.length === 0 || b.length === 0 || cur[curStart] !== 0x5b || prev[a[0]] !== 0x5b) return null;
+  let at = curStart + 1;
+  if (curEnd - at < aBody.length + 1 || cur.compare(aBody, 0, aBody.length, at, at + aBody.length) !== 0) return null;
+  at += aBody.length;
+  if (cur[at] === 0x5d) return false;
+  if (cur[at] !== 0x2c) return null;
+  for (let k = 0; k < b.length; k++) {
+    at = skipWs(cur, at + 1, curEnd);
+    let c = cur[at];
+    const neg = c === 0x2d;
+    if (neg) c = cur[++at];
+    if (at >= curEnd || !isDigit(c) || (c === 0x30 && isDigit(cur[at + 1]))) return null;
+    let v = 0;
+    while (at < curEnd && isDigit(cur[at])) v = v * 10 + (cur[at++] - 0x30);
+    if (v > 2147483647) return null;
+    at = skipWs(cur, at, curEnd);
+    // Anything but the end of an integer: not text this can read.
+    if (cur[at] !== 0x2c && cur[at] !== 0x5d) return null;
+    if ((neg ? -v : v) !== b[k]) return false;
+  }
+  return true;
+}
+
+/**
  * The byte range to delete to remove a member from its object: the member and one comma next to
  * it (the one before it, else the one after it).
  */

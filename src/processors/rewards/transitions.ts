@@ -11,7 +11,7 @@ import type {
   TransitionRecord,
   TransitionToolCall,
 } from '../../model/records';
-import { looksLikeIntArray, startsWithConcat } from '../../formats/json-scan';
+import { looksLikeIntArray, startsWithConcat, startsWithRangeThen } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
 import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../../formats/extract';
@@ -220,6 +220,12 @@ function continuesFrom(cur: Ids, prev: Ids): boolean {
       [prev.prompt.start, prev.prompt.end],
       [prev.response.start, prev.response.end],
     );
+    if (byBytes !== null) return byBytes;
+  }
+  // A streamed answer's ids are numbers (assembled from its events): the prompts are still
+  // compared as bytes, and only the answer's stretch of the current prompt is read.
+  if (!Array.isArray(cur.prompt) && !Array.isArray(prev.prompt) && Array.isArray(prev.response) && cur.body && prev.body) {
+    const byBytes = startsWithRangeThen(cur.body, cur.prompt.start, cur.prompt.end, prev.body, [prev.prompt.start, prev.prompt.end], prev.response);
     if (byBytes !== null) return byBytes;
   }
   const prompt = resolveIds(cur.prompt, cur.body);

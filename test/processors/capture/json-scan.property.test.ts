@@ -8,6 +8,7 @@ import {
   readIntArray,
   skipValue,
   startsWithConcat,
+  startsWithRangeThen,
   topLevelKeys,
 } from '../../../src/formats/json-scan';
 import { logprobList } from '../../../src/formats/adapters/shape';
@@ -170,6 +171,33 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
       }),
       RUN,
     );
+  });
+
+  it('decides continuity after a streamed answer (its ids numbers, the prompts bytes) as the numbers do, when it decides', () => {
+    const ints = fc.array(fc.integer({ min: -3, max: 300 }), { minLength: 0, maxLength: 10 });
+    const startsWith = (ids: number[], prefix: number[]) => prefix.length > 0 && prefix.length <= ids.length && prefix.every((x, i) => ids[i] === x);
+    let decided = 0;
+    fc.assert(
+      fc.property(ints, ints, ints, fc.nat(3), fc.integer({ min: -1, max: 12 }), fc.boolean(), (a, b, extra, how, at, spacedOut) => {
+        // The current prompt: a continuation, a truncated one, one with a number changed, or another.
+        let cur = [...a, ...b, ...extra];
+        if (how === 1) cur = cur.slice(0, Math.max(0, a.length + b.length - 1));
+        if (how === 2 && cur.length > 0) cur[Math.max(0, Math.min(cur.length - 1, at))] += 10;
+        if (how === 3) cur = [...a.slice(0, at), ...extra];
+        const prev = Buffer.from(`xx${JSON.stringify(a)}`);
+        const text = Buffer.from(`y${spacedOut ? `[ ${cur.join(' , ')} ]` : JSON.stringify(cur)}`);
+        const r = startsWithRangeThen(text, 1, text.length, prev, [2, prev.length], b);
+        const expected = startsWith(cur, [...a, ...b]);
+        if (r !== null) {
+          decided++;
+          expect(r).toBe(expected);
+        }
+      }),
+      { ...RUN, numRuns: 2000 },
+    );
+    // Not vacuous: the cases spelled alike with both parts non-empty (about a third) are settled by
+    // the bytes and the answer's stretch alone.
+    expect(decided).toBeGreaterThan(400);
   });
 
   it('reads the chosen logprobs of a chat logprobs object as parsing it does, or declines', () => {
