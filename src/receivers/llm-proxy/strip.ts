@@ -96,13 +96,24 @@ function lastBytes(chunks: readonly Buffer[], n: number): Buffer {
   return Buffer.concat(parts);
 }
 
-/** Index just past the last blank line (event end) in `buf`, or -1. */
+/**
+ * Index just past the last blank line (event end) in `buf`, or -1. Line breaks are found with
+ * `lastIndexOf` (memrchr): a read in the middle of a big event has none, and walking its bytes one
+ * by one in JavaScript cost ~1 µs a KiB.
+ */
 function lastEventEnd(buf: Buffer): number {
-  for (let i = buf.length - 1; i > 0; i--) {
-    if (buf[i] !== 0x0a && buf[i] !== 0x0d) continue;
+  // Most reads end with an event (a server writes whole events).
+  const n = buf.length;
+  if (n >= 2 && buf[n - 1] === 0x0a && buf[n - 2] === 0x0a) return n;
+  let lf = buf.lastIndexOf(0x0a);
+  let cr = buf.lastIndexOf(0x0d);
+  for (;;) {
+    const i = Math.max(lf, cr);
+    if (i <= 0) return -1;
+    if (lf === i) lf = buf.lastIndexOf(0x0a, i - 1);
+    else cr = buf.lastIndexOf(0x0d, i - 1);
     const prev = buf[i - 1];
     if (prev === 0x0a || (prev === 0x0d && buf[i] === 0x0d)) return i + 1;
     if (buf[i] === 0x0a && prev === 0x0d && i >= 3 && buf[i - 2] === 0x0a && buf[i - 3] === 0x0d) return i + 1;
   }
-  return -1;
 }
