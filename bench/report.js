@@ -103,13 +103,19 @@ function markdown(r) {
   }
   if (r.scenarios.growing_context) growingSection(L, r.scenarios.growing_context);
   const ga = r.scenarios.growing_context_as_is;
-  if (ga)
+  if (ga) {
+    // What the model server itself takes to answer with ids: its p50 when asked (the workload
+    // above) against here, where only the sidecar asks.
+    const asked = r.scenarios.growing_context?.targets?.direct;
+    const p50 = (t) => summarize(t.rounds.map((x) => x.p50)).median;
+    const serverIds = asked ? p50(asked) - p50(ga.targets.direct) : NaN;
     growingSection(
       L,
       ga,
       ', agents as they are (not a bar)',
-      `The same agents as an agent framework sends them: they do not ask for token ids or logprobs (the sidecar asks on their behalf and gives them back as null, stripping the prompt's ids from each answer, and from a stream's first event) and one turn in ${ga.stream_every} is streamed (${summarize(ga.targets.direct.rounds.map((x) => x.streamed)).median} calls a round). No bar names it; it measures the path the bars' workload does not take. Answers carrying ids or logprobs the agents did not ask for: ${Object.values(ga.targets).reduce((n, x) => n + x.rounds.reduce((m, y) => m + (y.unasked_ids ?? 0), 0), 0)}.`,
+      `The same agents as an agent framework sends them: they do not ask for token ids or logprobs (the sidecar asks on their behalf and gives them back as null, stripping the prompt's ids from each answer, and from a stream's first event) and one turn in ${ga.stream_every} is streamed (${summarize(ga.targets.direct.rounds.map((x) => x.streamed)).median} calls a round). No bar names it; it measures the path the bars' workload does not take. Here only the sidecar's calls carry ids: the model server answering with them is part of its added latency (${f(serverIds, 1)} ms at p50: the direct p50 of the workload above, which asks, less this one's), and only its process receives them. Answers carrying ids or logprobs the agents did not ask for: ${Object.values(ga.targets).reduce((n, x) => n + x.rounds.reduce((m, y) => m + (y.unasked_ids ?? 0), 0), 0)}.`,
     );
+  }
   const o = r.scenarios.otlp;
   if (o) {
     L.push('## OTLP ingest (batches of 512 spans, 10 % tool spans)', '');
