@@ -1,7 +1,7 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
-import { IDS_MARKER, logprobsMarker } from './adapters/shape';
+import { IDS_MARKER, isObject, logprobsMarker } from './adapters/shape';
 import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, type Member, type ValueEnd } from './json-scan';
 
 /**
@@ -84,7 +84,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       const lpMembers = lifted
         ? findMembers(bytes, 'logprobs', 0, bytes.length, readLogprobs).filter((m) => bytes[m.valueStart] === 0x7b || bytes[m.valueStart] === 0x6e)
         : [];
-      const patched = patchIds(
+      let patched = patchIds(
         bytes,
         ['prompt_token_ids', 'token_ids'],
         lpMembers.filter((m) => logprobs.has(logprobsMarker(m.valueStart))),
@@ -92,6 +92,14 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       let value: unknown;
       try {
         value = JSON.parse(patched.text);
+        // Only choices' own logprobs may be read that way: a `logprobs` object elsewhere (inside
+        // tool-call arguments, say), or a server string that looks like a marker, and the body is
+        // parsed whole instead.
+        if (!markersOnlyInChoices(value, logprobs)) {
+          logprobs.clear();
+          patched = patchIds(bytes, ['prompt_token_ids', 'token_ids']);
+          value = JSON.parse(patched.text);
+        }
       } catch {
         parseError = 'response body is not JSON';
       }
@@ -186,6 +194,19 @@ export function patchIds(buf: Buffer, keys: string[], read: Member[] = []): { te
   }
   parts.push(buf.toString('utf8', at));
   return { text: parts.join(''), members };
+}
+
+/** Whether each logprobs marker stands, once, as a choice's own `logprobs` (and no choice has another). */
+function markersOnlyInChoices(value: unknown, markers: ReadonlyMap<string, unknown>): boolean {
+  if (markers.size === 0) return true;
+  const choices = isObject(value) && Array.isArray(value.choices) ? value.choices : [];
+  const seen = new Set<string>();
+  for (const c of choices) {
+    if (!isObject(c) || typeof c.logprobs !== 'string' || !markers.has(c.logprobs)) continue;
+    if (seen.has(c.logprobs)) return false;
+    seen.add(c.logprobs);
+  }
+  return seen.size === markers.size;
 }
 
 function usedRanges(e: Extracted): Set<number> {

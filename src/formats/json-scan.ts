@@ -34,6 +34,29 @@ function skipString(buf: Buffer, i: number, end: number): number {
   }
 }
 
+/** Index just past the string at `i`, or -1 when `JSON.parse` would refuse it (a raw control byte, an unknown escape). */
+function strictStringEnd(buf: Buffer, i: number, end: number): number {
+  for (let j = i + 1; j < end; j++) {
+    const c = buf[j];
+    if (c === QUOTE) return j + 1;
+    if (c < 0x20) return -1;
+    if (c !== BACKSLASH) continue;
+    const e = buf[++j];
+    if (e === 0x75 /* u */) {
+      for (let k = 1; k <= 4; k++) if (!isHex(buf[j + k])) return -1;
+      j += 4;
+    } else if (!ESCAPES.includes(e)) return -1;
+  }
+  return -1;
+}
+
+/** What may follow a backslash in a JSON string, but `u`: `" \ / b f n r t`. */
+const ESCAPES = [0x22, 0x5c, 0x2f, 0x62, 0x66, 0x6e, 0x72, 0x74];
+
+function isHex(c: number | undefined): boolean {
+  return c !== undefined && ((c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x46) || (c >= 0x61 && c <= 0x66));
+}
+
 function isNumberByte(c: number): boolean {
   return (c >= 0x30 && c <= 0x39) || c === 0x2d || c === 0x2b || c === 0x2e || c === 0x65 || c === 0x45;
 }
@@ -46,9 +69,11 @@ function literal(buf: Buffer, i: number, end: number, word: string): number {
 
 /**
  * Index just past the JSON value starting at `i` (after white space), or -1 when it is not a
- * well-formed value. Numbers are checked loosely (their characters), strings for termination.
+ * well-formed value. Numbers are checked loosely (their characters), strings for termination;
+ * `strict` checks both as `JSON.parse` does (for values taken out of a body before it is parsed).
  */
-export function skipValue(buf: Buffer, i: number, end = buf.length): number {
+export function skipValue(buf: Buffer, i: number, end = buf.length, strict = false): number {
+  const str = strict ? strictStringEnd : skipString;
   const stack: number[] = [];
   i = skipWs(buf, i, end);
   for (;;) {
@@ -65,7 +90,7 @@ export function skipValue(buf: Buffer, i: number, end = buf.length): number {
         i = j;
         if (close === 0x7d) {
           if (buf[i] !== QUOTE) return -1;
-          const k = skipString(buf, i, end);
+          const k = str(buf, i, end);
           if (k < 0) return -1;
           i = skipWs(buf, k, end);
           if (buf[i] !== 0x3a /* : */) return -1;
@@ -74,11 +99,11 @@ export function skipValue(buf: Buffer, i: number, end = buf.length): number {
         continue;
       }
     } else if (c === QUOTE) {
-      after = skipString(buf, i, end);
+      after = str(buf, i, end);
     } else if (isNumberByte(c)) {
       let j = i + 1;
       while (j < end && isNumberByte(buf[j])) j++;
-      after = j;
+      after = strict && numberEnd(buf, i, end) !== j ? -1 : j;
     } else if (c === 0x74) after = literal(buf, i, end, 'true');
     else if (c === 0x66) after = literal(buf, i, end, 'false');
     else if (c === 0x6e) after = literal(buf, i, end, 'null');
@@ -99,7 +124,7 @@ export function skipValue(buf: Buffer, i: number, end = buf.length): number {
         i = skipWs(buf, i + 1, end);
         if (close === 0x7d) {
           if (buf[i] !== QUOTE) return -1;
-          const k = skipString(buf, i, end);
+          const k = str(buf, i, end);
           if (k < 0) return -1;
           i = skipWs(buf, k, end);
           if (buf[i] !== 0x3a) return -1;
@@ -204,11 +229,13 @@ function plainValueEnd(buf: Buffer, i: number, end: number): number {
  * from the bytes without building an object per token. `values` is what parsing the object and
  * taking each entry's `logprob` gives: null when `content` is absent, not a list or empty, or when
  * an entry has no finite number there; the last of repeated members counts, as in `JSON.parse`.
- * Returns null when the bytes are not plainly that shape (an escaped member name, a `logprob`
- * outside JSON's number grammar, malformed structure): the caller then parses them. Other numbers
- * in the object are checked loosely, as `skipValue` does.
+ * Returns null when the bytes are not plainly that shape (an escaped member name) or not JSON
+ * (every string and number in the object is checked as `JSON.parse` does): the caller then parses
+ * them.
  */
 export function readChosenLogprobs(buf: Buffer, i: number, end = buf.length): { values: number[] | null; end: number } | null {
+  // Nothing past `end` is read: a view ends there (its indices are the buffer's).
+  if (end < buf.length) buf = buf.subarray(0, end);
   i = skipWs(buf, i, end);
   if (buf[i] !== 0x7b) return null;
   let values: number[] | null = null;
@@ -225,12 +252,12 @@ export function readChosenLogprobs(buf: Buffer, i: number, end = buf.length): { 
         if (i < 0) return null;
         values = list.length > 0 && !list.some(Number.isNaN) ? list : null;
       } else {
-        i = skipValue(buf, v, end);
+        i = skipValue(buf, v, end, true);
         if (i < 0) return null;
         values = null;
       }
     } else {
-      i = skipValue(buf, v, end);
+      i = skipValue(buf, v, end, true);
       if (i < 0) return null;
     }
     i = skipWs(buf, i, end);
@@ -250,7 +277,7 @@ function chosenLogprobs(buf: Buffer, i: number, end: number, out: number[]): num
     if (buf[i] === 0x7b) {
       i = entryLogprob(buf, i, end, out);
     } else {
-      i = skipValue(buf, i, end);
+      i = skipValue(buf, i, end, true);
       out.push(NaN);
     }
     if (i < 0) return -1;
@@ -279,7 +306,7 @@ function entryLogprob(buf: Buffer, i: number, end: number, out: number[]): numbe
         value = Number.isFinite(x) ? x : NaN;
       } else {
         // An entry's other members: its token (a string), its bytes (a flat list), its top logprobs.
-        i = buf[v] === QUOTE ? skipString(buf, v, end) : skipValue(buf, v, end);
+        i = buf[v] === QUOTE ? strictStringEnd(buf, v, end) : skipValue(buf, v, end, true);
         if (i < 0) return -1;
         if (nameIs(buf, name, 'logprob')) value = NaN;
       }
@@ -299,7 +326,7 @@ function entryLogprob(buf: Buffer, i: number, end: number, out: number[]): numbe
 /** At a member name's opening quote: where its value starts, or -1 (malformed, or a name with escapes). */
 function memberValueAt(buf: Buffer, i: number, end: number): number {
   if (buf[i] !== QUOTE) return -1;
-  const k = skipString(buf, i, end);
+  const k = strictStringEnd(buf, i, end);
   if (k < 0) return -1;
   for (let j = i + 1; j < k - 1; j++) if (buf[j] === BACKSLASH) return -1;
   const colon = skipWs(buf, k, end);
@@ -373,8 +400,10 @@ export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, 
  * Whether the int array at `cur` starts with the array at `a` (a JSON text range of `prev`) and
  * then the numbers `b` (a streamed answer's ids, assembled from its events): the first part
  * compared as bytes, the second as numbers read from `cur` only as far as `b` goes. true or false
- * when that settles it, null when it cannot (a different spelling, an empty part): then compare
- * all the numbers.
+ * when that settles it, null when it cannot (a different spelling, an empty part, a number it
+ * cannot read within that stretch): then compare all the numbers. As with `startsWithConcat`,
+ * what lies beyond the stretch is not read, so a number there that `readIntArray` would refuse
+ * does not make it false.
  */
 export function startsWithRangeThen(cur: Buffer, curStart: number, curEnd: number, prev: Buffer, a: [number, number], b: ArrayLike<number>): boolean | null {
   const aBody = prev.subarray(a[0] + 1, a[1] - 1);

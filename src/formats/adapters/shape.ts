@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../model/records';
 
 /** What an API adapter extracts from one call. */
@@ -59,9 +60,10 @@ export function intArray(v: unknown): TokenIds | null {
 
 /**
  * A chat answer's logprobs object read from the bytes before the parse (formats/extract.ts) is
- * replaced by this marker, naming where it was; its values come beside the parsed body.
+ * replaced by this marker, naming where it was; its values come beside the parsed body. The random
+ * part keeps a string a server sent from ever being taken for one.
  */
-const LOGPROBS_MARKER = '\u0000logprobs:';
+const LOGPROBS_MARKER = `\u0000logprobs:${randomBytes(8).toString('hex')}:`;
 
 export function logprobsMarker(valueStart: number): string {
   return `${LOGPROBS_MARKER}${valueStart}`;

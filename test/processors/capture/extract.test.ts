@@ -164,8 +164,27 @@ describe('extracting a captured call from its journaled bodies', () => {
     expect(facts(text).choices[0].responseLogprobs).toEqual(want);
     // An escaped member name is read by the parse, with the same result.
     expect(facts(text.replace('"content":[', '"con\\u0074ent":[')).choices[0].responseLogprobs).toEqual(want);
-    // A logprob outside JSON's grammar makes the answer what it is: not JSON.
+    // A logprob outside JSON's grammar, or any other fault inside the object, makes the answer what it is: not JSON.
     expect(facts(text.replace(/"logprob":-?/, '"logprob":+'))).toMatchObject({ status: 'error', error: 'response body is not JSON' });
+    expect(facts(text.replace('"bytes":null', '"bytes":[1e+-.]'))).toMatchObject({ status: 'error', error: 'response body is not JSON' });
+    expect(facts(text.replace(/"token":"/, '"token":"\u0001'))).toMatchObject({ status: 'error', error: 'response body is not JSON' });
+  });
+
+  it('reads only choices their own logprobs from the bytes: other logprobs members and look-alike strings are parsed as they are', () => {
+    const body = buildChat(generation(3, 2), false).body as {
+      choices: { logprobs: unknown; message: { tool_calls?: { function: { arguments: unknown } }[] } }[];
+    };
+    const want = (body.choices[0].logprobs as { content: { logprob: number }[] }).content.map((e) => e.logprob);
+    // Tool-call arguments given as an object (not a string) that holds a logprobs member.
+    body.choices[0].message.tool_calls![0].function.arguments = { logprobs: { content: [{ logprob: -1 }] } };
+    // A server string in the shape of the sidecar's markers.
+    body.choices[1].logprobs = '\u0000logprobs:0';
+    const { call, read } = captured('chat.completions', false, request, Buffer.from(JSON.stringify(body)));
+    const facts = extractFacts(call, read).facts;
+    expect(facts.status).toBe('ok');
+    expect(facts.choices[0].responseLogprobs).toEqual(want);
+    expect(JSON.parse(facts.choices[0].toolCalls[0].arguments!)).toEqual({ logprobs: { content: [{ logprob: -1 }] } });
+    expect(facts.choices[1].responseLogprobs).toBeNull();
   });
 
   it('writes a request that is not JSON as null rather than breaking the transition', () => {

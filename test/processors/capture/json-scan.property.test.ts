@@ -173,6 +173,52 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
     );
   });
 
+  it('never reads a logprobs object that JSON.parse refuses', () => {
+    // Valid objects with one byte inserted, changed or deleted: most are not JSON any more.
+    const lp = fc.record({
+      content: fc.array(
+        fc.record({
+          token: fc.string({ maxLength: 4 }),
+          logprob: fc.double({ noNaN: true, noDefaultInfinity: true }),
+          bytes: fc.array(fc.nat(255), { maxLength: 3 }),
+        }),
+        { minLength: 1, maxLength: 4 },
+      ),
+    });
+    const noise = fc.constantFrom(...'{}[]:,"\\-+.eE0123456789 \n\u0001tfnu'.split(''));
+    let declined = 0;
+    fc.assert(
+      fc.property(lp, fc.nat(), noise, fc.constantFrom('insert', 'replace', 'delete'), (v, at, ch, how) => {
+        const text = JSON.stringify(v);
+        const k = at % text.length;
+        const bad =
+          how === 'insert'
+            ? text.slice(0, k) + ch + text.slice(k)
+            : how === 'replace'
+              ? text.slice(0, k) + ch + text.slice(k + 1)
+              : text.slice(0, k) + text.slice(k + 1);
+        const buf = Buffer.from(bad);
+        const r = readChosenLogprobs(buf, 0, buf.length);
+        let parsed: unknown;
+        try {
+          parsed = JSON.parse(bad);
+        } catch {
+          parsed = undefined;
+        }
+        // Read only where the whole text is one JSON value that parses.
+        if (r !== null && r.end === buf.length) {
+          expect(parsed).toBeDefined();
+          const content = (parsed as { content?: unknown }).content;
+          expect(r.values).toEqual(
+            logprobList(content, (e) => (e !== null && typeof e === 'object' && !Array.isArray(e) ? (e as Record<string, unknown>).logprob : undefined)),
+          );
+        } else declined++;
+      }),
+      { ...RUN, numRuns: 3000 },
+    );
+    expect(declined).toBeGreaterThan(300);
+  });
+
   it('decides continuity after a streamed answer (its ids numbers, the prompts bytes) as the numbers do, when it decides', () => {
     const ints = fc.array(fc.integer({ min: -3, max: 300 }), { minLength: 0, maxLength: 10 });
     const startsWith = (ids: number[], prefix: number[]) => prefix.length > 0 && prefix.length <= ids.length && prefix.every((x, i) => ids[i] === x);
@@ -246,6 +292,8 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
     expect(readChosenLogprobs(Buffer.from('{"content":[{"logprob":-1,"logprob":"x"}]}'), 0)?.values).toBeNull();
     // A number too big for a double parses to Infinity, which is no logprob.
     expect(readChosenLogprobs(Buffer.from('{"content":[{"logprob":-1e999}]}'), 0)?.values).toBeNull();
+    // Nothing past `end` is read.
+    expect(readChosenLogprobs(Buffer.from('{}'), 0, 1)).toBeNull();
     // Numbers outside JSON's grammar, and malformed objects: declined, for the parse to judge.
     for (const bad of [
       '{"content":[{"logprob":01}]}',
