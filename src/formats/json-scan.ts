@@ -299,7 +299,8 @@ function entryLogprob(buf: Buffer, i: number, end: number, out: number[]): numbe
       const name = i;
       const v = memberValueAt(buf, i, end);
       if (v < 0) return -1;
-      if (nameIs(buf, name, 'logprob') && isNumberByte(buf[v])) {
+      const logprob = nameIs(buf, name, 'logprob');
+      if (logprob && isNumberByte(buf[v])) {
         i = numberEnd(buf, v, end);
         if (i < 0) return -1;
         const x = Number(buf.toString('latin1', v, i));
@@ -308,7 +309,7 @@ function entryLogprob(buf: Buffer, i: number, end: number, out: number[]): numbe
         // An entry's other members: its token (a string), its bytes (a flat list), its top logprobs.
         i = buf[v] === QUOTE ? strictStringEnd(buf, v, end) : skipValue(buf, v, end, true);
         if (i < 0) return -1;
-        if (nameIs(buf, name, 'logprob')) value = NaN;
+        if (logprob) value = NaN;
       }
       i = skipWs(buf, i, end);
       if (buf[i] === 0x2c) {
@@ -380,9 +381,9 @@ function flatArrayEnd(buf: Buffer, i: number, end: number): number | null {
  * spelling, such as spaces after commas, or an empty part): then compare the numbers.
  */
 export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, prev: Buffer, a: [number, number], b: [number, number]): boolean | null {
-  const aBody = prev.subarray(a[0] + 1, a[1] - 1);
-  const bBody = prev.subarray(b[0] + 1, b[1] - 1);
-  if (aBody.length === 0 || bBody.length === 0 || cur[curStart] !== 0x5b || prev[a[0]] !== 0x5b || prev[b[0]] !== 0x5b) return null;
+  const aBody = elementsOf(prev, a);
+  const bBody = elementsOf(prev, b);
+  if (aBody === null || bBody === null || cur[curStart] !== 0x5b) return null;
   const need = 1 + aBody.length + 1 + bBody.length;
   if (curEnd - curStart < need + 1) return false;
   let at = curStart + 1;
@@ -396,6 +397,12 @@ export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, 
   return cur[at] === 0x2c || cur[at] === 0x5d ? true : null;
 }
 
+/** The bytes between the brackets of the array at `range` of `buf`; null when it is not an array or is empty. */
+function elementsOf(buf: Buffer, range: [number, number]): Buffer | null {
+  const body = buf.subarray(range[0] + 1, range[1] - 1);
+  return buf[range[0]] === 0x5b && body.length > 0 ? body : null;
+}
+
 /**
  * Whether the int array at `cur` starts with the array at `a` (a JSON text range of `prev`) and
  * then the numbers `b` (a streamed answer's ids, assembled from its events): the first part
@@ -406,8 +413,8 @@ export function startsWithConcat(cur: Buffer, curStart: number, curEnd: number, 
  * does not make it false.
  */
 export function startsWithRangeThen(cur: Buffer, curStart: number, curEnd: number, prev: Buffer, a: [number, number], b: ArrayLike<number>): boolean | null {
-  const aBody = prev.subarray(a[0] + 1, a[1] - 1);
-  if (aBody.length === 0 || b.length === 0 || cur[curStart] !== 0x5b || prev[a[0]] !== 0x5b) return null;
+  const aBody = elementsOf(prev, a);
+  if (aBody === null || b.length === 0 || cur[curStart] !== 0x5b) return null;
   let at = curStart + 1;
   if (curEnd - at < aBody.length + 1 || cur.compare(aBody, 0, aBody.length, at, at + aBody.length) !== 0) return null;
   at += aBody.length;
