@@ -44,6 +44,11 @@ async function main(): Promise<number> {
       2,
     ) + '\n',
   );
+  const full = report.capture_drops.journal_full ?? 0;
+  if (full > 0)
+    process.stderr.write(
+      `the journal reached its cap (--journal-mib ${journalMiB}): ${full} captures were dropped there (the sidecar serves such calls rather than fail them); a bigger cap holds this run's backlog\n`,
+    );
   if (report.contract.holds) rmSync(runDir, { recursive: true, force: true });
   else process.stderr.write(`contract does not hold; what the run wrote is kept in ${runDir}\n`);
   return report.contract.holds ? 0 : 1;

@@ -52,6 +52,12 @@ export interface SoakReport {
     holds: boolean;
   };
   faults: { kills: number; kafka_outage_ms: number; retry_storm_ms: number };
+  /**
+   * Captures the sidecar dropped, by reason (`lightning_sidecar_capture_drops_total`, summed over
+   * its lives). The sidecar serves a call whose capture the journal cannot take (its cap reached)
+   * rather than fail it, so a run whose backlog outgrows the journal loses those calls by design.
+   */
+  capture_drops: Record<string, number>;
   samples: { t_s: number; rss_mib: number; fds: number; journal_bytes: number }[];
   peak: { rss_mib: number; fds: number; journal_bytes: number };
 }
@@ -131,6 +137,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
       holds: false,
     },
     faults: { kills: 0, kafka_outage_ms: 0, retry_storm_ms: 0 },
+    capture_drops: {},
     samples: [],
     peak: { rss_mib: 0, fds: 0, journal_bytes: 0 },
   };
@@ -303,9 +310,11 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
           let done!: () => void;
           restarting = new Promise<void>((r) => (done = r));
           kills.push(Date.now());
+          await dropsOfThisLife();
           await sidecar.kill('SIGKILL');
           log('fault: sidecar SIGKILLed');
           sidecar = await startChildSidecar(env);
+          endLife();
           report.faults.kills++;
           restarting = null;
           done();
@@ -320,8 +329,27 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     }
   })();
 
+  // Drop counters start at zero with each life of the sidecar: the last figures read of a life are
+  // added up when it is killed.
+  let lifeDrops: Record<string, number> = {};
+  async function dropsOfThisLife(): Promise<void> {
+    const life = sidecar;
+    try {
+      const text = await (await fetch(`${life.telemetryOrigin}/metrics`, { signal: AbortSignal.timeout(2000) })).text();
+      // A reading of a life that has ended since (killed while this was on its way) is not this life's.
+      if (life !== sidecar) return;
+      for (const m of text.matchAll(/^lightning_sidecar_capture_drops_total\{[^}]*reason="([^"]+)"[^}]*\} (\d+)/gm)) lifeDrops[m[1]] = Number(m[2]);
+    } catch {
+      // Restarting or busy: the figures read last stand.
+    }
+  }
+  function endLife(): void {
+    for (const [reason, n] of Object.entries(lifeDrops)) report.capture_drops[reason] = (report.capture_drops[reason] ?? 0) + n;
+    lifeDrops = {};
+  }
   const sampler = setInterval(
     () => {
+      void dropsOfThisLife();
       const pid = sidecar.proc.pid!;
       const sample = { t_s: (Date.now() - t0) / 1000, rss_mib: rssMiB(pid), fds: fdCount(pid), journal_bytes: dirBytes(path.join(dataDir, 'journal')) };
       report.samples.push(sample);
@@ -350,28 +378,37 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     await sleep(200);
   }
   clearInterval(sampler);
+  await dropsOfThisLife();
+  endLife();
   report.duration_s = (Date.now() - t0) / 1000;
 
   // The contract.
-  const transitions = broker.records('lightning.transitions').map(
-    (r) =>
-      JSON.parse(r.value!.toString()) as {
-        transition_id: string;
-        rollout_id: string;
-        request: { messages: { role: string; content: string }[] };
-        final_reward: number | null;
-        tool_calls: { id: string; span_id: string | null }[];
-      },
-  );
+  // Only what the checks below need is kept of each transition: a long run with many agents and
+  // context puts ~100k of them in the broker, and holding them parsed whole ran out of heap.
+  const transitions = broker.records('lightning.transitions').map((r) => {
+    const t = JSON.parse(r.value!.toString()) as {
+      transition_id: string;
+      rollout_id: string;
+      request: { messages: { role: string; content: string }[] } | null;
+      tool_calls: { id: string; span_id: string | null }[] | null;
+    };
+    const messages = t.request?.messages;
+    return {
+      transition_id: t.transition_id,
+      tid: messages?.[context > 0 ? 1 : 0]?.content,
+      contextOk: context === 0 || messages?.[0]?.content === contextOf(t.rollout_id, context),
+      tool_calls: (t.tool_calls ?? []).map((c) => ({ id: c.id, span_id: c.span_id })),
+    };
+  });
   const seenTids = new Map<string, number>();
   for (const t of transitions) {
-    const tid = t.request?.messages?.[context > 0 ? 1 : 0]?.content;
+    const tid = t.tid;
     if (typeof tid !== 'string' || !tid.startsWith('tid:')) {
       report.contract.unknown.push(t.transition_id);
       continue;
     }
     seenTids.set(tid, (seenTids.get(tid) ?? 0) + 1);
-    if (context > 0 && t.request.messages[0]?.content !== contextOf(t.rollout_id, context)) report.contract.wrong_requests.push(t.transition_id);
+    if (!t.contextOk) report.contract.wrong_requests.push(t.transition_id);
   }
   const generated = new Set<string>();
   for (let a = 0; a < opts.agents; a++) for (let i = 0; i < n; i++) for (const s of [0, 1]) generated.add(`tid:soak-${a}-${i}:${s}`);

@@ -29,6 +29,8 @@ export class CallCapture {
   /** The request's held bytes were written (its answer began); a request sent again is held anew. */
   private requestWritten = false;
   truncated = false;
+  /** The capture cap cut the record (`truncated` is set too; it is also set when the sink refused bytes). */
+  capped = false;
   responseStatus: number | null = null;
   responseEncoding: string | undefined;
   streamed = false;
@@ -144,6 +146,7 @@ export class CallCapture {
       // What was kept is the record's prefix: bytes the sink holds go in before it is cut.
       if (kind === 'request' || kind === 'response') this.flush(kind);
       this.truncated = true;
+      this.capped = true;
       return;
     }
     this.give(kind, chunk, chunk.length, frames);
@@ -159,6 +162,7 @@ export class CallCapture {
     if (n < parts.length) {
       this.flush('response');
       this.truncated = true;
+      this.capped = true;
     }
   }
 

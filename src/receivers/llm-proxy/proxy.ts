@@ -254,7 +254,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     }
     try {
       const record = capture.finish({ status, error, endedAt: now(), endedMono: performance.now() }, t0);
-      if (record.truncated) m.captureDrops.inc({ reason: 'capture_cap' });
+      // Bytes the journal refused were counted as it refused them (journal_full, journal_unwritable).
+      if (capture.capped) m.captureDrops.inc({ reason: 'capture_cap' });
       deps.capture.callEnded(record);
       return true;
     } catch (err) {

@@ -1,4 +1,5 @@
 import { loadConfig } from '../../../src/config/load';
+import type { CallRecord } from '../../../src/model/records';
 import { SequenceCounter } from '../../../src/model/sequence';
 import { createLlmProxy } from '../../../src/receivers/llm-proxy/proxy';
 import { createLogger } from '../../../src/telemetry/logger';
@@ -65,6 +66,49 @@ describe('capture failures', () => {
       await new Promise((r) => setImmediate(r));
       expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).toContain('reason="capture_error"} 6');
       expect(logs.filter((l) => l.includes('capture')).length).toBe(2);
+    } finally {
+      await proxy.shutdown(1000);
+      await upstream.close();
+    }
+  });
+
+  it('counts bytes the journal refused once, as the journal counted them, not as the capture cap', async () => {
+    const upstream = await startFakeModelServer();
+    const config = loadConfig({ env: {}, overrides: { receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstream.url } } } });
+    const metrics = createMetrics();
+    const ended: CallRecord[] = [];
+    // The journal took the call's start and then refused its bytes (it reached its cap in between):
+    // the sink counts that itself, as the pipeline does (journal_full).
+    const proxy = createLlmProxy(config.receivers.llm_proxy, {
+      logger: createLogger({ level: 'error', write: () => {} }),
+      metrics,
+      sequences: new SequenceCounter(),
+      capture: {
+        callStarted: () => 1,
+        body: () => false,
+        restartBody: () => {},
+        bodyFlush: () => false,
+        callEnded: (r) => void ended.push(r),
+        flush: () => {},
+        afterWrite: (then) => then(),
+        writeSoon: () => {},
+        beforeWrite: (then) => then(),
+        read: () => Buffer.alloc(0),
+      },
+    });
+    await proxy.start();
+    try {
+      const res = await fetch(`http://127.0.0.1:${proxy.port()}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{"model":"m","messages":[]}',
+      });
+      expect(res.status).toBe(200);
+      await res.json();
+      await new Promise((r) => setImmediate(r));
+      expect(ended).toHaveLength(1);
+      expect(ended[0].truncated).toBe(true);
+      expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).not.toContain('capture_cap');
     } finally {
       await proxy.shutdown(1000);
       await upstream.close();
