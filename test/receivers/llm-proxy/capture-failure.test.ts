@@ -1,10 +1,10 @@
 import { loadConfig } from '../../../src/config/load';
-import type { CallRecord } from '../../../src/model/records';
 import { SequenceCounter } from '../../../src/model/sequence';
 import { createLlmProxy } from '../../../src/receivers/llm-proxy/proxy';
 import { createLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { startFakeModelServer } from '../../support/fake-model-server';
+import { memoryCapture } from '../../support/memory-capture';
 
 describe('capture failures', () => {
   it('never fail or change the agent’s call; they are counted and logged once', async () => {
@@ -76,25 +76,14 @@ describe('capture failures', () => {
     const upstream = await startFakeModelServer();
     const config = loadConfig({ env: {}, overrides: { receivers: { llm_proxy: { endpoint: '127.0.0.1:0', upstream_url: upstream.url } } } });
     const metrics = createMetrics();
-    const ended: CallRecord[] = [];
+    const { sink, ended } = memoryCapture();
     // The journal took the call's start and then refused its bytes (it reached its cap in between):
     // the sink counts that itself, as the pipeline does (journal_full).
     const proxy = createLlmProxy(config.receivers.llm_proxy, {
       logger: createLogger({ level: 'error', write: () => {} }),
       metrics,
       sequences: new SequenceCounter(),
-      capture: {
-        callStarted: () => 1,
-        body: () => false,
-        restartBody: () => {},
-        bodyFlush: () => false,
-        callEnded: (r) => void ended.push(r),
-        flush: () => {},
-        afterWrite: (then) => then(),
-        writeSoon: () => {},
-        beforeWrite: (then) => then(),
-        read: () => Buffer.alloc(0),
-      },
+      capture: { ...sink, body: () => false, bodyFlush: () => false },
     });
     await proxy.start();
     try {
