@@ -309,7 +309,11 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   function submitAt(record: JournalRecord): { offset: number; durable: Promise<unknown> } {
-    const priority = record.type === 'reward' || record.type === 'end';
+    // A call's end record completes a call whose start the journal took (the proxy journals an end
+    // only then; so does replay for a call a crash cut): it may use the room above the high
+    // watermark, as rewards and ends do, so the call is recorded, truncated where its bytes were
+    // refused, instead of lost. One small record per call in flight at most.
+    const priority = record.type === 'reward' || record.type === 'end' || record.type === 'call';
     // A call's start goes with its answer's first bytes (or anything else written before).
     const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority, record.type === 'call_start');
     try {

@@ -1,0 +1,134 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { loadConfig } from '../../src/config/load';
+import type { TransitionRecord } from '../../src/model/records';
+import { CallCapture } from '../../src/receivers/llm-proxy/capture';
+import { createPipeline, type Pipeline } from '../../src/service/pipeline';
+import { silentLogger } from '../../src/telemetry/logger';
+import { createMetrics } from '../../src/telemetry/metrics';
+import { memoryExporter } from '../support/memory-exporter';
+
+/**
+ * A call whose start the journal took is recorded even when the journal reaches its high
+ * watermark before the call ends (its bytes refused from then on): its end record may use the room
+ * above the watermark, as rewards and ends do. Otherwise an answered call would vanish, in the
+ * running process and, worse, at a restart that finds it cut by a crash.
+ */
+
+function start(dataDir: string, exported: TransitionRecord[]): Pipeline {
+  const config = loadConfig({
+    env: {},
+    overrides: {
+      service: { data_dir: dataDir, drain_on_shutdown: false, journal: { fsync: 'never', max_bytes: 60_000, segment_bytes: 4096, high_watermark: 0.5 } },
+      processors: { episodes: { idle_timeout_ms: 3_600_000, tool_span_wait_ms: 0 } },
+    },
+  });
+  return createPipeline(config, {
+    logger: silentLogger,
+    metrics: createMetrics(),
+    exporter: memoryExporter((batch) => {
+      for (const c of batch) exported.push(...c.transitions);
+    }),
+  });
+}
+
+function begin(p: Pipeline, rollout: string, seq: number, question: string): CallCapture {
+  const c = new CallCapture(
+    'chat.completions',
+    { rolloutId: rollout, attemptId: '0', groupId: null, agentName: null, source: 'header' },
+    seq,
+    null,
+    null,
+    Date.now(),
+    1 << 20,
+    p.capture,
+  );
+  c.begin();
+  c.request(Buffer.from(`{"model":"m","messages":[{"role":"user","content":"${question}"}]}`));
+  c.responseStatus = 200;
+  return c;
+}
+
+const answer = (text: string) =>
+  Buffer.from(`{"id":"c","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"${text}"},"finish_reason":"stop"}]}`);
+
+function end(p: Pipeline, c: CallCapture): void {
+  p.capture.callEnded(c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0));
+}
+
+/** Whole calls of an open rollout until the journal is at its high watermark (nothing of it can be released). */
+function fill(p: Pipeline): void {
+  for (let i = 0; i < 200 && !p.journal.full; i++) {
+    const c = begin(p, 'filler', i, 'x'.repeat(1000));
+    c.response(answer('y'.repeat(1000)));
+    end(p, c);
+  }
+  expect(p.journal.full).toBe(true);
+}
+
+const until = async (check: () => boolean, ms = 3000) => {
+  const end = Date.now() + ms;
+  while (!check() && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+};
+
+describe('a call in flight when the journal reaches its high watermark', () => {
+  const dirs: string[] = [];
+  const dir = () => {
+    const d = mkdtempSync(path.join(os.tmpdir(), 'lightning-full-call-'));
+    dirs.push(d);
+    return d;
+  };
+  afterAll(() => {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+
+  it('is recorded at its end, truncated where its bytes were refused', async () => {
+    const exported: TransitionRecord[] = [];
+    const p = start(dir(), exported);
+    await p.start();
+    try {
+      const c = begin(p, 'late', 0, 'q');
+      p.capture.flush();
+      fill(p);
+      // The journal refuses the answer's bytes now (they are more than the fillers' it refused);
+      // the call ends all the same.
+      c.response(answer('a'.repeat(2000)));
+      end(p, c);
+      await p.submit({ type: 'end', rolloutId: 'late', attemptId: '0', at: Date.now() });
+      await until(() => exported.some((t) => t.rollout_id === 'late'));
+      const t = exported.find((x) => x.rollout_id === 'late');
+      expect(t).toMatchObject({ transition_id: 'late/0/0', truncated: true });
+    } finally {
+      await p.shutdown();
+    }
+  });
+
+  it('cut by a crash, is recorded at the restart even with the journal above its watermark', async () => {
+    const d = dir();
+    const first = start(d, []);
+    await first.start();
+    const c = begin(first, 'cut', 0, 'q');
+    c.response(answer('part of an answer the agent got'));
+    first.capture.flush();
+    fill(first);
+    // The process stops with the call unended (as a SIGKILL leaves it) and the journal full.
+    await first.shutdown();
+
+    const exported: TransitionRecord[] = [];
+    const second = start(d, exported);
+    await second.start();
+    try {
+      expect(second.journal.full).toBe(true);
+      await second.submit({ type: 'end', rolloutId: 'cut', attemptId: '0', at: Date.now() });
+      await until(() => exported.some((t) => t.rollout_id === 'cut'));
+      expect(exported.find((t) => t.rollout_id === 'cut')).toMatchObject({
+        transition_id: 'cut/0/0',
+        status: 'aborted',
+        error: expect.stringMatching(/recovered from the journal/),
+      });
+    } finally {
+      await second.shutdown();
+    }
+  });
+});
