@@ -226,7 +226,8 @@ export class Journal {
    * own work by it; `durable` resolves once the bytes are written (and synced under `always`).
    * Segments rotate between batches, so one may exceed `segmentBytes` by up to one batch.
    * `priority` records (rewards, ends, markers: small, and what lets episodes close and space be
-   * released) may use the room between the high watermark and `maxBytes`. A `lazy` record does
+   * released; and the end records of calls already under way, whose size grows with the number of
+   * body frames they list) may use the room between the high watermark and `maxBytes`. A `lazy` record does
    * not call for a write of its own: it goes with the next one (see `LAZY_MS`).
    * Throws RefusedError(JOURNAL_FULL) above the high watermark, JOURNAL_CLOSED after close.
    */

@@ -312,7 +312,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     // A call's end record completes a call whose start the journal took (the proxy journals an end
     // only then; so does replay for a call a crash cut): it may use the room above the high
     // watermark, as rewards and ends do, so the call is recorded, truncated where its bytes were
-    // refused, instead of lost. One small record per call in flight at most.
+    // refused, instead of lost. One record per call in flight when the watermark is crossed (no
+    // new call starts above it); its size grows with the body frames it lists (~10 bytes each: a
+    // long stream, or a translated one with a frame per event, can reach tens of KB).
     const priority = record.type === 'reward' || record.type === 'end' || record.type === 'call';
     // A call's start goes with its answer's first bytes (or anything else written before).
     const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority, record.type === 'call_start');
