@@ -75,6 +75,9 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     { dir: path.join(dataDir, 'journal'), fsync: j.fsync, maxBytes: j.max_bytes, segmentBytes: j.segment_bytes, highWatermark: j.high_watermark },
     log.child('journal'),
   );
+  m.journalHighWatermark.set(Math.floor(j.max_bytes * j.high_watermark));
+  // Started at 0 so an alert's increase() sees the first error.
+  for (const kind of ['retryable', 'permanent']) m.exportErrors.inc({ exporter: deps.exporter.name, kind }, 0);
   const read = (offsets: readonly number[], scratch?: Buffer) => journal.readBodies(offsets, scratch);
   const assembler = new EpisodeAssembler({
     episodes: config.processors.episodes,

@@ -1,4 +1,5 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Api } from '../model/records';
 
 /**
  * Every metric the sidecar exports, in one place. Names are prefixed `lightning_sidecar_`.
@@ -16,7 +17,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   // can take minutes.
   const seconds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
   const fine = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
-  return {
+  const metrics = {
     registry,
     proxyRequests: new Counter({
       name: 'lightning_sidecar_proxy_requests_total',
@@ -138,6 +139,11 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Bytes in journal segments on disk (and queued for writing).',
       registers: [registry],
     }),
+    journalHighWatermark: new Gauge({
+      name: 'lightning_sidecar_journal_high_watermark_bytes',
+      help: 'Journal size above which new captures are dropped, OTLP and rollout intake refused (503) and /readyz fails: journal max_bytes times high_watermark.',
+      registers: [registry],
+    }),
     journalSegments: new Gauge({
       name: 'lightning_sidecar_journal_segments',
       help: 'Journal segment files on disk.',
@@ -145,7 +151,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     journalRecovered: new Counter({
       name: 'lightning_sidecar_journal_recovered_total',
-      help: 'Unreadable journal regions found at start-up and set aside, by kind (torn_tail, corrupt_tail, corrupt_segment).',
+      help: 'Found in the journal at start-up, by kind: unreadable regions set aside (torn_tail, corrupt_tail, corrupt_segment) and calls a stop cut, recorded as aborted (unended_call).',
       labelNames: ['kind'] as const,
       registers: [registry],
     }),
@@ -211,6 +217,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       registers: [registry],
     }),
   };
+  // Series an alert watches with increase() start at 0, so their first event is an increase (a
+  // series born at 1 has none to see).
+  for (const reason of ['capture_cap', 'capture_error', 'journal_full', 'journal_unwritable']) metrics.captureDrops.inc({ reason }, 0);
+  for (const action of ['chunked', 'dead_letter']) metrics.exportOversize.inc({ action }, 0);
+  for (const api of ['chat.completions', 'completions', 'responses', 'anthropic.messages'] satisfies Api[]) metrics.missingTokenIds.inc({ api }, 0);
+  return metrics;
 }
 
 export type Metrics = ReturnType<typeof createMetrics>;

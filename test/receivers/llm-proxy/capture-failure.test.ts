@@ -97,7 +97,7 @@ describe('capture failures', () => {
       await new Promise((r) => setImmediate(r));
       expect(ended).toHaveLength(1);
       expect(ended[0].truncated).toBe(true);
-      expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).not.toContain('capture_cap');
+      expect(await metrics.registry.getSingleMetricAsString('lightning_sidecar_capture_drops_total')).toContain('reason="capture_cap"} 0');
     } finally {
       await proxy.shutdown(1000);
       await upstream.close();
