@@ -473,7 +473,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         streamed,
         status: 'aborted',
         httpStatus: null,
-        error: 'the sidecar stopped before the call ended; recovered from the journal',
+        error: 'the journal has no end for this call (the sidecar stopped before it ended, or the journal was full); recovered from the journal',
         injected: [],
         truncated: true,
         startedAt: start.at,
