@@ -257,8 +257,11 @@ spec:
 describe('deploy/kubernetes example', () => {
   it('validates against the Kubernetes and Prometheus Operator schemas, and its sidecar matches its config', () => {
     const docs = readManifests(KUBE);
-    expect(docs.map((d) => d.kind).sort()).toEqual(['ConfigMap', 'Deployment', 'PodMonitor', 'Secret', 'Service']);
+    expect(docs.map((d) => d.kind).sort()).toEqual(['ConfigMap', 'Deployment', 'PodMonitor', 'PrometheusRule', 'Secret', 'Service']);
     expect(validate(docs).filter((r) => !r.ok)).toEqual([]);
+    // The chart's alerting rules as they are (its header says how to remake it).
+    const file = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: Obj[] };
+    expect(byKind(docs, 'PrometheusRule')[0].spec.groups).toEqual(file.groups);
     const { config, deployment, container } = checkSidecar(docs);
     expect(config.service.exporter).toBe('kafka');
     const secret = byKind(docs, 'Secret')[0];
