@@ -151,7 +151,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     journalRecovered: new Counter({
       name: 'lightning_sidecar_journal_recovered_total',
-      help: 'Found in the journal at start-up, by kind: unreadable regions set aside (torn_tail, corrupt_tail, corrupt_segment) and calls a stop cut, recorded as aborted (unended_call).',
+      help: 'Found in the journal at start-up, by kind: unreadable regions set aside (torn_tail, corrupt_tail, corrupt_segment) and calls without an end (cut by a stop, or their end refused by a full journal), recorded as aborted (unended_call).',
       labelNames: ['kind'] as const,
       registers: [registry],
     }),
