@@ -52,6 +52,9 @@ export function createApp(config: Config, deps: AppDeps) {
           deadLetterDir: path.join(dataDir, 'dead-letter'),
         })
       : null;
+  // The Kafka connection gauge exists only with the Kafka exporter (a 0 elsewhere would read as
+  // "disconnected" on dashboards and alerts).
+  if (!kafka) metrics.registry.removeSingleMetric('lightning_sidecar_kafka_connected');
   const exporter =
     deps.exporter ??
     kafka ??

@@ -131,7 +131,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     kafkaConnected: new Gauge({
       name: 'lightning_sidecar_kafka_connected',
-      help: '1 when the Kafka producer is connected, 0 otherwise (absent with the file exporter).',
+      help: '1 when the Kafka producer is connected, 0 otherwise (only with the Kafka exporter).',
       registers: [registry],
     }),
     journalBytes: new Gauge({

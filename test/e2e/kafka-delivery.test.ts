@@ -49,8 +49,11 @@ describe('delivery to Kafka (test broker)', () => {
       await rollout(sidecar.origin, 'down-b', 3);
       const ready = (await (await fetch(`${sidecar.telemetryOrigin}/readyz`)).json()) as { status: string; degraded: Record<string, string> };
       expect(ready).toMatchObject({ status: 'ready', degraded: { kafka: expect.stringContaining('not connected') } });
+      const connected = async () => (await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text()).match(/^lightning_sidecar_kafka_connected (\d)$/m)?.[1];
+      expect(await connected()).toBe('0');
       await broker.start();
       await until('5 transitions in Kafka', () => new Set(ids(broker)).size === 5);
+      expect(await connected()).toBe('1');
       expect(new Set(ids(broker))).toEqual(new Set([...expected(['down-a'], 2), ...expected(['down-b'], 3)]));
       const [first] = broker.records('lightning.transitions');
       expect(first.key!.toString()).toMatch(/^down-/);
