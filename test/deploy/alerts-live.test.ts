@@ -39,8 +39,16 @@ describeLive('the alerting rules in a real Prometheus, scraping a real sidecar',
   beforeAll(async () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-alerts-'));
     upstream = await startFakeModelServer({ flavor: 'vllm' });
-    // A small capture cap, so one call with a long prompt is recorded truncated (capture_cap).
-    writeFileSync(path.join(dir, 'sidecar.yaml'), 'receivers:\n  llm_proxy:\n    max_capture_bytes: 4096\n');
+    // A small capture cap, so one call with a long prompt is recorded truncated (capture_cap), and
+    // a small journal that an open episode fills to its watermark (journal_full).
+    writeFileSync(
+      path.join(dir, 'sidecar.yaml'),
+      [
+        'receivers: { llm_proxy: { max_capture_bytes: 4096 } }',
+        'service: { journal: { max_bytes: 40000, segment_bytes: 4096, high_watermark: 0.5 } }',
+        '',
+      ].join('\n'),
+    );
     sidecar = await startChildSidecar({ LIGHTNING_UPSTREAM_URL: upstream.url, LIGHTNING_UPSTREAM_FLAVOR: 'vllm', LIGHTNING_DATA_DIR: path.join(dir, 'data') }, [
       '--config',
       path.join(dir, 'sidecar.yaml'),
@@ -65,7 +73,7 @@ describeLive('the alerting rules in a real Prometheus, scraping a real sidecar',
         `--config.file=${path.join(dir, 'prometheus.yml')}`,
         `--storage.tsdb.path=${path.join(dir, 'tsdb')}`,
         `--web.listen-address=127.0.0.1:${port}`,
-        '--log.level=warn',
+        '--log.level=error',
       ],
       { stdio: ['ignore', 'ignore', 'inherit'] },
     );
@@ -116,9 +124,49 @@ describeLive('the alerting rules in a real Prometheus, scraping a real sidecar',
       20_000,
     );
     expect(firing.map((a) => a.labels)).toEqual([{ alertname: 'LightningSidecarCapturesTruncated', namespace: 'agents', pod: 'agent-0', severity: 'warning' }]);
-    // The journal's watermark is known, and the journal far below it.
-    const [fill] = await query('lightning_sidecar_journal_bytes / lightning_sidecar_journal_high_watermark_bytes');
-    expect(Number(fill.value[1])).toBeGreaterThan(0);
-    expect(Number(fill.value[1])).toBeLessThan(0.5);
+  }, 60_000);
+
+  it('captures dropped at a full journal fire LightningSidecarCapturesDropped (critical, journal_full); the journal alert is pending', async () => {
+    const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/fill/v1`, apiKey: 'k', maxRetries: 0 });
+    const dropped = async () =>
+      Number(
+        (await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text()).match(
+          /^lightning_sidecar_capture_drops_total\{reason="journal_full"\} (\d+)$/m,
+        )?.[1],
+      );
+    // Captures of an open episode: nothing can leave the journal while it is open. Calls are served throughout.
+    for (let i = 0; i < 200 && (await dropped()) === 0; i++) {
+      const answer = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'y'.repeat(400) }] });
+      expect(answer.choices[0].message.content).toBeTruthy();
+    }
+    expect(await dropped()).toBeGreaterThan(0);
+
+    const byName = await until(
+      'the critical alert',
+      async () => {
+        const a = await alerts();
+        return a.some((x) => x.labels.alertname === 'LightningSidecarCapturesDropped' && x.state === 'firing') ? a : null;
+      },
+      20_000,
+    );
+    expect(byName.find((a) => a.labels.alertname === 'LightningSidecarCapturesDropped')!.labels).toEqual({
+      alertname: 'LightningSidecarCapturesDropped',
+      namespace: 'agents',
+      pod: 'agent-0',
+      reason: 'journal_full',
+      severity: 'critical',
+    });
+    // The journal is past half its watermark; the alert waits its 2 minutes.
+    await until(
+      'the journal alert pending',
+      async () => ((await alerts()).some((x) => x.labels.alertname === 'LightningSidecarJournalFilling') ? true : null),
+      10_000,
+    );
+    const states = Object.fromEntries((await alerts()).map((a) => [a.labels.alertname, a.state]));
+    expect(states).toEqual({
+      LightningSidecarCapturesTruncated: 'firing',
+      LightningSidecarCapturesDropped: 'firing',
+      LightningSidecarJournalFilling: 'pending',
+    });
   }, 60_000);
 });
