@@ -93,6 +93,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   let backoffMs = 0;
   let stopping = false;
   let recovery: RecoveryReport | null = null;
+  /** Delivered batches whose delivered marker is not written yet: the first offset of their episodes, kept. */
+  let unmarked: { upTo: number; floor: number }[] = [];
 
   /**
    * Calls of a rollout in flight, by call id: their bodies are journaled as what they add to the
@@ -281,11 +283,23 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       for (const c of ready(batch)) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
+        // Until the marker is written a replay exports these episodes again, reading their bodies:
+        // what they need stays in the journal until then (a later marker, covering these, does too).
+        unmarked.push({ upTo, floor: Math.min(...batch.map((q) => q.close.firstOffset)) });
         try {
-          // Lazy: without it a replay only exports these again.
-          journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true, true);
+          // Lazy: it goes with the next write (within a few ms); the release waits for it.
+          const { durable } = journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true, true);
+          durable.then(
+            () => {
+              unmarked = unmarked.filter((u) => u.upTo > upTo);
+              return release();
+            },
+            () => {
+              // Not written: a replay exports these again (at-least-once, same transition ids), so they stay.
+            },
+          );
         } catch {
-          // Without the marker a replay exports these again: at-least-once, same transition ids.
+          // Not appended: as above.
         }
       }
       await release();
@@ -293,7 +307,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   async function release(): Promise<void> {
-    const low = Math.min(assembler.minOffset(), router.minParkedOffset(), writingFloor(), ...queue.map((q) => q.close.firstOffset), journal.next);
+    const low = Math.min(
+      assembler.minOffset(),
+      router.minParkedOffset(),
+      writingFloor(),
+      ...queue.map((q) => q.close.firstOffset),
+      ...unmarked.map((u) => u.floor),
+      journal.next,
+    );
     const removed = await journal.release(low).catch((err) => {
       log.once('release', 'error', 'journal: could not delete delivered segments', { err });
       return 0;
