@@ -1,13 +1,6 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { loadConfig } from '../../src/config/load';
 import type { TransitionRecord } from '../../src/model/records';
-import { CallCapture } from '../../src/receivers/llm-proxy/capture';
-import { createPipeline, type Pipeline } from '../../src/service/pipeline';
-import { silentLogger } from '../../src/telemetry/logger';
-import { createMetrics } from '../../src/telemetry/metrics';
-import { memoryExporter } from '../support/memory-exporter';
+import type { Pipeline } from '../../src/service/pipeline';
+import { beginCall as begin, chatAnswer as answer, endCall as end, startPipeline, tempDirs, until } from '../support/pipeline-calls';
 
 /**
  * A call whose start the journal took is recorded even when the journal reaches its high
@@ -17,44 +10,9 @@ import { memoryExporter } from '../support/memory-exporter';
  */
 
 function start(dataDir: string, exported: TransitionRecord[]): Pipeline {
-  const config = loadConfig({
-    env: {},
-    overrides: {
-      service: { data_dir: dataDir, drain_on_shutdown: false, journal: { fsync: 'never', max_bytes: 60_000, segment_bytes: 4096, high_watermark: 0.5 } },
-      processors: { episodes: { idle_timeout_ms: 3_600_000, tool_span_wait_ms: 0 } },
-    },
+  return startPipeline(dataDir, { max_bytes: 60_000, segment_bytes: 4096, high_watermark: 0.5 }, (batch) => {
+    for (const c of batch) exported.push(...c.transitions);
   });
-  return createPipeline(config, {
-    logger: silentLogger,
-    metrics: createMetrics(),
-    exporter: memoryExporter((batch) => {
-      for (const c of batch) exported.push(...c.transitions);
-    }),
-  });
-}
-
-function begin(p: Pipeline, rollout: string, seq: number, question: string): CallCapture {
-  const c = new CallCapture(
-    'chat.completions',
-    { rolloutId: rollout, attemptId: '0', groupId: null, agentName: null, source: 'header' },
-    seq,
-    null,
-    null,
-    Date.now(),
-    1 << 20,
-    p.capture,
-  );
-  c.begin();
-  c.request(Buffer.from(`{"model":"m","messages":[{"role":"user","content":"${question}"}]}`));
-  c.responseStatus = 200;
-  return c;
-}
-
-const answer = (text: string) =>
-  Buffer.from(`{"id":"c","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"${text}"},"finish_reason":"stop"}]}`);
-
-function end(p: Pipeline, c: CallCapture): void {
-  p.capture.callEnded(c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0));
 }
 
 const WATERMARK = 60_000 * 0.5;
@@ -75,21 +33,9 @@ function fill(p: Pipeline): void {
   expect(p.journal.bytes).toBeGreaterThanOrEqual(WATERMARK);
 }
 
-const until = async (check: () => boolean, ms = 3000) => {
-  const end = Date.now() + ms;
-  while (!check() && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
-};
-
 describe('a call in flight when the journal reaches its high watermark', () => {
-  const dirs: string[] = [];
-  const dir = () => {
-    const d = mkdtempSync(path.join(os.tmpdir(), 'lightning-full-call-'));
-    dirs.push(d);
-    return d;
-  };
-  afterAll(() => {
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-  });
+  const { dir, remove } = tempDirs('lightning-full-call-');
+  afterAll(remove);
 
   it('is recorded at its end, truncated where its bytes were refused', async () => {
     const exported: TransitionRecord[] = [];

@@ -8,6 +8,7 @@ import { createPipeline, type Pipeline } from '../../src/service/pipeline';
 import { silentLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
 import { memoryExporter } from '../support/memory-exporter';
+import { until } from '../support/pipeline-calls';
 
 /**
  * A call that names no rollout is a rollout of its own (`call-<uuid>`): nothing can name it again,
@@ -52,11 +53,6 @@ function call(p: Pipeline, n: number): CallCapture {
   p.capture.callEnded(c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0));
   return c;
 }
-
-const until = async (check: () => boolean, ms = 3000) => {
-  const end = Date.now() + ms;
-  while (!check() && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
-};
 
 describe('one-call rollouts', () => {
   it('close when their call ends, and are exported together with their bodies, without any close marker', async () => {

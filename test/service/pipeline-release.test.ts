@@ -1,12 +1,8 @@
-import { cpSync, mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
+import { cpSync } from 'node:fs';
 import path from 'node:path';
-import { loadConfig } from '../../src/config/load';
-import { CallCapture } from '../../src/receivers/llm-proxy/capture';
-import { createPipeline, type Pipeline } from '../../src/service/pipeline';
-import { silentLogger } from '../../src/telemetry/logger';
-import { createMetrics } from '../../src/telemetry/metrics';
-import { memoryExporter } from '../support/memory-exporter';
+import type { CallCapture } from '../../src/receivers/llm-proxy/capture';
+import type { Pipeline } from '../../src/service/pipeline';
+import { beginCall, chatAnswer, endCall, startPipeline, tempDirs, until } from '../support/pipeline-calls';
 
 /**
  * Segments whose records are all delivered are deleted, but only once the marker that says they
@@ -25,71 +21,36 @@ interface Written {
 }
 
 function start(dataDir: string, exported: Written[]): Pipeline {
-  const config = loadConfig({
-    env: {},
-    overrides: {
-      service: { data_dir: dataDir, drain_on_shutdown: false, journal: { fsync: 'never', segment_bytes: 4096 } },
-      processors: { episodes: { idle_timeout_ms: 3_600_000, tool_span_wait_ms: 0 } },
-    },
-  });
-  return createPipeline(config, {
-    logger: silentLogger,
-    metrics: createMetrics(),
-    exporter: memoryExporter((batch, read) => {
-      for (const c of batch)
-        for (const t of c.transitions) {
-          const ref = t.request as unknown as { raw: string; offsets: number[] } | null;
-          let request: string;
-          try {
-            request = ref === null ? 'null' : read(ref.offsets).toString('utf8');
-          } catch (err) {
-            request = `unreadable: ${(err as Error).message}`;
-          }
-          exported.push({ id: t.transition_id, rollout: t.rollout_id, request });
+  return startPipeline(dataDir, { segment_bytes: 4096 }, (batch, read) => {
+    for (const c of batch)
+      for (const t of c.transitions) {
+        let request: string;
+        try {
+          request = read(t.source!.request).toString('utf8');
+        } catch (err) {
+          request = `unreadable: ${(err as Error).message}`;
         }
-    }),
+        exported.push({ id: t.transition_id, rollout: t.rollout_id, request });
+      }
   });
 }
 
+/** A call whose request is in the journal and whose answer has not begun. */
 function begin(p: Pipeline, rollout: string, seq: number, question: string): CallCapture {
-  const c = new CallCapture(
-    'chat.completions',
-    { rolloutId: rollout, attemptId: '0', groupId: null, agentName: null, source: 'header' },
-    seq,
-    null,
-    null,
-    Date.now(),
-    1 << 20,
-    p.capture,
-  );
-  c.begin();
-  c.request(Buffer.from(`{"model":"m","messages":[{"role":"user","content":"${question}"}]}`));
-  c.responseStatus = 200;
+  const c = beginCall(p, rollout, seq, question);
   p.capture.flush();
   return c;
 }
 
 function finish(p: Pipeline, c: CallCapture): void {
-  c.response(Buffer.from(`{"id":"c","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`));
-  p.capture.callEnded(c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0));
+  c.response(chatAnswer('ok'));
+  endCall(p, c);
   p.capture.flush();
 }
 
-const until = async (check: () => boolean, ms = 3000) => {
-  const end = Date.now() + ms;
-  while (!check() && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
-};
-
 describe('releasing delivered segments', () => {
-  const dirs: string[] = [];
-  const dir = () => {
-    const d = mkdtempSync(path.join(os.tmpdir(), 'lightning-release-'));
-    dirs.push(d);
-    return d;
-  };
-  afterAll(() => {
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-  });
+  const { dir, remove } = tempDirs('lightning-release-');
+  afterAll(remove);
 
   it('waits for the delivered marker: a journal copied right after a deletion replays no episode without its bodies', async () => {
     const d = dir();
