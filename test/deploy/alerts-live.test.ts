@@ -1,19 +1,16 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { freePort, startChildSidecar, type ChildSidecar } from '../support/child-sidecar';
+import { needsDebianTool } from '../support/debian-tool';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 
 const RULES = path.join(__dirname, '../../helm/lightning-sidecar/files/prometheus-rules.yaml');
 
-/** A real Prometheus server (Debian package `prometheus`; .ci/run installs it). */
-const prometheus = spawnSync('prometheus', ['--version'], { encoding: 'utf8' }).status === 0;
-if (!prometheus && !process.env.CI)
-  process.stderr.write('test/deploy/alerts-live.test.ts: prometheus is not installed (apt-get install prometheus): SKIPPED\n');
-// In CI it is installed by .ci/run: its absence there is a failure, not a skip.
-const describeLive = prometheus || process.env.CI ? describe : describe.skip;
+/** A real Prometheus server (Debian package `prometheus`). */
+const describeLive = needsDebianTool('prometheus', 'prometheus', 'test/deploy/alerts-live.test.ts') ? describe : describe.skip;
 
 interface Alert {
   labels: Record<string, string>;

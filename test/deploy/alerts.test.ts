@@ -2,17 +2,14 @@ import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import YAML from 'yaml';
+import { needsDebianTool } from '../support/debian-tool';
 
 const ROOT = path.join(__dirname, '../..');
 const RULES = path.join(ROOT, 'helm/lightning-sidecar/files/prometheus-rules.yaml');
 const UNIT_TESTS = path.join(__dirname, 'fixtures/prometheus-rules.promtool.yaml');
 
-/** Prometheus' own rule checker and unit-test runner (Debian package `prometheus`; .ci/run installs it). */
-const promtool = spawnSync('promtool', ['--version'], { encoding: 'utf8' }).status === 0;
-if (!promtool && !process.env.CI)
-  process.stderr.write('test/deploy/alerts.test.ts: promtool is not installed (apt-get install prometheus): its checks are SKIPPED\n');
-// In CI promtool is installed by .ci/run: its absence there is a failure, not a skip.
-const withPromtool = promtool || process.env.CI ? it : it.skip;
+/** Prometheus' own rule checker and unit-test runner (Debian package `prometheus`). */
+const withPromtool = needsDebianTool('promtool', 'prometheus', 'test/deploy/alerts.test.ts') ? it : it.skip;
 
 interface Rule {
   alert: string;
