@@ -176,7 +176,7 @@ function markdown(r) {
       `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before).`,
       '',
     );
-  L.push(...bars(r), '', ...persisting(r));
+  L.push(...bars(r), '', ...persisting(r), ...whereTheTimeGoes(r.scenarios.profile));
   return L.join('\n') + '\n';
 }
 
@@ -340,6 +340,58 @@ function bars(r) {
       `${f(m.rss_mib, 0)} MiB with ${m.open_episodes} open episodes × ${m.calls_per_episode}`,
       m.episodes >= 1000 ? m.rss_mib <= 150 : null,
     );
+  return L;
+}
+
+/** The profile scenario: the sidecar's main-thread time by part, in windows of a V8 CPU profile. */
+function whereTheTimeGoes(p) {
+  if (!p) return [];
+  const L = ['', '## Where the time goes (V8 CPU profile)', ''];
+  L.push(
+    'Sidecars of their own, started with `node --cpu-prof` (the profiler’s overhead is in these figures and in none above), each load a window of the profile. The main thread only (the event loop): busy µs per request or call, by the part of the sidecar each sample was in. Time in a Node.js built-in or native function (a socket `writev`, `JSON.parse`, crc32) counts for the sidecar code that called it; the rest is Node.js’s own work, garbage collection, or V8. In the export window the bench polls the sidecar’s `/metrics` every 200 ms to see when it is done: that scrape is under “metrics and logs”.',
+    '',
+  );
+  const parts = (a, b) => {
+    const names = [...new Set([...Object.keys(a.parts), ...Object.keys(b.parts)])];
+    return names.sort((x, y) => (b.parts[y] ?? 0) + (a.parts[y] ?? 0) - (b.parts[x] ?? 0) - (a.parts[x] ?? 0));
+  };
+  const pct = (x) => (Number.isFinite(x) ? `${(x * 100).toFixed(0)} %` : '–');
+  const j = p.json_c16;
+  if (j) {
+    L.push('JSON (1 KiB), 16 connections, the same sidecar with capture on and off:', '');
+    L.push('| part | capture on, µs/request | capture off, µs/request | on − off |', '|---|---|---|---|');
+    L.push(
+      `| **busy, all parts** | **${f(j.capture.busy_us_per_unit, 1)}** | **${f(j.nocapture.busy_us_per_unit, 1)}** | **${f(j.capture.busy_us_per_unit - j.nocapture.busy_us_per_unit, 1)}** |`,
+    );
+    for (const name of parts(j.capture, j.nocapture)) {
+      const on = j.capture.parts[name] ?? 0;
+      const off = j.nocapture.parts[name] ?? 0;
+      L.push(`| ${name} | ${f(on, 1)} | ${f(off, 1)} | ${f(on - off, 1)} |`);
+    }
+    L.push(`| event loop idle | ${pct(j.capture.idle_share)} | ${pct(j.nocapture.idle_share)} | |`);
+    L.push(`| req/s under the profiler (${j.capture.units} and ${j.nocapture.units} requests) | ${f(j.capture.rps, 0)} | ${f(j.nocapture.rps, 0)} | |`, '');
+  }
+  const g = p.growing;
+  if (g) {
+    L.push(
+      `Growing context (${g.calls.units} calls of one round, after warm-up rounds): while the agents call, then while their episodes are closed and exported:`,
+      '',
+    );
+    L.push('| part | during the calls, µs/call | the export, µs/call |', '|---|---|---|');
+    L.push(`| **busy, all parts** | **${f(g.calls.busy_us_per_unit, 0)}** | **${f(g.export.busy_us_per_unit, 0)}** |`);
+    for (const name of parts(g.calls, g.export)) L.push(`| ${name} | ${f(g.calls.parts[name] ?? 0, 0)} | ${f(g.export.parts[name] ?? 0, 0)} |`);
+    L.push(`| event loop idle | ${pct(g.calls.idle_share)} | ${pct(g.export.idle_share)} |`, '');
+  }
+  const cols = [j && ['JSON c=16, capture on', j.capture, 1], g && ['growing: calls', g.calls, 0], g && ['growing: export', g.export, 0]].filter(Boolean);
+  if (cols.length > 0) {
+    L.push('Functions with the most self time (µs per request or call):', '');
+    L.push(`| | ${cols.map((c) => c[0]).join(' | ')} |`, `|---|${cols.map(() => '---|').join('')}`);
+    const n = Math.max(...cols.map((c) => c[1].top.length));
+    for (let i = 0; i < n; i++) {
+      const cell = ([, w, d]) => (w.top[i] ? `\`${w.top[i].name}\` ${f(w.top[i].us_per_unit, d)}` : '');
+      L.push(`| ${i + 1} | ${cols.map(cell).join(' | ')} |`);
+    }
+  }
   return L;
 }
 

@@ -6,9 +6,10 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { proc, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
+const { nowUs } = require('./profile');
 
 const QUICK = process.argv.includes('--quick');
-// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing).
+// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, profile).
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
   return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
@@ -39,7 +40,7 @@ function log(...a) {
   process.stderr.write(a.join(' ') + '\n');
 }
 
-async function startSidecar(upstreamPort, env = {}) {
+async function startSidecar(upstreamPort, env = {}, nodeFlags = []) {
   const [proxy, telemetry, grpc, httpPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const dataDir = fs.mkdtempSync(path.join(tmp, 'sidecar-'));
   // BENCH_CPU_PROF=DIR: the sidecars write V8 CPU profiles there (node --cpu-prof) when they stop.
@@ -47,6 +48,7 @@ async function startSidecar(upstreamPort, env = {}) {
   const prof = [
     ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(process.env.BENCH_CPU_PROF)] : []),
     ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean),
+    ...nodeFlags,
   ];
   const p = spawn(process.execPath, [...prof, path.join(ROOT, 'dist/main.js'), 'run'], {
     env: {
@@ -179,6 +181,89 @@ process.stdout.write(JSON.stringify({mib:256,first_us_per_mib:first*1000/256,aga
   return out;
 }
 
+/** Ends a sidecar's rollouts `${prefix}-0…` and waits until their transitions are exported; returns the seconds it took. */
+const endRollouts = (sc) => async (prefix, agents) => {
+  const exported = async () =>
+    Number(
+      /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text())?.[1] ?? 0,
+    );
+  const before = await exported();
+  const t0 = performance.now();
+  for (let a = 0; a < agents; a++)
+    await fetch(`http://127.0.0.1:${sc.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{}',
+    });
+  const until = Date.now() + 120_000;
+  // Polled slowly: every scrape of /metrics is CPU the sidecar spends for the bench, not for capture.
+  while ((await exported()) < before + agents * GC_TURNS && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
+  return (performance.now() - t0) / 1000;
+};
+
+/** The profile of a sidecar started with `--cpu-prof`, once it has stopped. */
+async function stoppedProfile(sc, dir) {
+  await stop(sc.proc);
+  const file = fs.readdirSync(dir).find((f) => f.endsWith('.cpuprofile'));
+  if (!file) throw new Error(`no CPU profile written in ${dir}`);
+  return JSON.parse(fs.readFileSync(path.join(dir, file), 'utf8'));
+}
+
+/** Runs `load` in a window of the profile's clock; `units` of the result: what it is divided by. */
+async function inWindow(name, load, units) {
+  const startUs = nowUs();
+  const out = await load();
+  return { window: { name, startUs, endUs: nowUs(), units: units(out) }, out };
+}
+
+async function profileScenario(model) {
+  const { analyzeProfile } = require('./profile');
+  const flags = (dir) => ['--cpu-prof', '--cpu-prof-dir', dir];
+  const jsonDir = fs.mkdtempSync(path.join(tmp, 'prof-json-'));
+  const sc = await startSidecar(model.port, {}, flags(jsonDir));
+  const loop = (p, ms) => closedLoop({ port: sc.port, path: p, body: CHAT, conns: 16, durationMs: ms, maxRequests: 200_000 });
+  await loop('/v1/chat/completions', WARM_MS);
+  await loop('/v1/embeddings', WARM_MS / 2);
+  const on = await inWindow(
+    'json_c16_capture',
+    () => loop('/v1/chat/completions', DUR),
+    (o) => o.requests,
+  );
+  const off = await inWindow(
+    'json_c16_nocapture',
+    () => loop('/v1/embeddings', DUR),
+    (o) => o.requests,
+  );
+  const json = analyzeProfile(await stoppedProfile(sc, jsonDir), [on.window, off.window]);
+
+  const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
+  children.push(agentModel.proc);
+  const growDir = fs.mkdtempSync(path.join(tmp, 'prof-grow-'));
+  const gc = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' }, flags(growDir));
+  const { runAgents } = require('./growing-context');
+  const agents = { port: gc.port, agents: GC_AGENTS, turns: GC_TURNS, ask: true, streamEvery: 0 };
+  for (let w = 0; w < (QUICK ? 0 : 3); w++) {
+    await runAgents({ ...agents, prefix: `pw${w}` });
+    await endRollouts(gc)(`pw${w}`, GC_AGENTS);
+  }
+  const calls = await inWindow(
+    'growing_calls',
+    () => runAgents({ ...agents, prefix: 'pm' }),
+    (o) => o.calls,
+  );
+  const exported = await inWindow(
+    'growing_export',
+    () => endRollouts(gc)('pm', GC_AGENTS),
+    () => calls.out.calls,
+  );
+  const growing = analyzeProfile(await stoppedProfile(gc, growDir), [calls.window, exported.window]);
+  await stop(agentModel.proc);
+  return {
+    json_c16: { capture: { ...json[0], rps: on.out.rps }, nocapture: { ...json[1], rps: off.out.rps } },
+    growing: { calls: growing[0], export: growing[1], errors: calls.out.errors },
+  };
+}
+
 async function main() {
   if (!fs.existsSync(path.join(ROOT, 'dist/main.js'))) throw new Error('dist/main.js is missing: run `npm run build` (npm run bench does)');
   results.memory_touch = memoryTouchCost();
@@ -222,25 +307,6 @@ async function main() {
       LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
       LIGHTNING_CONFIG: writeConfig('exporters:\n  file:\n    prompt_ids: delta\n'),
     });
-    const endRollouts = (sc) => async (prefix, agents) => {
-      const exported = async () =>
-        Number(
-          /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text())?.[1] ??
-            0,
-        );
-      const before = await exported();
-      const t0 = performance.now();
-      for (let a = 0; a < agents; a++)
-        await fetch(`http://127.0.0.1:${sc.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: '{}',
-        });
-      const until = Date.now() + 120_000;
-      // Polled slowly: every scrape of /metrics is CPU the sidecar spends for the bench, not for capture.
-      while ((await exported()) < before + agents * GC_TURNS && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
-      return (performance.now() - t0) / 1000;
-    };
     results.scenarios.growing_context = await require('./growing-context').benchGrowingContext({
       targets: [
         { name: 'direct', port: agentModel.port, pid: null },
@@ -440,6 +506,14 @@ async function main() {
   }
 
   // 5. Kafka export against the test broker.
+  // 8. Where the time goes: sidecars of their own under V8's profiler (its overhead stays out of
+  // every figure above), each load in a window of the profile: JSON at 16 connections with capture
+  // on and off, then the growing context's calls and, separately, their export.
+  if (want('profile')) {
+    log('profile');
+    results.scenarios.profile = await profileScenario(model);
+  }
+
   if (want('kafka')) {
     log('kafka');
     const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);

@@ -1,0 +1,105 @@
+import path from 'node:path';
+
+interface Window {
+  name: string;
+  startUs: number;
+  endUs: number;
+  units: number;
+}
+interface Analysis {
+  units: number;
+  busy_us_per_unit: number;
+  idle_share: number;
+  parts: Record<string, number>;
+  top: { name: string; us_per_unit: number }[];
+}
+// The bench is plain JavaScript run by node; its analysis is loaded as it runs there.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const bench = require(path.join(__dirname, '../../bench/profile.js')) as {
+  analyzeProfile: (profile: unknown, windows: Window[], top?: number) => Analysis[];
+  partOf: (url: string) => string | null;
+  GC: string;
+  NODE: string;
+  PROGRAM: string;
+};
+
+const DIST = 'file:///app/dist/';
+let nextId = 1;
+function frame(functionName: string, url: string, children: { id: number }[] = []): { id: number; callFrame: object; children: number[] } & { id: number } {
+  return { id: nextId++, callFrame: { functionName, url, scriptId: '0', lineNumber: 0, columnNumber: 0 }, children: children.map((c) => c.id) };
+}
+
+describe('bench profile analysis', () => {
+  // root ─┬ (idle) ─ (garbage collector) ─ (program)
+  //       ├ handle (proxy) ─ writev (native, no url)
+  //       ├ capture hook (proxy/capture.js) ─ copy (node:buffer)
+  //       ├ writeQueued (journal) ─ writeBuffers (native)
+  //       ├ listOnTimeout (node:internal/timers): no sidecar frame above or below it
+  //       └ observe (prom-client)
+  const writev = frame('writev', '');
+  const handle = frame('handle', `${DIST}receivers/llm-proxy/proxy.js`, [writev]);
+  const copy = frame('_copyActual', 'node:buffer');
+  const hook = frame('response', `${DIST}receivers/llm-proxy/capture.js`, [copy]);
+  const writeBuffers = frame('writeBuffers', '');
+  const journal = frame('writeQueued', `${DIST}journal/journal.js`, [writeBuffers]);
+  const timers = frame('listOnTimeout', 'node:internal/timers');
+  const metrics = frame('observe', 'file:///app/node_modules/prom-client/lib/histogram.js');
+  const idle = frame('(idle)', '');
+  const gc = frame('(garbage collector)', '');
+  const program = frame('(program)', '');
+  const root = frame('(root)', '', [idle, gc, program, handle, hook, journal, timers, metrics]);
+  const nodes = [root, idle, gc, program, handle, writev, hook, copy, journal, writeBuffers, timers, metrics];
+
+  // Each sample lasts until the next one: 10 µs apart, from t = 1000.
+  const order = [writev, writev, copy, writeBuffers, timers, metrics, gc, program, idle, idle, writev, writev];
+  const profile = {
+    nodes,
+    startTime: 1000,
+    endTime: 1000 + 10 * (order.length + 1),
+    samples: order.map((n) => n.id),
+    timeDeltas: order.map(() => 10),
+  };
+  // Samples start at 1010, 1020, …, 1120: the first window holds the first ten, the second the last two.
+  const windows: Window[] = [
+    { name: 'a', startUs: 1010, endUs: 1110, units: 2 },
+    { name: 'b', startUs: 1110, endUs: 2000, units: 1 },
+  ];
+
+  it('attributes native and built-in frames to the sidecar code that called them, by part', () => {
+    const [a] = bench.analyzeProfile(profile, windows);
+    expect(a.units).toBe(2);
+    // 8 busy samples of 10 µs over 2 requests; 2 idle samples.
+    expect(a.busy_us_per_unit).toBe(40);
+    expect(a.idle_share).toBeCloseTo(0.2);
+    expect(a.parts).toEqual({
+      'proxy: forwarding': 10,
+      'proxy: capture hooks (tee, ids asked for, stripped)': 5,
+      journal: 5,
+      'metrics and logs': 5,
+      [bench.NODE]: 5,
+      [bench.GC]: 5,
+      [bench.PROGRAM]: 5,
+    });
+    expect(a.top[0]).toEqual({ name: 'writev', us_per_unit: 10 });
+  });
+
+  it('keeps each window to its own samples', () => {
+    const [, b] = bench.analyzeProfile(profile, windows);
+    // The last sample lasts until the profile's end: two writev samples, 10 µs each, 1 request.
+    expect(b.busy_us_per_unit).toBe(20);
+    expect(b.parts).toEqual({ 'proxy: forwarding': 20 });
+    expect(b.idle_share).toBe(0);
+  });
+
+  it('names the parts by the path under dist/ or node_modules/', () => {
+    expect(bench.partOf(`${DIST}formats/extract.js`)).toBe('extraction (answers read for ids, logprobs, tool calls)');
+    expect(bench.partOf(`${DIST}formats/http1-response.js`)).toBe('proxy: forwarding');
+    expect(bench.partOf(`${DIST}processors/episodes/assembler.js`)).toBe('records and episodes');
+    expect(bench.partOf(`${DIST}processors/rewards/transitions.js`)).toBe('transitions (AIR, credit)');
+    expect(bench.partOf(`${DIST}exporters/file/ndjson-writer.js`)).toBe('export (transition JSON, NDJSON or Kafka)');
+    expect(bench.partOf(`${DIST}receivers/otlp/receiver.js`)).toBe('other sidecar code');
+    expect(bench.partOf('file:///app/node_modules/kafkajs/src/producer/index.js')).toBe('Kafka client (kafkajs)');
+    expect(bench.partOf('file:///app/node_modules/yaml/dist/index.js')).toBe('other libraries');
+    expect(bench.partOf('node:internal/streams/readable')).toBeNull();
+  });
+});
