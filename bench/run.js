@@ -6,7 +6,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { proc, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
-const { nowUs } = require('./profile');
+const { analyzeProfile, nowUs } = require('./profile');
 
 const QUICK = process.argv.includes('--quick');
 // --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, profile).
@@ -217,7 +217,6 @@ async function inWindow(name, load, units) {
 }
 
 async function profileScenario(model) {
-  const { analyzeProfile } = require('./profile');
   const flags = (dir) => ['--cpu-prof', '--cpu-prof-dir', dir];
   const jsonDir = fs.mkdtempSync(path.join(tmp, 'prof-json-'));
   const sc = await startSidecar(model.port, {}, flags(jsonDir));
@@ -505,8 +504,7 @@ async function main() {
     await stop(memSidecar.proc);
   }
 
-  // 5. Kafka export against the test broker.
-  // 8. Where the time goes: sidecars of their own under V8's profiler (its overhead stays out of
+  // 7. Where the time goes: sidecars of their own under V8's profiler (its overhead stays out of
   // every figure above), each load in a window of the profile: JSON at 16 connections with capture
   // on and off, then the growing context's calls and, separately, their export.
   if (want('profile')) {
@@ -514,6 +512,7 @@ async function main() {
     results.scenarios.profile = await profileScenario(model);
   }
 
+  // 5. Kafka export against the test broker.
   if (want('kafka')) {
     log('kafka');
     const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);

@@ -25,7 +25,7 @@ const bench = require(path.join(__dirname, '../../bench/profile.js')) as {
 
 const DIST = 'file:///app/dist/';
 let nextId = 1;
-function frame(functionName: string, url: string, children: { id: number }[] = []): { id: number; callFrame: object; children: number[] } & { id: number } {
+function frame(functionName: string, url: string, children: { id: number }[] = []): { id: number; callFrame: object; children: number[] } {
   return { id: nextId++, callFrame: { functionName, url, scriptId: '0', lineNumber: 0, columnNumber: 0 }, children: children.map((c) => c.id) };
 }
 
