@@ -17,9 +17,20 @@ const CLK_TCK = (() => {
 
 /** CPU seconds (user + system) of a process or one of its threads, from a /proc stat file. */
 function statCpu(file) {
+  const { user, sys } = statTimes(file);
+  return user + sys;
+}
+
+/** User and system CPU seconds from a /proc stat file (utime and stime). */
+function statTimes(file) {
   const stat = fs.readFileSync(file, 'utf8');
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(f[11]) + Number(f[12])) / CLK_TCK;
+  return { user: Number(f[11]) / CLK_TCK, sys: Number(f[12]) / CLK_TCK };
+}
+
+/** A process's main thread's user and system CPU seconds (for Node: the event loop). */
+function mainThreadTimes(pid) {
+  return statTimes(`/proc/${pid}/task/${pid}/stat`);
 }
 
 /**
@@ -164,4 +175,4 @@ function writeConfig(yaml) {
   return file;
 }
 
-module.exports = { proc, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig, CLK_TCK };
+module.exports = { proc, mainThreadTimes, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig, CLK_TCK };

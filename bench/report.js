@@ -350,19 +350,30 @@ function whereTheTimeGoes(p) {
   L.push(
     'Sidecars of their own, started with `node --cpu-prof` (the profiler’s overhead is in these figures and in none above), each load a window of the profile. The main thread only (the event loop): busy µs per request or call, by the part of the sidecar each sample was in. Time in a Node.js built-in or native function (a socket `writev`, `JSON.parse`, crc32) counts for the sidecar code that called it; the rest is Node.js’s own work, garbage collection, or V8. In the export window the bench polls the sidecar’s `/metrics` every 200 ms to see when it is done: that scrape is under “metrics and logs”.',
     '',
+    'The profiler samples the thread’s stack on a wall clock: a sample counts as busy while the thread waits inside a system call (switched out by the kernel) or for the garbage collector’s helper threads. The row “main thread CPU” is what the thread really used in the same window, from /proc (user and system time, the profiler’s own work on the thread included). Where busy is well above it, the difference is such waiting; where it is below, short bursts fell between the profiler’s 1 ms samples.',
+    '',
   );
+  const cpuRows = (cols, digits) => {
+    const cpu = (w) => (w.main_cpu ? w.main_cpu.user_us_per_unit + w.main_cpu.sys_us_per_unit : NaN);
+    const sys = (w) => (w.main_cpu ? w.main_cpu.sys_us_per_unit : NaN);
+    const diff = cols.length === 2 && cols[0].diff;
+    const row = (name, get) =>
+      `| ${name} | ${cols.map((c) => f(get(c.w), digits)).join(' | ')}${diff ? ` | ${f(get(cols[0].w) - get(cols[1].w), digits)}` : ''} |`;
+    return [row('main thread CPU from /proc (user + system)', cpu), row('of which system (kernel)', sys)];
+  };
   const parts = (a, b) => {
     const names = [...new Set([...Object.keys(a.parts), ...Object.keys(b.parts)])];
     return names.sort((x, y) => (b.parts[y] ?? 0) + (a.parts[y] ?? 0) - (b.parts[x] ?? 0) - (a.parts[x] ?? 0));
   };
   const pct = (x) => (Number.isFinite(x) ? `${(x * 100).toFixed(0)} %` : '–');
-  const j = p.json_c16;
-  if (j) {
-    L.push('JSON (1 KiB), 16 connections, the same sidecar with capture on and off:', '');
+  const json = (j, conns) => {
+    if (!j) return;
+    L.push(`JSON (1 KiB), ${conns === 1 ? 'one connection' : `${conns} connections`}, the same sidecar with capture on and off:`, '');
     L.push('| part | capture on, µs/request | capture off, µs/request | on − off |', '|---|---|---|---|');
     L.push(
       `| **busy, all parts** | **${f(j.capture.busy_us_per_unit, 1)}** | **${f(j.nocapture.busy_us_per_unit, 1)}** | **${f(j.capture.busy_us_per_unit - j.nocapture.busy_us_per_unit, 1)}** |`,
     );
+    L.push(...cpuRows([{ w: j.capture, diff: true }, { w: j.nocapture }], 1));
     for (const name of parts(j.capture, j.nocapture)) {
       const on = j.capture.parts[name] ?? 0;
       const off = j.nocapture.parts[name] ?? 0;
@@ -370,7 +381,10 @@ function whereTheTimeGoes(p) {
     }
     L.push(`| event loop idle | ${pct(j.capture.idle_share)} | ${pct(j.nocapture.idle_share)} | |`);
     L.push(`| req/s under the profiler (${j.capture.units} and ${j.nocapture.units} requests) | ${f(j.capture.rps, 0)} | ${f(j.nocapture.rps, 0)} | |`, '');
-  }
+  };
+  const j = p.json_c16;
+  json(j, 16);
+  json(p.json_c1, 1);
   const g = p.growing;
   if (g) {
     L.push(
@@ -379,10 +393,16 @@ function whereTheTimeGoes(p) {
     );
     L.push('| part | during the calls, µs/call | the export, µs/call |', '|---|---|---|');
     L.push(`| **busy, all parts** | **${f(g.calls.busy_us_per_unit, 0)}** | **${f(g.export.busy_us_per_unit, 0)}** |`);
+    L.push(...cpuRows([{ w: g.calls }, { w: g.export }], 0));
     for (const name of parts(g.calls, g.export)) L.push(`| ${name} | ${f(g.calls.parts[name] ?? 0, 0)} | ${f(g.export.parts[name] ?? 0, 0)} |`);
     L.push(`| event loop idle | ${pct(g.calls.idle_share)} | ${pct(g.export.idle_share)} |`, '');
   }
-  const cols = [j && ['JSON c=16, capture on', j.capture, 1], g && ['growing: calls', g.calls, 0], g && ['growing: export', g.export, 0]].filter(Boolean);
+  const cols = [
+    j && ['JSON c=16, capture on', j.capture, 1],
+    p.json_c1 && ['JSON c=1, capture on', p.json_c1.capture, 1],
+    g && ['growing: calls', g.calls, 0],
+    g && ['growing: export', g.export, 0],
+  ].filter(Boolean);
   if (cols.length > 0) {
     L.push('Functions with the most self time (µs per request or call):', '');
     L.push(`| | ${cols.map((c) => c[0]).join(' | ')} |`, `|---|${cols.map(() => '---|').join('')}`);
@@ -395,4 +415,4 @@ function whereTheTimeGoes(p) {
   return L;
 }
 
-module.exports = { markdown };
+module.exports = { markdown, whereTheTimeGoes };

@@ -5,7 +5,7 @@ const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { proc, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
+const { proc, mainThreadTimes, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
 const { analyzeProfile, nowUs } = require('./profile');
 
 const QUICK = process.argv.includes('--quick');
@@ -210,30 +210,50 @@ async function stoppedProfile(sc, dir) {
 }
 
 /** Runs `load` in a window of the profile's clock; `units` of the result: what it is divided by. */
-async function inWindow(name, load, units) {
+/**
+ * Runs a load as a window of a sidecar's profile. `cpu` is what its main thread really used in
+ * it, from /proc (user and system µs per unit): the profile samples the thread's stack on a wall
+ * clock, so time it spent waiting (switched out in a system call, or on GC helper threads) counts
+ * there as busy.
+ */
+async function inWindow(name, load, units, pid) {
+  const before = mainThreadTimes(pid);
   const startUs = nowUs();
   const out = await load();
-  return { window: { name, startUs, endUs: nowUs(), units: units(out) }, out };
+  const endUs = nowUs();
+  const after = mainThreadTimes(pid);
+  const n = units(out);
+  const per = (s) => (n > 0 ? (s * 1e6) / n : NaN);
+  return {
+    window: { name, startUs, endUs, units: n },
+    out,
+    cpu: { user_us_per_unit: per(after.user - before.user), sys_us_per_unit: per(after.sys - before.sys) },
+  };
 }
 
 async function profileScenario(model) {
   const flags = (dir) => ['--cpu-prof', '--cpu-prof-dir', dir];
   const jsonDir = fs.mkdtempSync(path.join(tmp, 'prof-json-'));
   const sc = await startSidecar(model.port, {}, flags(jsonDir));
-  const loop = (p, ms) => closedLoop({ port: sc.port, path: p, body: CHAT, conns: 16, durationMs: ms, maxRequests: 200_000 });
+  const loop = (p, ms, conns = 16) => closedLoop({ port: sc.port, path: p, body: CHAT, conns, durationMs: ms, maxRequests: 200_000 });
   await loop('/v1/chat/completions', WARM_MS);
   await loop('/v1/embeddings', WARM_MS / 2);
-  const on = await inWindow(
-    'json_c16_capture',
-    () => loop('/v1/chat/completions', DUR),
-    (o) => o.requests,
-  );
-  const off = await inWindow(
-    'json_c16_nocapture',
-    () => loop('/v1/embeddings', DUR),
-    (o) => o.requests,
-  );
-  const json = analyzeProfile(await stoppedProfile(sc, jsonDir), [on.window, off.window]);
+  // Capture on and off at 16 connections, then at one.
+  const windows = [];
+  for (const conns of [16, 1])
+    for (const p of ['/v1/chat/completions', '/v1/embeddings'])
+      windows.push(
+        await inWindow(
+          `json_c${conns}_${p}`,
+          () => loop(p, DUR, conns),
+          (o) => o.requests,
+          sc.proc.pid,
+        ),
+      );
+  const json = analyzeProfile(
+    await stoppedProfile(sc, jsonDir),
+    windows.map((w) => w.window),
+  ).map((a, i) => ({ ...a, rps: windows[i].out.rps, main_cpu: windows[i].cpu }));
 
   const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
   children.push(agentModel.proc);
@@ -249,17 +269,20 @@ async function profileScenario(model) {
     'growing_calls',
     () => runAgents({ ...agents, prefix: 'pm' }),
     (o) => o.calls,
+    gc.proc.pid,
   );
   const exported = await inWindow(
     'growing_export',
     () => endRollouts(gc)('pm', GC_AGENTS),
     () => calls.out.calls,
+    gc.proc.pid,
   );
   const growing = analyzeProfile(await stoppedProfile(gc, growDir), [calls.window, exported.window]);
   await stop(agentModel.proc);
   return {
-    json_c16: { capture: { ...json[0], rps: on.out.rps }, nocapture: { ...json[1], rps: off.out.rps } },
-    growing: { calls: growing[0], export: growing[1], errors: calls.out.errors },
+    json_c16: { capture: json[0], nocapture: json[1] },
+    json_c1: { capture: json[2], nocapture: json[3] },
+    growing: { calls: { ...growing[0], main_cpu: calls.cpu }, export: { ...growing[1], main_cpu: exported.cpu }, errors: calls.out.errors },
   };
 }
 
@@ -451,8 +474,10 @@ async function main() {
   if (want('otlp')) {
     log('otlp');
     const otlpSidecar = await startSidecar(model.port);
-    results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, durationMs: DUR, quick: QUICK, proc });
+    const pacedSidecar = await startSidecar(model.port);
+    results.scenarios.otlp = await require('./otlp').benchOtlp({ sidecar: otlpSidecar, paced: pacedSidecar, durationMs: DUR, quick: QUICK, proc });
     await stop(otlpSidecar.proc);
+    await stop(pacedSidecar.proc);
   }
 
   // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open).

@@ -103,3 +103,53 @@ describe('bench profile analysis', () => {
     expect(bench.partOf('node:internal/streams/readable')).toBeNull();
   });
 });
+
+describe('bench profile report', () => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const report = require(path.join(__dirname, '../../bench/report.js')) as { whereTheTimeGoes: (p: unknown) => string[] };
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const lib = require(path.join(__dirname, '../../bench/lib.js')) as { mainThreadTimes: (pid: number) => { user: number; sys: number } };
+  const analysis = (busy: number, cpu?: { user_us_per_unit: number; sys_us_per_unit: number }) => ({
+    units: 10,
+    busy_us_per_unit: busy,
+    idle_share: 0.5,
+    parts: { journal: busy },
+    top: [],
+    rps: 100,
+    ...(cpu ? { main_cpu: cpu } : {}),
+  });
+
+  it('prints the main thread CPU from /proc next to the busy time, with the difference capture makes', () => {
+    const lines = report.whereTheTimeGoes({
+      json_c1: {
+        capture: analysis(300, { user_us_per_unit: 250, sys_us_per_unit: 60 }),
+        nocapture: analysis(100, { user_us_per_unit: 80, sys_us_per_unit: 20 }),
+      },
+    });
+    expect(lines).toContain('JSON (1 KiB), one connection, the same sidecar with capture on and off:');
+    expect(lines).toContain('| main thread CPU from /proc (user + system) | 310.0 | 100.0 | 210.0 |');
+    expect(lines).toContain('| of which system (kernel) | 60.0 | 20.0 | 40.0 |');
+  });
+
+  it('prints a dash where a run has no CPU figures (results from before they were taken)', () => {
+    const lines = report.whereTheTimeGoes({ json_c16: { capture: analysis(300), nocapture: analysis(100) } });
+    expect(lines).toContain('| main thread CPU from /proc (user + system) | – | – | – |');
+  });
+
+  it('reads a thread’s user and system time from /proc', () => {
+    const before = lib.mainThreadTimes(process.pid);
+    // Work on this thread until /proc has counted at least 100 ms of it (10 ms ticks), or 5 s pass.
+    const until = Date.now() + 5000;
+    let x = 0;
+    while (Date.now() < until) {
+      for (let i = 0; i < 1e6; i++) x += Math.sqrt(i);
+      const now = lib.mainThreadTimes(process.pid);
+      if (now.user + now.sys - before.user - before.sys >= 0.1) break;
+    }
+    const after = lib.mainThreadTimes(process.pid);
+    expect(x).toBeGreaterThan(0);
+    expect(after.user).toBeGreaterThanOrEqual(before.user);
+    expect(after.sys).toBeGreaterThanOrEqual(before.sys);
+    expect(after.user + after.sys - before.user - before.sys).toBeGreaterThanOrEqual(0.1);
+  });
+});
