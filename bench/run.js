@@ -209,12 +209,11 @@ async function stoppedProfile(sc, dir) {
   return JSON.parse(fs.readFileSync(path.join(dir, file), 'utf8'));
 }
 
-/** Runs `load` in a window of the profile's clock; `units` of the result: what it is divided by. */
 /**
- * Runs a load as a window of a sidecar's profile. `cpu` is what its main thread really used in
- * it, from /proc (user and system µs per unit): the profile samples the thread's stack on a wall
- * clock, so time it spent waiting (switched out in a system call, or on GC helper threads) counts
- * there as busy.
+ * Runs `load` in a window of the profile's clock; `units` of its result: what the window is divided
+ * by. `cpu` is what the sidecar's main thread really used in it, from /proc (user and system µs
+ * per unit): the profile samples the thread's stack on a wall clock, so time it spent waiting
+ * (switched out in a system call, or on GC helper threads) counts there as busy.
  */
 async function inWindow(name, load, units, pid) {
   const before = mainThreadTimes(pid);
@@ -530,8 +529,8 @@ async function main() {
   }
 
   // 7. Where the time goes: sidecars of their own under V8's profiler (its overhead stays out of
-  // every figure above), each load in a window of the profile: JSON at 16 connections with capture
-  // on and off, then the growing context's calls and, separately, their export.
+  // every figure above), each load in a window of the profile: JSON at 16 connections and at one,
+  // capture on and off, then the growing context's calls and, separately, their export.
   if (want('profile')) {
     log('profile');
     results.scenarios.profile = await profileScenario(model);
