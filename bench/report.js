@@ -353,12 +353,11 @@ function whereTheTimeGoes(p) {
     'The profiler samples the thread’s stack on a wall clock: a sample counts as busy while the thread waits inside a system call (switched out by the kernel) or for the garbage collector’s helper threads. The row “main thread CPU” is what the thread really used in the same window, from /proc (user and system time, the profiler’s own work on the thread included). Where busy is well above it, the difference is such waiting; where it is below, short bursts fell between the profiler’s 1 ms samples.',
     '',
   );
-  const cpuRows = (cols, digits) => {
+  /** The main thread's CPU in two windows `a` and `b`, and `a − b` as a third column when `diff`. */
+  const cpuRows = (a, b, digits, diff) => {
     const cpu = (w) => (w.main_cpu ? w.main_cpu.user_us_per_unit + w.main_cpu.sys_us_per_unit : NaN);
     const sys = (w) => (w.main_cpu ? w.main_cpu.sys_us_per_unit : NaN);
-    const diff = cols.length === 2 && cols[0].diff;
-    const row = (name, get) =>
-      `| ${name} | ${cols.map((c) => f(get(c.w), digits)).join(' | ')}${diff ? ` | ${f(get(cols[0].w) - get(cols[1].w), digits)}` : ''} |`;
+    const row = (name, get) => `| ${name} | ${f(get(a), digits)} | ${f(get(b), digits)}${diff ? ` | ${f(get(a) - get(b), digits)}` : ''} |`;
     return [row('main thread CPU from /proc (user + system)', cpu), row('of which system (kernel)', sys)];
   };
   const parts = (a, b) => {
@@ -373,7 +372,7 @@ function whereTheTimeGoes(p) {
     L.push(
       `| **busy, all parts** | **${f(j.capture.busy_us_per_unit, 1)}** | **${f(j.nocapture.busy_us_per_unit, 1)}** | **${f(j.capture.busy_us_per_unit - j.nocapture.busy_us_per_unit, 1)}** |`,
     );
-    L.push(...cpuRows([{ w: j.capture, diff: true }, { w: j.nocapture }], 1));
+    L.push(...cpuRows(j.capture, j.nocapture, 1, true));
     for (const name of parts(j.capture, j.nocapture)) {
       const on = j.capture.parts[name] ?? 0;
       const off = j.nocapture.parts[name] ?? 0;
@@ -393,7 +392,7 @@ function whereTheTimeGoes(p) {
     );
     L.push('| part | during the calls, µs/call | the export, µs/call |', '|---|---|---|');
     L.push(`| **busy, all parts** | **${f(g.calls.busy_us_per_unit, 0)}** | **${f(g.export.busy_us_per_unit, 0)}** |`);
-    L.push(...cpuRows([{ w: g.calls }, { w: g.export }], 0));
+    L.push(...cpuRows(g.calls, g.export, 0, false));
     for (const name of parts(g.calls, g.export)) L.push(`| ${name} | ${f(g.calls.parts[name] ?? 0, 0)} | ${f(g.export.parts[name] ?? 0, 0)} |`);
     L.push(`| event loop idle | ${pct(g.calls.idle_share)} | ${pct(g.export.idle_share)} |`, '');
   }

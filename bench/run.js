@@ -230,6 +230,14 @@ async function inWindow(name, load, units, pid) {
   };
 }
 
+/** The windows of `runs` (from `inWindow`) in a profile, each with the CPU its main thread used. */
+function analyzeRuns(profile, runs) {
+  return analyzeProfile(
+    profile,
+    runs.map((r) => r.window),
+  ).map((a, i) => ({ ...a, main_cpu: runs[i].cpu }));
+}
+
 async function profileScenario(model) {
   const flags = (dir) => ['--cpu-prof', '--cpu-prof-dir', dir];
   const jsonDir = fs.mkdtempSync(path.join(tmp, 'prof-json-'));
@@ -249,10 +257,7 @@ async function profileScenario(model) {
           sc.proc.pid,
         ),
       );
-  const json = analyzeProfile(
-    await stoppedProfile(sc, jsonDir),
-    windows.map((w) => w.window),
-  ).map((a, i) => ({ ...a, rps: windows[i].out.rps, main_cpu: windows[i].cpu }));
+  const json = analyzeRuns(await stoppedProfile(sc, jsonDir), windows).map((a, i) => ({ ...a, rps: windows[i].out.rps }));
 
   const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
   children.push(agentModel.proc);
@@ -276,12 +281,12 @@ async function profileScenario(model) {
     () => calls.out.calls,
     gc.proc.pid,
   );
-  const growing = analyzeProfile(await stoppedProfile(gc, growDir), [calls.window, exported.window]);
+  const growing = analyzeRuns(await stoppedProfile(gc, growDir), [calls, exported]);
   await stop(agentModel.proc);
   return {
     json_c16: { capture: json[0], nocapture: json[1] },
     json_c1: { capture: json[2], nocapture: json[3] },
-    growing: { calls: { ...growing[0], main_cpu: calls.cpu }, export: { ...growing[1], main_cpu: exported.cpu }, errors: calls.out.errors },
+    growing: { calls: growing[0], export: growing[1], errors: calls.out.errors },
   };
 }
 
