@@ -29,6 +29,8 @@ export interface ForwardContext {
   m: Metrics;
   tooLarge: (req: IncomingMessage, res: ServerResponse, api: Api | null, capture: CallCapture | null, t0: number) => void;
   finishCapture: (capture: CallCapture, status: 'ok' | 'error' | 'aborted', error: string | null, t0: number) => boolean;
+  /** Whether this is the only call in flight (its end need not wait for others to share the journal's write). */
+  alone: () => boolean;
   journalRequest: (capture: CallCapture, body: Buffer) => void;
 }
 
@@ -69,7 +71,7 @@ export function forwardCall(
   /** The agent's whole body when it was read already (a call that could not be translated). */
   preread: Buffer | null = null,
 ): Promise<void> {
-  const { config, deps, upstream, flavors, log, m, tooLarge, finishCapture, journalRequest } = ctx;
+  const { config, deps, upstream, flavors, log, m, tooLarge, finishCapture, alone, journalRequest } = ctx;
   return new Promise<void>((resolve) => {
     const flavor = flavors.current();
     const encoded = !!req.headers['content-encoding'];
@@ -100,14 +102,19 @@ export function forwardCall(
         }
       };
       if (!capture || !finishCapture(capture, status, error, t0)) return finish();
+      // The only call in flight writes through at once: no other call could share the write, and
+      // the rest of the event loop's turn it would wait for is time the agent waits.
+      const now = alone();
       try {
-        deps.capture.afterWrite(finish);
+        if (now) deps.capture.flush();
+        else deps.capture.afterWrite(finish);
       } catch (err) {
         // Capture never fails the call: the answer goes out unwritten, counted.
         m.captureDrops.inc({ reason: 'capture_error' });
         log.once('capture_write_error', 'error', 'capture could not write a call through; the call itself is served', { err });
-        finish();
+        if (!now) return finish();
       }
+      if (now) finish();
     };
     const upstreamBroke = (reason: string): void => {
       if (settled) return;

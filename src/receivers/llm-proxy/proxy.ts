@@ -43,7 +43,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const upstream = parseUpstream(config.upstream_url);
   const now = deps.now ?? Date.now;
   const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, config.upstream_url, { logger: deps.logger, metrics: m });
-  const ctx: ForwardContext = { config, deps, upstream, flavors, log, m, tooLarge, finishCapture, journalRequest };
+  const ctx: ForwardContext = { config, deps, upstream, flavors, log, m, tooLarge, finishCapture, alone: () => inFlight.size <= 1, journalRequest };
   // requestTimeout 0: a whole request may take long (big bodies on slow links); slow or stalled
   // clients are cut by the header timeout and by the body idle timeout (guardBody) instead.
   const server = http.createServer(
