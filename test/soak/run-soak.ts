@@ -7,28 +7,60 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { parseArgs } from 'node:util';
 import { runSoak } from './soak';
 
+const USAGE = 'usage: npm run soak [-- --minutes N] [--journal-mib N] [--agents N] [--kills N] [--context-kib N]';
+
+/** The run's numeric options (absent ones undefined); throws `--name: message` or the parser's own error. */
+export function soakOptions(args: string[]): {
+  help: boolean;
+  numbers: Record<'minutes' | 'agents' | 'context-kib' | 'journal-mib' | 'kills', number | undefined>;
+} {
+  const names = ['minutes', 'agents', 'context-kib', 'journal-mib', 'kills'] as const;
+  const str = { type: 'string' } as const;
+  const { values } = parseArgs({
+    args,
+    strict: true,
+    options: { help: { type: 'boolean', short: 'h' }, minutes: str, agents: str, 'context-kib': str, 'journal-mib': str, kills: str },
+  });
+  const numbers = {} as Record<(typeof names)[number], number | undefined>;
+  for (const n of names) {
+    const raw = values[n];
+    if (raw === undefined) continue;
+    const v = Number(raw);
+    if (raw.trim() === '' || !Number.isFinite(v) || v < 0) throw new Error(`--${n}: expected a number ≥ 0, got "${raw}"`);
+    numbers[n] = v;
+  }
+  return { help: values.help === true, numbers };
+}
+
 async function main(): Promise<number> {
+  let opts: ReturnType<typeof soakOptions>;
+  try {
+    opts = soakOptions(process.argv.slice(2));
+  } catch (err) {
+    process.stderr.write(`${(err as Error).message}\n${USAGE}\n`);
+    return 2;
+  }
+  if (opts.help) {
+    process.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
   // Everything the run writes (the sidecar's data directory and config, its logs) goes into one
   // directory: removed when the contract holds, kept for a look when it does not.
   const runDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-soak-run-'));
   process.env.TMPDIR = runDir;
-  const i = process.argv.indexOf('--minutes');
-  const minutes = i >= 0 ? Number(process.argv[i + 1]) : 3;
-  const a = process.argv.indexOf('--agents');
-  const agents = a >= 0 ? Number(process.argv[a + 1]) : 8;
-  const c = process.argv.indexOf('--context-kib');
-  const contextKiB = c >= 0 ? Number(process.argv[c + 1]) : 0;
-  const j = process.argv.indexOf('--journal-mib');
+  const minutes = opts.numbers.minutes ?? 3;
+  const agents = opts.numbers.agents ?? 8;
+  const contextKiB = opts.numbers['context-kib'] ?? 0;
   // Sized for the backlog of the Kafka outage (15 % of the run): it grows with the agents, with
   // what each call journals, and with the outage's length. Measured on 2 cores: 8 agents without
   // context reached 72 MiB's watermark in a 3-minute run; 16 agents with 8 KiB of context peaked
   // at 535-562 MB in a 4-minute one. Past the watermark captures are dropped by design, and the
   // contract (no answered call missing) cannot hold.
-  const journalMiB = j >= 0 ? Number(process.argv[j + 1]) : Math.ceil(16 * agents * (1 + contextKiB / 4) * (minutes / 3));
-  const k = process.argv.indexOf('--kills');
-  const kills = k >= 0 ? Number(process.argv[k + 1]) : 2;
+  const journalMiB = opts.numbers['journal-mib'] ?? Math.ceil(16 * agents * (1 + contextKiB / 4) * (minutes / 3));
+  const kills = opts.numbers.kills ?? 2;
   // Kills spread over the middle of the run, away from the Kafka outage.
   const killsAt = Array.from({ length: kills }, (_, i) => 0.3 + (0.5 * (i + 1)) / (kills + 1));
   const report = await runSoak({
@@ -59,10 +91,11 @@ async function main(): Promise<number> {
   return report.contract.holds ? 0 : 1;
 }
 
-main().then(
-  (code) => process.exit(code),
-  (err) => {
-    process.stderr.write(`${err instanceof Error ? err.stack : err}\n`);
-    process.exit(1);
-  },
-);
+if (require.main === module)
+  main().then(
+    (code) => process.exit(code),
+    (err) => {
+      process.stderr.write(`${err instanceof Error ? err.stack : err}\n`);
+      process.exit(1);
+    },
+  );
