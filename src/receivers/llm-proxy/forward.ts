@@ -102,19 +102,17 @@ export function forwardCall(
         }
       };
       if (!capture || !finishCapture(capture, status, error, t0)) return finish();
-      // The only call in flight writes through at once: no other call could share the write, and
-      // the rest of the event loop's turn it would wait for is time the agent waits.
-      const now = alone();
       try {
-        if (now) deps.capture.flush();
-        else deps.capture.afterWrite(finish);
+        // The only call in flight writes through at once: no other call could share the write, and
+        // the rest of the event loop's turn it would wait for is time the agent waits.
+        if (!alone()) return deps.capture.afterWrite(finish);
+        deps.capture.flush();
       } catch (err) {
         // Capture never fails the call: the answer goes out unwritten, counted.
         m.captureDrops.inc({ reason: 'capture_error' });
         log.once('capture_write_error', 'error', 'capture could not write a call through; the call itself is served', { err });
-        if (!now) return finish();
       }
-      if (now) finish();
+      finish();
     };
     const upstreamBroke = (reason: string): void => {
       if (settled) return;
