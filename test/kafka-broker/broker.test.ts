@@ -120,6 +120,39 @@ describe('Kafka test broker with kafkajs', () => {
     expect(broker.records('bounce').map((r) => r.value!.toString())).toEqual(['before', 'during']);
     await producer.disconnect();
   });
+
+  it('recordsSince hands each record of every partition out once, as the topic grows', async () => {
+    expect(broker.createTopic('grow', 2)).toBe(true);
+    const producer = kafka().producer();
+    await producer.connect();
+    const cursor: number[] = [];
+    const seen: string[] = [];
+    const poll = () => seen.push(...broker.recordsSince('grow', cursor).map((r) => r.value!.toString()));
+    poll();
+    expect(seen).toEqual([]);
+    await producer.send({
+      topic: 'grow',
+      messages: [
+        { partition: 0, value: 'a1' },
+        { partition: 1, value: 'b1' },
+      ],
+    });
+    poll();
+    await producer.send({
+      topic: 'grow',
+      messages: [
+        { partition: 0, value: 'a2' },
+        { partition: 1, value: 'b2' },
+        { partition: 1, value: 'c1' },
+      ],
+    });
+    poll();
+    poll();
+    await producer.disconnect();
+    expect(new Set(broker.records('grow').map((r) => r.partition)).size).toBe(2);
+    expect(seen.sort()).toEqual(['a1', 'a2', 'b1', 'b2', 'c1']);
+    expect(cursor).toHaveLength(2);
+  });
 });
 
 const kcat = (() => {

@@ -364,11 +364,15 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
   report.rollouts.rewarded = acceptedRewards.size;
 
   // Let delivery finish: every rewarded rollout's episode in Kafka (bounded).
-  const episodesIn = () => new Set(broker.records('lightning.episodes').map((r) => (JSON.parse(r.value!.toString()) as { rollout_id: string }).rollout_id));
+  // The broker runs on this event loop: each poll decodes only what arrived since the last one
+  // (decoding the whole topic every 200 ms starved the broker of a long run, until the sidecar's
+  // produce requests timed out).
+  const have = new Set<string>();
+  const cursor: number[] = [];
   const until = Date.now() + 60_000;
   let lastLog = 0;
   for (;;) {
-    const have = episodesIn();
+    for (const r of broker.recordsSince('lightning.episodes', cursor)) have.add((JSON.parse(r.value!.toString()) as { rollout_id: string }).rollout_id);
     const missing = [...acceptedRewards.keys()].filter((r) => !have.has(r));
     if (missing.length === 0 || Date.now() > until) break;
     if (Date.now() - lastLog > 5000) {

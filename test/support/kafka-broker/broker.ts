@@ -163,6 +163,20 @@ export class KafkaTestBroker {
     return (this.topicsMap.get(topic) ?? []).reduce((n, p) => n + p.next, 0);
   }
 
+  /**
+   * The records of a topic appended since `cursor` was last passed here (all partitions), decoded;
+   * `cursor` (batches already read, per partition) is advanced. For polling a topic that grows:
+   * each batch is decoded once, where `records` decodes the whole topic on every call.
+   */
+  recordsSince(topic: string, cursor: number[]): (StoredRecord & { partition: number })[] {
+    const out: (StoredRecord & { partition: number })[] = [];
+    (this.topicsMap.get(topic) ?? []).forEach((p, i) => {
+      for (let b = cursor[i] ?? 0; b < p.batches.length; b++) for (const r of decodeRecords(p.batches[b].bytes)) out.push({ ...r, partition: i });
+      cursor[i] = p.batches.length;
+    });
+    return out;
+  }
+
   /** Every record of a topic (all partitions, or one), decoded. */
   records(topic: string, partition?: number): (StoredRecord & { partition: number })[] {
     const parts = this.topicsMap.get(topic) ?? [];
