@@ -300,6 +300,12 @@ export const configSchema = z
           .prefault({}),
         /** On SIGTERM, close open episodes and export them (a pod going away takes its emptyDir with it). */
         drain_on_shutdown: z.boolean().default(true),
+        /**
+         * Records (calls, tool spans, rewards) that closed episodes waiting for the exporter hold in
+         * memory (1.5–2 KB each). Above it new captures and spans are refused as when the journal is
+         * full, so an exporter outage cannot outgrow the container's memory whatever the journal's cap.
+         */
+        max_export_backlog: positiveInt.default(300_000),
         journal: z
           .object({
             /** `always` (fsync before acknowledging), `never` (the OS decides), or an interval in ms. */

@@ -136,6 +136,7 @@ export function createApp(config: Config, deps: AppDeps) {
     checks: [
       { name: 'llm_proxy', check: () => (proxyUp ? null : 'not listening') },
       { name: 'journal', check: () => pipeline.journal.writable() },
+      { name: 'export_backlog', check: () => pipeline.backlogFull() },
       { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
       ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],

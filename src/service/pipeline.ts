@@ -46,6 +46,8 @@ interface Queued {
   /** Offset of its close marker; set once the marker is appended. */
   marker: number;
   durable: Promise<unknown>;
+  /** Records it holds in memory (see `max_export_backlog`). */
+  weight: number;
 }
 
 export interface PipelineDeps {
@@ -88,6 +90,13 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   });
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
   const queue: Queued[] = [];
+  /**
+   * Records (calls, spans, rewards) the queued episodes hold in memory. While the exporter is away
+   * closed episodes wait here; above `max_export_backlog` intake is refused as when the journal is
+   * full, so memory stays bounded even under a journal cap larger than memory.
+   */
+  let backlog = 0;
+  const maxBacklog = config.service.max_export_backlog;
   let pumping: Promise<void> | null = null;
   let timer: NodeJS.Timeout | null = null;
   let backoffMs = 0;
@@ -169,12 +178,28 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         return c ? [c] : [];
       }
       case 'delivered': {
-        while (queue.length > 0 && queue[0].marker <= record.upTo) queue.shift();
+        let n = 0;
+        while (n < queue.length && queue[n].marker <= record.upTo) n++;
+        dequeue(n);
         return [];
       }
       default:
         return assembler.step(record, offset);
     }
+  }
+
+  function queued(close: EpisodeClose, marker: number, durable: Promise<unknown>): void {
+    const f = close.facts;
+    const weight = f.calls.length + f.toolSpans.length + f.rewards.length + (f.agentSpans?.length ?? 0);
+    queue.push({ close, built: null, marker, durable, weight });
+    backlog += weight;
+    m.exportBacklog.set(backlog);
+  }
+
+  /** The first `n` queued episodes are delivered. */
+  function dequeue(n: number): void {
+    for (const q of queue.splice(0, n)) backlog -= q.weight;
+    m.exportBacklog.set(backlog);
   }
 
   /** Journals close markers for what the rules closed (live), queues them for export. */
@@ -186,17 +211,17 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       m.episodesClosed.inc({ status: c.status });
       if (replayMarker !== undefined || c.closedByRecord !== undefined) {
         // Replayed, or closed by its own record (which a replay closes again): no marker to journal.
-        queue.push({ close: c, built: null, marker: c.closedByRecord ?? replayMarker!, durable: Promise.resolve() });
+        queued(c, c.closedByRecord ?? replayMarker!, Promise.resolve());
         continue;
       }
       const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId, attemptId, status: c.status, at: c.facts.endedAt };
       try {
         const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
-        queue.push({ close: c, built: null, marker: offset, durable });
+        queued(c, offset, durable);
       } catch (err) {
         // The journal refuses (full/closed): export anyway; a replay may close this episode again.
         log.once('marker', 'warn', 'journal refused a close marker; exporting without it', { err });
-        queue.push({ close: c, built: null, marker: -1, durable: Promise.resolve() });
+        queued(c, -1, Promise.resolve());
       }
     }
     m.openEpisodes.set(assembler.openCount);
@@ -274,7 +299,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         continue;
       }
       backoffMs = 0;
-      queue.splice(0, batch.length);
+      dequeue(batch.length);
       m.transitionsExported.inc(
         { exporter: deps.exporter.name },
         ready(batch).reduce((n, c) => n + c.transitions.length, 0),
@@ -340,6 +365,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     // new call starts above it); its size grows with the body frames it lists (~10 bytes each: a
     // long stream, or a translated one with a frame per event, can reach tens of KB).
     const priority = record.type === 'reward' || record.type === 'end' || record.type === 'call';
+    if (!priority && backlog >= maxBacklog) throw backlogRefusal();
     // A call's start goes with its answer's first bytes (or anything else written before).
     const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority, record.type === 'call_start');
     try {
@@ -349,6 +375,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     }
     updateJournalMetrics();
     return { offset, durable };
+  }
+
+  function backlogRefusal(): RefusedError {
+    return new RefusedError(
+      'EXPORT_BACKLOG',
+      `export backlog: closed episodes holding ${backlog} records wait for the exporter (service.max_export_backlog ${maxBacklog})`,
+      1000,
+    );
   }
 
   function quarantine(offset: number, record: unknown, err: unknown): void {
@@ -460,9 +494,11 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   function refusedCapture(err: unknown): void {
-    const reason = err instanceof RefusedError && err.code === 'JOURNAL_FULL' ? 'journal_full' : 'journal_unwritable';
+    const code = err instanceof RefusedError ? err.code : null;
+    const reason = code === 'JOURNAL_FULL' ? 'journal_full' : code === 'EXPORT_BACKLOG' ? 'export_backlog' : 'journal_unwritable';
     m.captureDrops.inc({ reason });
-    log.once(`capture_${reason}`, 'warn', 'journal cannot take captures; proxied calls are still served', { err });
+    const why = reason === 'export_backlog' ? 'the exporter is behind' : 'journal cannot take captures';
+    log.once(`capture_${reason}`, 'warn', `${why}; proxied calls are still served`, { err });
   }
 
   /**
@@ -524,6 +560,10 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
     },
     recovery: () => recovery,
+    /** Why intake is refused for the export backlog (readiness), or null. */
+    backlogFull(): string | null {
+      return backlog >= maxBacklog ? backlogRefusal().message : null;
+    },
     async start(): Promise<void> {
       assembler.replaying = true;
       // Calls started but not ended in the journal, with their body frames (a process killed mid-call).

@@ -171,6 +171,11 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Episodes open in the assembler.',
       registers: [registry],
     }),
+    exportBacklog: new Gauge({
+      name: 'lightning_sidecar_export_backlog_records',
+      help: 'Records (calls, spans, rewards) that closed episodes waiting for the exporter hold in memory; intake is refused at service.max_export_backlog.',
+      registers: [registry],
+    }),
     episodesClosed: new Counter({
       name: 'lightning_sidecar_episodes_closed_total',
       help: 'Episodes closed, by status.',
@@ -219,7 +224,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   };
   // Series an alert watches with increase() start at 0, so their first event is an increase (a
   // series born at 1 has none to see).
-  for (const reason of ['capture_cap', 'capture_error', 'journal_full', 'journal_unwritable']) metrics.captureDrops.inc({ reason }, 0);
+  for (const reason of ['capture_cap', 'capture_error', 'journal_full', 'journal_unwritable', 'export_backlog']) metrics.captureDrops.inc({ reason }, 0);
   for (const action of ['chunked', 'dead_letter']) metrics.exportOversize.inc({ action }, 0);
   for (const api of ['chat.completions', 'completions', 'responses', 'anthropic.messages'] satisfies Api[]) metrics.missingTokenIds.inc({ api }, 0);
   return metrics;

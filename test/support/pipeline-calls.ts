@@ -20,11 +20,12 @@ export function startPipeline(
   dataDir: string,
   journal: Partial<Config['service']['journal']>,
   onBatch: (batch: ClosedEpisode[], read: BodyReader) => void,
+  service: Partial<Omit<Config['service'], 'journal'>> = {},
 ): Pipeline {
   const config = loadConfig({
     env: {},
     overrides: {
-      service: { data_dir: dataDir, drain_on_shutdown: false, journal: { fsync: 'never', ...journal } },
+      service: { data_dir: dataDir, drain_on_shutdown: false, ...service, journal: { fsync: 'never', ...journal } },
       processors: { episodes: { idle_timeout_ms: 3_600_000, tool_span_wait_ms: 0 } },
     },
   });
