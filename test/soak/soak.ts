@@ -369,7 +369,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
   // produce requests timed out).
   const have = new Set<string>();
   const cursor: number[] = [];
-  const until = Date.now() + 60_000;
+  // A minute at least; a long run's outage (15 % of it) leaves a backlog that grows with its length.
+  const until = Date.now() + Math.max(60_000, opts.durationMs / 5);
   let lastLog = 0;
   for (;;) {
     for (const r of broker.recordsSince('lightning.episodes', cursor)) have.add((JSON.parse(r.value!.toString()) as { rollout_id: string }).rollout_id);
