@@ -377,12 +377,12 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     return { offset, durable };
   }
 
+  function backlogMessage(): string {
+    return `export backlog: closed episodes holding ${backlog} records wait for the exporter (service.max_export_backlog ${maxBacklog})`;
+  }
+
   function backlogRefusal(): RefusedError {
-    return new RefusedError(
-      'EXPORT_BACKLOG',
-      `export backlog: closed episodes holding ${backlog} records wait for the exporter (service.max_export_backlog ${maxBacklog})`,
-      1000,
-    );
+    return new RefusedError('EXPORT_BACKLOG', backlogMessage(), 1000);
   }
 
   function quarantine(offset: number, record: unknown, err: unknown): void {
@@ -562,7 +562,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     recovery: () => recovery,
     /** Why intake is refused for the export backlog (readiness), or null. */
     backlogFull(): string | null {
-      return backlog >= maxBacklog ? backlogRefusal().message : null;
+      return backlog >= maxBacklog ? backlogMessage() : null;
     },
     async start(): Promise<void> {
       assembler.replaying = true;

@@ -65,6 +65,11 @@ interface Partition {
   next: number;
 }
 
+/** The records of partition `index`'s batches from `from` on, decoded and tagged with the partition. */
+function decoded(p: Partition, index: number, from = 0): (StoredRecord & { partition: number })[] {
+  return p.batches.slice(from).flatMap((b) => decodeRecords(b.bytes).map((r) => ({ ...r, partition: index })));
+}
+
 export interface KafkaTestBrokerOptions {
   port?: number;
   autoCreateTopics?: boolean;
@@ -169,20 +174,16 @@ export class KafkaTestBroker {
    * each batch is decoded once, where `records` decodes the whole topic on every call.
    */
   recordsSince(topic: string, cursor: number[]): (StoredRecord & { partition: number })[] {
-    const out: (StoredRecord & { partition: number })[] = [];
-    (this.topicsMap.get(topic) ?? []).forEach((p, i) => {
-      for (let b = cursor[i] ?? 0; b < p.batches.length; b++) for (const r of decodeRecords(p.batches[b].bytes)) out.push({ ...r, partition: i });
+    return (this.topicsMap.get(topic) ?? []).flatMap((p, i) => {
+      const out = decoded(p, i, cursor[i] ?? 0);
       cursor[i] = p.batches.length;
+      return out;
     });
-    return out;
   }
 
   /** Every record of a topic (all partitions, or one), decoded. */
   records(topic: string, partition?: number): (StoredRecord & { partition: number })[] {
-    const parts = this.topicsMap.get(topic) ?? [];
-    return parts.flatMap((p, i) =>
-      partition === undefined || partition === i ? p.batches.flatMap((b) => decodeRecords(b.bytes).map((r) => ({ ...r, partition: i }))) : [],
-    );
+    return (this.topicsMap.get(topic) ?? []).flatMap((p, i) => (partition === undefined || partition === i ? decoded(p, i) : []));
   }
 
   private accept(socket: net.Socket): void {
