@@ -368,13 +368,37 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     if (!priority && backlog >= maxBacklog) throw backlogRefusal();
     // A call's start goes with its answer's first bytes (or anything else written before).
     const { offset, durable } = journal.append(Buffer.from(JSON.stringify(record)), priority, record.type === 'call_start');
+    if (record.type === 'call') {
+      // A call's end is applied once the proxy is done with the call (a microtask): the agent's
+      // answer waits for the journal's write, not for the episode's bookkeeping.
+      if (deferred.length === 0) queueMicrotask(applyDeferred);
+      deferred.push({ record, offset });
+    } else {
+      // Records apply in offset order: ends not yet applied go first.
+      applyDeferred();
+      apply(record, offset);
+    }
+    updateJournalMetrics();
+    return { offset, durable };
+  }
+
+  /** Call end records appended but not yet applied, in offset order. */
+  let deferred: { record: JournalRecord; offset: number }[] = [];
+
+  function applyDeferred(): void {
+    while (deferred.length > 0) {
+      const batch = deferred;
+      deferred = [];
+      for (const d of batch) apply(d.record, d.offset);
+    }
+  }
+
+  function apply(record: JournalRecord, offset: number): void {
     try {
       enqueue(applyRecord(record, offset));
     } catch (err) {
       quarantine(offset, record, err);
     }
-    updateJournalMetrics();
-    return { offset, durable };
   }
 
   function backlogMessage(): string {
@@ -398,6 +422,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   function tick(): void {
+    applyDeferred();
     const at = now();
     for (const o of router.expire(at)) m.spansClassified.inc({ kind: o.what.kind, result: 'unattributed' });
     m.pendingSpans.set(router.pending);
@@ -597,6 +622,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       assembler.replaying = false;
       assembler.forgetInFlight();
       recoverUnended(unended);
+      applyDeferred();
       m.journalRecovered.inc({ kind: 'torn_tail' }, recovery.tornTails);
       m.journalRecovered.inc({ kind: 'corrupt_tail' }, recovery.corruptTails);
       m.journalRecovered.inc({ kind: 'corrupt_segment' }, recovery.corruptSegments);
@@ -609,6 +635,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     /** Closes what is still open (when configured), flushes to the exporter, closes the journal. */
     shutdown: once(async () => {
       if (timer) clearInterval(timer);
+      applyDeferred();
       if (config.service.drain_on_shutdown) enqueue(assembler.drain(now()));
       stopping = true;
       if (pumping) await pumping.catch(() => {});

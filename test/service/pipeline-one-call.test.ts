@@ -12,7 +12,8 @@ import { until } from '../support/pipeline-calls';
 
 /**
  * A call that names no rollout is a rollout of its own (`call-<uuid>`): nothing can name it again,
- * so its episode closes when the call ends, by its own record (no close marker), and is exported
+ * so its episode closes when the call ends (its end record applies right after the proxy is done with
+ * the call), by its own record (no close marker), and is exported
  * in the batch of episodes that closed around it, built from bodies still in memory.
  */
 
@@ -62,6 +63,10 @@ describe('one-call rollouts', () => {
     await p.start();
     const next = p.journal.next;
     for (let n = 0; n < 5; n++) call(p, n);
+    // A call's end applies once the proxy is done with the call (a microtask after it), and
+    // before any later record: each call's start applied the end before it.
+    expect(p.assembler.openCount).toBe(1);
+    await Promise.resolve();
     expect(p.assembler.openCount).toBe(0);
     await until(() => exported.length === 5);
     expect(exported.map((e) => [e.t.rollout_id, e.t.episode_status, e.t.is_last, e.request.includes(`q${e.t.rollout_id.slice(5)}`)])).toEqual(
