@@ -37,6 +37,11 @@ export interface BodyBase {
   digests: Buffer | null;
   /** The lowest frame offset the extents name (a base older than its episode is not used). */
   lowest: number;
+  /**
+   * What the proxy noted about this body (where member names it looks for lie), for the next body
+   * of the rollout: what it finds in the bytes the two share holds for both.
+   */
+  notes?: unknown;
 }
 
 const RESPONSE_ANCHOR = Buffer.from('"prompt_token_ids":[');
@@ -65,6 +70,10 @@ export class BodyWriter {
   /** While seeking: the end of the previous chunk, for an anchor cut in two. */
   private tail: Buffer | null = null;
   private readonly anchor: Buffer | null;
+  /** Bytes after the anchor found equal to the base's (compared, or whole blocks whose digests matched). */
+  private verified = 0;
+  /** What the proxy noted about this body; goes with it into the next call's base. */
+  notes: unknown = undefined;
 
   constructor(
     private readonly journal: Journal,
@@ -129,6 +138,19 @@ export class BodyWriter {
     }
   }
 
+  /**
+   * How many of the body's first bytes (after its anchor) are known to equal the base's: 0 without
+   * a base. It stops growing where the bodies part.
+   */
+  get shared(): number {
+    return this.verified;
+  }
+
+  /** What was noted about the base's bytes (see `BodyBase.notes`). */
+  get baseNotes(): unknown {
+    return this.base?.notes;
+  }
+
   /** Writes what is held: the agent is about to get these bytes, or the body is complete. */
   flush(frames: number[]): void {
     this.writeRef(frames);
@@ -168,7 +190,7 @@ export class BodyWriter {
       chunks = [Buffer.concat(chunks, this.pos)];
       held = this.pos;
     }
-    return { extents: this.own.slice(), bytes: this.pos, chunks, held, digests: null, lowest };
+    return { extents: this.own.slice(), bytes: this.pos, chunks, held, digests: null, lowest, ...(this.notes !== undefined ? { notes: this.notes } : {}) };
   }
 
   /** Against the base's bytes: the shared part becomes a reference, the rest is written as it is. */
@@ -191,6 +213,7 @@ export class BodyWriter {
     }
     this.pos += same;
     this.refEnd = this.pos;
+    this.verified = this.pos;
     if (same === bytes.length) {
       this.kept.push(bytes);
       return;
@@ -230,6 +253,7 @@ export class BodyWriter {
       const digests = this.base!.digests!;
       if (digests.length >= (i + 1) * DIGEST && digest.equals(digests.subarray(i * DIGEST, (i + 1) * DIGEST))) {
         this.refEnd = this.pos;
+        this.verified = this.pos;
         this.pending = [];
       } else {
         // The bodies part in this block: what is held goes out as it is, and so does the rest.
@@ -383,7 +407,15 @@ export function toDigests(base: BodyBase): BodyBase | null {
   const digests = Buffer.allocUnsafe(blocks * DIGEST);
   for (let i = 0; i < blocks; i++) hash('sha256', all.subarray(i * BLOCK, (i + 1) * BLOCK), 'buffer').copy(digests, i * DIGEST);
   const bytes = blocks * BLOCK;
-  return { extents: slice(base.extents, 0, bytes), bytes, chunks: null, held: 0, digests, lowest: base.lowest };
+  return {
+    extents: slice(base.extents, 0, bytes),
+    bytes,
+    chunks: null,
+    held: 0,
+    digests,
+    lowest: base.lowest,
+    ...(base.notes !== undefined ? { notes: base.notes } : {}),
+  };
 }
 
 /** The extents naming bytes `from`..`from + length` of what `extents` name. */

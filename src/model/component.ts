@@ -50,6 +50,13 @@ export interface CaptureSink {
   bodyFlush(callId: number, kind: 'request' | 'response', frames: number[]): boolean;
   /** What was written of one body is dropped from the call (it is sent again, changed). */
   restartBody(callId: number, kind: 'request' | 'response'): void;
+  /**
+   * How many of the call's first request bytes (as given so far) equal its rollout's previous
+   * request, and what was noted about that request (`noteRequest`); null when nothing is known.
+   */
+  requestRepeats?(callId: number): { shared: number; notes: unknown } | null;
+  /** Notes about the call's request, kept with it for the next call of its rollout. */
+  noteRequest?(callId: number, notes: unknown): void;
   callEnded(record: CallRecord): void;
   /** Writes what is queued now (the bytes are in the kernel when it returns). */
   flush(): void;

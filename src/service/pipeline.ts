@@ -481,6 +481,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       w[kind]?.close();
       w[kind] = null;
     },
+    requestRepeats(callId: number): { shared: number; notes: unknown } | null {
+      const writer = writing.get(callId)?.request;
+      return writer ? { shared: writer.shared, notes: writer.baseNotes } : null;
+    },
+    noteRequest(callId: number, notes: unknown): void {
+      const writer = writing.get(callId)?.request;
+      if (writer) writer.notes = notes;
+    },
     callEnded(record: CallRecord): void {
       keepBases(record);
       if (submitCapture(record) === null) {

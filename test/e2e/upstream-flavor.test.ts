@@ -64,6 +64,38 @@ describe('the model server, found by itself', () => {
     }
   });
 
+  it('in a rollout whose requests grow, gives the agent ids and logprobs exactly when it asked, wherever in the body it asked', async () => {
+    // Requests over 16 KiB: each is compared with the rollout's previous one, and only what it adds is searched for the names.
+    const sidecar = await startSidecar(vllm.url, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+    try {
+      const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/grow-1/v1`, apiKey: 'k', maxRetries: 0 });
+      const history: { role: 'user' | 'assistant'; content: string }[] = [];
+      // Where the agent puts `logprobs`: nowhere, after the history (new bytes), or before it (bytes the previous request had too).
+      const asks = ['none', 'after', 'none', 'before', 'before', 'none', 'after', 'after'] as const;
+      const got: boolean[] = [];
+      for (const [turn, ask] of asks.entries()) {
+        history.push({ role: 'user', content: `turn ${turn}: ${'tool output '.repeat(1800)}` });
+        const body =
+          ask === 'before'
+            ? { logprobs: true, model: 'm', messages: history }
+            : ask === 'after'
+              ? { model: 'm', messages: history, logprobs: true }
+              : { model: 'm', messages: history };
+        const answer = (await client.chat.completions.create(body)) as unknown as {
+          choices: { message: { content: string }; logprobs?: { content: unknown[] } | null }[];
+        };
+        got.push((answer.choices[0].logprobs?.content.length ?? 0) > 0);
+        history.push({ role: 'assistant', content: answer.choices[0].message.content });
+      }
+      expect(got).toEqual(asks.map((a) => a !== 'none'));
+      const ts = (await closeAndRead(sidecar, 'grow-1', 1)).sort((a, b) => a.seq - b.seq);
+      expect(ts.map((t) => t.injected)).toEqual(asks.map((a) => (a === 'none' ? ['return_token_ids', 'logprobs'] : ['return_token_ids'])));
+      for (const t of ts) expect(t.response_logprobs?.length).toBe(t.response_token_ids?.length);
+    } finally {
+      await sidecar.stop();
+    }
+  });
+
   it('an OpenAI-like server (no owned_by vllm, refuses unknown fields) gets the agent’s bytes unchanged', async () => {
     const sidecar = await startSidecar(openaiLike.url, { receivers: { llm_proxy: { upstream_flavor: 'auto' } } });
     try {

@@ -272,4 +272,36 @@ describe('bodies that repeat the previous call of their rollout', () => {
     expect(slice(extents, 8, 4)).toEqual([12, 0, 4]);
     expect(slice(extents, 11, 5)).toEqual([12, 3, 1]);
   });
+
+  it('knows how many first bytes of a request equal the previous one, and passes notes on to the next', async () => {
+    const dir = tmp();
+    const j = await open(dir);
+    const random = rng(5);
+    const first = Buffer.from(text(random, 3 * BLOCK + 500));
+    const second = Buffer.concat([first.subarray(0, 2 * BLOCK + 123), Buffer.from('a different turn'), Buffer.from(text(random, BLOCK))]);
+    // Against the bytes: exactly where the two part, however the chunks fall.
+    const w1 = new BodyWriter(j, 1, 'request', null);
+    const frames: number[] = [];
+    for (const c of chunks(random, first)) w1.write(c, frames);
+    expect(w1.shared).toBe(0);
+    w1.notes = { found: 42 };
+    w1.flush(frames);
+    const base = w1.result()!;
+    expect(base.notes).toEqual({ found: 42 });
+    const w2 = new BodyWriter(j, 2, 'request', base);
+    expect(w2.baseNotes).toEqual({ found: 42 });
+    for (const c of chunks(random, second)) w2.write(c, frames);
+    expect(w2.shared).toBe(2 * BLOCK + 123);
+    // A body equal to the base all along: all of it.
+    const w3 = new BodyWriter(j, 3, 'request', base);
+    w3.write(first.subarray(0, 1000), frames);
+    expect(w3.shared).toBe(1000);
+    // Against digests: the whole blocks that matched, and the notes kept with them.
+    const digests = toDigests(base)!;
+    expect(digests.notes).toEqual({ found: 42 });
+    const w4 = new BodyWriter(j, 4, 'request', digests);
+    for (const c of chunks(random, second)) w4.write(c, frames);
+    expect(w4.shared).toBe(2 * BLOCK);
+    await j.close();
+  });
 });

@@ -179,6 +179,29 @@ export class CallCapture {
     return kept;
   }
 
+  /**
+   * How many of the request's first bytes (those given so far) equal its rollout's previous
+   * request's, and what was noted about that one; null when nothing is known.
+   */
+  requestRepeats(): { shared: number; notes: unknown } | null {
+    if (this.callId == null || this.truncated) return null;
+    try {
+      return this.sink.requestRepeats?.(this.callId) ?? null;
+    } catch {
+      return null;
+    }
+  }
+
+  /** Notes about the request for the next call of its rollout (see `requestRepeats`). */
+  noteRequest(notes: unknown): void {
+    if (this.callId == null || this.truncated) return;
+    try {
+      this.sink.noteRequest?.(this.callId, notes);
+    } catch {
+      // The sink never throws by contract; the note only saves the next call work.
+    }
+  }
+
   /** The call's request (or response) is sent again, changed: what was kept of it is dropped. */
   restart(kind: 'request' | 'response'): void {
     if (kind === 'response') {

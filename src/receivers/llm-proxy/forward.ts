@@ -390,7 +390,9 @@ export function forwardCall(
           const out = injector.end();
           r ??= open();
           send(out);
-          capture!.injected = injector.injected();
+          capture!.injected = injector.injected(capture!.requestRepeats());
+          const notes = injector.notes();
+          if (notes !== null) capture!.noteRequest(notes);
         }
         r!.end();
       });

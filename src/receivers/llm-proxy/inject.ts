@@ -61,12 +61,28 @@ export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api): Recor
 }
 
 /**
+ * What the injector noted about a request for the next request of its rollout: where it wrote the
+ * fields, and where each member name it looks for first occurs in the agent's bytes (-1: nowhere).
+ */
+export interface RequestNotes {
+  insertedAt: number;
+  insertion: string;
+  first: Record<string, number>;
+}
+
+/**
  * Adds fields to a streamed JSON request body without holding it: the fields are written right
  * after the opening `{`, and every later byte passes as it comes. A member the agent sets itself
  * comes later in the body and wins (JSON parsers of the servers this is used with keep the last
  * of duplicate names). Only the first bytes are held, until the first one after `{` shows whether
- * the object is empty (no comma then). Member names the agent sends are spotted on the way (also
- * across chunk boundaries) so `injected` lists only what the agent did not ask for itself.
+ * the object is empty (no comma then).
+ *
+ * So that `injected` lists only what the agent did not ask for itself, the member names it sends
+ * are looked for once the body is complete (also across chunk boundaries). An agent resends its
+ * history, so a rollout's request begins with the bytes of the one before: given how many of the
+ * bytes sent equal the previous request's (the journal compares them anyway) and what was found in
+ * that one, only the bytes after the shared part are searched, and the cost does not grow with
+ * the context.
  */
 export class StreamInjector {
   private head: Buffer[] = [];
@@ -74,9 +90,12 @@ export class StreamInjector {
   /** Null while undecided; then whether the fields were written. */
   private inserting: boolean | null = null;
   private insertion = Buffer.alloc(0);
-  private tail = Buffer.alloc(0);
+  private insertionText = '';
+  /** The agent's bytes (references), until the member names are looked for. */
+  private agent: Buffer[] = [];
   private readonly needles: [string, Buffer][];
-  private readonly seen = new Set<string>();
+  private seen: Set<string> | null = null;
+  private noted: RequestNotes | null = null;
 
   constructor(private readonly fields: Record<string, string>) {
     this.needles = Object.keys(fields).map((k) => [k, Buffer.from(`"${k}"`)]);
@@ -99,14 +118,24 @@ export class StreamInjector {
 
   private insertedAt = 0;
 
-  /** Fields written that the agent did not set itself (so far). */
-  injected(): string[] {
-    return this.inserting ? Object.keys(this.fields).filter((k) => !this.seen.has(k)) : [];
+  /**
+   * Fields written that the agent did not set itself; call once the body is complete. `repeats`:
+   * how many of the first bytes sent equal the rollout's previous request, and its notes.
+   */
+  injected(repeats: { shared: number; notes: unknown } | null = null): string[] {
+    if (!this.inserting) return [];
+    if (this.seen === null) this.look(repeats);
+    return Object.keys(this.fields).filter((k) => !this.seen!.has(k));
+  }
+
+  /** What was found in this body, for the next request of the rollout (after `injected`). */
+  notes(): RequestNotes | null {
+    return this.noted;
   }
 
   /** Takes a chunk of the agent's body; returns what to send upstream now (empty while undecided). */
   push(chunk: Buffer): Buffer[] {
-    this.spot(chunk);
+    if (chunk.length > 0) this.agent.push(chunk);
     if (this.inserting !== null) return [chunk];
     this.head.push(chunk);
     this.headBytes += chunk.length;
@@ -131,26 +160,78 @@ export class StreamInjector {
   private decide(insert: boolean, head: Buffer, at: number, empty = false): Buffer[] {
     this.inserting = insert;
     this.head = [];
-    if (!insert) return head.length > 0 ? [head] : [];
+    if (!insert) {
+      this.agent = [];
+      return head.length > 0 ? [head] : [];
+    }
     const text =
       Object.entries(this.fields)
         .map(([k, v]) => `"${k}":${v}`)
         .join(',') + (empty ? '' : ',');
     this.insertion = Buffer.from(text);
+    this.insertionText = text;
     this.insertedAt = at;
     // Pieces, not one copy of the head: the caller writes them together.
     return at < head.length ? [head.subarray(0, at), this.insertion, head.subarray(at)] : [head.subarray(0, at), this.insertion];
   }
 
-  /** Notes member names of the added fields in the agent's bytes, across chunk boundaries. */
-  private spot(chunk: Buffer): void {
-    if (this.seen.size === this.needles.length) return;
-    const keep = 32;
-    // The chunk itself, and the seam with the previous one (a name split across two chunks).
-    const seam = this.tail.length > 0 ? Buffer.concat([this.tail, chunk.subarray(0, keep)]) : null;
-    for (const [k, needle] of this.needles)
-      if (!this.seen.has(k) && (chunk.indexOf(needle) >= 0 || (seam !== null && seam.indexOf(needle) >= 0))) this.seen.add(k);
-    const joined = Buffer.concat([this.tail, chunk.subarray(Math.max(0, chunk.length - keep))]);
-    this.tail = joined.subarray(Math.max(0, joined.length - keep));
+  /** Finds the member names in the agent's bytes, skipping what is shared with the previous request. */
+  private look(repeats: { shared: number; notes: unknown } | null): void {
+    const prior =
+      repeats !== null && isNotes(repeats.notes) && repeats.notes.insertedAt === this.insertedAt && repeats.notes.insertion === this.insertionText
+        ? repeats.notes
+        : null;
+    // The shared bytes, counted in what was sent (the fields included), as bytes of the agent's body.
+    const sent = prior === null ? 0 : repeats!.shared;
+    const a = this.insertedAt;
+    const shared = sent <= a ? sent : Math.max(a, sent - this.insertion.length);
+    const first: Record<string, number> = {};
+    this.seen = new Set();
+    for (const [k, needle] of this.needles) {
+      const before = prior?.first[k];
+      const at =
+        typeof before === 'number' && before >= 0 && before + needle.length <= shared
+          ? before
+          : indexIn(this.agent, needle, Math.max(0, shared - needle.length + 1));
+      first[k] = at;
+      if (at >= 0) this.seen.add(k);
+    }
+    this.noted = { insertedAt: a, insertion: this.insertionText, first };
+    this.agent = [];
   }
 }
+
+function isNotes(v: unknown): v is RequestNotes {
+  return (
+    typeof v === 'object' &&
+    v !== null &&
+    typeof (v as RequestNotes).insertedAt === 'number' &&
+    typeof (v as RequestNotes).insertion === 'string' &&
+    typeof (v as RequestNotes).first === 'object'
+  );
+}
+
+/** The first position at or after `from` where `needle` occurs in the concatenation of `chunks`, or -1. */
+export function indexIn(chunks: readonly Buffer[], needle: Buffer, from: number): number {
+  const n = needle.length;
+  let base = 0;
+  /** The last bytes before `base` (at most n - 1): an occurrence may begin there and end in the next chunk. */
+  let tail: Buffer = EMPTY;
+  for (const c of chunks) {
+    const end = base + c.length;
+    if (end > from) {
+      if (tail.length > 0) {
+        const seam = Buffer.concat([tail, c.subarray(0, n - 1)]);
+        for (let i = seam.indexOf(needle); i >= 0 && i < tail.length; i = seam.indexOf(needle, i + 1))
+          if (base - tail.length + i >= from) return base - tail.length + i;
+      }
+      const i = c.indexOf(needle, Math.max(0, from - base));
+      if (i >= 0) return base + i;
+    }
+    if (n > 1) tail = c.length >= n - 1 ? c.subarray(c.length - (n - 1)) : Buffer.concat([tail, c]).subarray(-(n - 1));
+    base = end;
+  }
+  return -1;
+}
+
+const EMPTY = Buffer.alloc(0);

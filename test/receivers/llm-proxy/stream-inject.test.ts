@@ -1,4 +1,4 @@
-import { StreamInjector } from '../../../src/receivers/llm-proxy/inject';
+import { indexIn, StreamInjector } from '../../../src/receivers/llm-proxy/inject';
 
 const FIELDS = { return_token_ids: 'true', logprobs: 'true' };
 
@@ -53,5 +53,85 @@ describe('adding fields to a streamed request body', () => {
       expect(JSON.parse(sent)).toMatchObject({ logprobs: false, return_token_ids: true });
       expect(injector.injected()).toEqual(['return_token_ids']);
     }
+  });
+});
+
+describe('finding the member names an agent sent', () => {
+  it('finds a needle across any chunking, from any position', () => {
+    const text = Buffer.from('ab"logprobs"cd"logprobs"e"x');
+    const needle = Buffer.from('"logprobs"');
+    for (let a = 0; a <= text.length; a++)
+      for (let b = a; b <= text.length; b++) {
+        const chunks = [text.subarray(0, a), text.subarray(a, b), text.subarray(b)];
+        // One-byte chunks too: an occurrence spanning many chunks.
+        const bytes = [...text].map((c) => Buffer.from([c]));
+        for (let from = 0; from <= text.length; from++) {
+          expect(indexIn(chunks, needle, from)).toBe(text.indexOf(needle, from));
+          if (a === 0 && b === 0) expect(indexIn(bytes, needle, from)).toBe(text.indexOf(needle, from));
+        }
+      }
+  });
+
+  /** Sends `body` (in `parts` pieces) through an injector; `prior` as the journal would report it. */
+  function send(body: string, parts: number, prior: { previous: { sent: Buffer; notes: unknown } | null; under?: number } = { previous: null }) {
+    const injector = new StreamInjector(FIELDS);
+    const bytes = Buffer.from(body);
+    const out: Buffer[] = [];
+    const size = Math.ceil(bytes.length / parts);
+    for (let at = 0; at < bytes.length; at += size) out.push(...injector.push(bytes.subarray(at, at + size)));
+    out.push(...injector.end());
+    const sent = Buffer.concat(out);
+    let repeats: { shared: number; notes: unknown } | null = null;
+    if (prior.previous) {
+      // What the journal finds: the bytes sent that equal the previous request's (or fewer).
+      let shared = 0;
+      while (shared < sent.length && shared < prior.previous.sent.length && sent[shared] === prior.previous.sent[shared]) shared++;
+      repeats = { shared: Math.min(shared, prior.under ?? shared), notes: prior.previous.notes };
+    }
+    const injected = injector.injected(repeats);
+    return { sent, injected, notes: injector.notes() };
+  }
+
+  const history = (n: number, extra = '') =>
+    `{"model":"m","messages":[${Array.from({ length: n }, (_, i) => `{"role":"user","content":"turn ${i} ${'x'.repeat(50)}"}`).join(',')}]${extra}}`;
+
+  it('gives what a full search gives when only the bytes after the previous request are searched', () => {
+    const cases: [string, string][] = [
+      // The agent asks at the end of each request: found past the shared part.
+      [history(3, ',"logprobs":true'), history(4, ',"logprobs":true')],
+      // It asked in the first request only.
+      [history(3, ',"logprobs":false'), history(4)],
+      // It asks first in the second.
+      [history(3), history(4, ',"return_token_ids":false,"logprobs":true')],
+      // A member before the history: in the shared part, known from the previous request.
+      ['{"logprobs":false,' + history(3).slice(1), '{"logprobs":false,' + history(4).slice(1)],
+      // A name spanning where the two part.
+      ['{"model":"m","x":"a","logprobs":1}', '{"model":"m","x":"a","logprobs":2,"return_token_ids":false}'],
+      // The previous request's name is cut where the two part: not in this one.
+      ['{"model":"m","logprobs":1}', '{"model":"m","logprobz":1}'],
+      // Unrelated bodies.
+      [history(2, ',"logprobs":true'), '{"return_token_ids":true}'],
+    ];
+    for (const [first, second] of cases)
+      for (const parts of [1, 3, 17])
+        for (const under of [undefined, 0, 5, 40]) {
+          const previous = send(first, parts);
+          expect(previous.injected).toEqual(send(first, 1).injected);
+          const next = send(second, parts, { previous: { sent: previous.sent, notes: previous.notes }, under });
+          const full = send(second, 1);
+          expect(next.injected).toEqual(full.injected);
+          expect(next.notes).toEqual(full.notes);
+        }
+  });
+
+  it('does not trust notes written with other fields', () => {
+    const previous = send(history(3, ',"logprobs":true'), 1);
+    const forged = { ...(previous.notes as object), insertion: '"other":true,' };
+    // Shared bytes claimed over the whole body, with notes that do not match the insertion: searched in full.
+    const next = new StreamInjector(FIELDS);
+    const body = Buffer.from(history(3));
+    next.push(body);
+    next.end();
+    expect(next.injected({ shared: body.length + 100, notes: forged })).toEqual(['return_token_ids', 'logprobs']);
   });
 });
