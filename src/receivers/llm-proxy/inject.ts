@@ -94,7 +94,7 @@ export class StreamInjector {
   /** The agent's bytes (references), until the member names are looked for. */
   private agent: Buffer[] = [];
   private readonly needles: [string, Buffer][];
-  private seen: Set<string> | null = null;
+  /** What was found in the body (once looked for). */
   private noted: RequestNotes | null = null;
 
   constructor(private readonly fields: Record<string, string>) {
@@ -124,8 +124,8 @@ export class StreamInjector {
    */
   injected(repeats: { shared: number; notes: unknown } | null = null): string[] {
     if (!this.inserting) return [];
-    if (this.seen === null) this.look(repeats);
-    return Object.keys(this.fields).filter((k) => !this.seen!.has(k));
+    const { first } = (this.noted ??= this.look(repeats));
+    return Object.keys(this.fields).filter((k) => first[k] < 0);
   }
 
   /** What was found in this body, for the next request of the rollout (after `injected`). */
@@ -176,7 +176,7 @@ export class StreamInjector {
   }
 
   /** Finds the member names in the agent's bytes, skipping what is shared with the previous request. */
-  private look(repeats: { shared: number; notes: unknown } | null): void {
+  private look(repeats: { shared: number; notes: unknown } | null): RequestNotes {
     const prior =
       repeats !== null && isNotes(repeats.notes) && repeats.notes.insertedAt === this.insertedAt && repeats.notes.insertion === this.insertionText
         ? repeats.notes
@@ -186,18 +186,15 @@ export class StreamInjector {
     const a = this.insertedAt;
     const shared = sent <= a ? sent : Math.max(a, sent - this.insertion.length);
     const first: Record<string, number> = {};
-    this.seen = new Set();
     for (const [k, needle] of this.needles) {
       const before = prior?.first[k];
-      const at =
+      first[k] =
         typeof before === 'number' && before >= 0 && before + needle.length <= shared
           ? before
           : indexIn(this.agent, needle, Math.max(0, shared - needle.length + 1));
-      first[k] = at;
-      if (at >= 0) this.seen.add(k);
     }
-    this.noted = { insertedAt: a, insertion: this.insertionText, first };
     this.agent = [];
+    return { insertedAt: a, insertion: this.insertionText, first };
   }
 }
 
@@ -207,7 +204,8 @@ function isNotes(v: unknown): v is RequestNotes {
     v !== null &&
     typeof (v as RequestNotes).insertedAt === 'number' &&
     typeof (v as RequestNotes).insertion === 'string' &&
-    typeof (v as RequestNotes).first === 'object'
+    typeof (v as RequestNotes).first === 'object' &&
+    (v as RequestNotes).first !== null
   );
 }
 
