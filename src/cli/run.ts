@@ -1,6 +1,7 @@
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import { loadConfig } from '../config/load';
 import { createApp } from '../service/app';
+import { HeapHeadroom } from '../service/heap';
 import { createLogger } from '../telemetry/logger';
 import type { Command, CommandSpec } from './command';
 import { boundAddress, startupLine } from './startup-line';
@@ -25,6 +26,7 @@ export const runCommand: Command = {
   async run({ values }, io) {
     const config = loadConfig({ file: (values.config as string | undefined) ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
     const logger = createLogger({ level: config.service.log_level, component: 'lightning-sidecar', write: (line) => io.err.write(line) });
+    new HeapHeadroom(config.service.heap_headroom_mib * 1024 * 1024).start();
     const app = createApp(config, { logger });
     try {
       await app.start();

@@ -306,6 +306,11 @@ export const configSchema = z
          * full, so an exporter outage cannot outgrow the container's memory whatever the journal's cap.
          */
         max_export_backlog: positiveInt.default(300_000),
+        /**
+         * Room for the heap's old generation to grow past what the last full collection left live
+         * before the next one starts (MiB); 0 leaves it to V8 (see src/service/heap.ts).
+         */
+        heap_headroom_mib: z.number().int().min(0).max(1024).default(32),
         journal: z
           .object({
             /** `always` (fsync before acknowledging), `never` (the OS decides), or an interval in ms. */

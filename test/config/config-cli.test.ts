@@ -37,7 +37,7 @@ describe('configuration', () => {
     });
     expect(c.receivers.otlp.protocols.grpc.endpoint).toBe('127.0.0.1:4317');
     expect(c.receivers.otlp.protocols.http.endpoint).toBe('127.0.0.1:4318');
-    expect(c.service).toMatchObject({ exporter: 'file', data_dir: './data', telemetry: { endpoint: '0.0.0.0:9464' } });
+    expect(c.service).toMatchObject({ exporter: 'file', data_dir: './data', telemetry: { endpoint: '0.0.0.0:9464' }, heap_headroom_mib: 32 });
     expect(c.exporters.kafka.topic).toBe('lightning.transitions');
     expect(c.processors.episodes).toMatchObject({ idle_timeout_ms: 120_000, tool_span_wait_ms: 5_000 });
   });
@@ -76,6 +76,19 @@ describe('configuration', () => {
       ]),
     );
     expect(problems.length).toBeGreaterThanOrEqual(4);
+  });
+
+  it('takes a heap headroom from 0 (V8 decides) to 1024 MiB, and refuses others as path: message', () => {
+    expect(loadConfig({ file: file('hg0.yaml', 'service:\n  heap_headroom_mib: 0\n'), env: {} }).service.heap_headroom_mib).toBe(0);
+    for (const bad of ['-5', '2048', '1.5', 'lots']) {
+      let problems: string[] = [];
+      try {
+        loadConfig({ file: file('hg.yaml', `service:\n  heap_headroom_mib: ${bad}\n`), env: {} });
+      } catch (err) {
+        problems = (err as ConfigError).problems;
+      }
+      expect(problems).toEqual([expect.stringMatching(/^service\.heap_headroom_mib: \S/)]);
+    }
   });
 
   it('validate prints ok and exits 0 for a good file', async () => {
