@@ -63,6 +63,6 @@ export class HeapHeadroom {
 /** A `gc` performance entry (node adds what kind of collection it was). */
 type GcEntry = PerformanceEntry & { detail?: { kind?: number } };
 
-/** V8's own factor is at least 1.1 and at most 4. */
+/** V8's own factor is at least 1.1 (below 10 % it gives as much room anyway) and at most 4 (300 %). */
 const MIN_PERCENT = 10;
 const MAX_PERCENT = 300;
