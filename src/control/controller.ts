@@ -1,6 +1,6 @@
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
-import type { GateResult } from '../model/component';
+import type { GateHold, GateResult } from '../model/component';
 
 /** A control message (JSON on the control topic or `POST /lightning/v1/control`). */
 export type ControlMessage = { type: 'policy'; version: string } | { type: 'pause'; reason: string; until_ms: number | null } | { type: 'resume' };
@@ -133,21 +133,25 @@ export class Controller {
   }
 
   /**
-   * Null when the call may go now (the hot path: no promise, no allocation); otherwise a promise
-   * that resolves when it may go, or with a 429 answer when the hold limit is reached.
+   * Null when the call may go now (the hot path: no promise, no allocation); otherwise a hold
+   * whose result resolves when it may go, or with a 429 answer when the hold limit is reached.
+   * A hold whose client has gone is abandoned: its place goes to the next call, and it is never
+   * released to the model server.
    */
-  gate(): Promise<GateResult> | null {
+  gate(): GateHold | null {
     if (!this.paused) return null;
     const retryAfterS = this.retryAfterS();
     if (this.held.size >= this.options.maxHeldCalls) {
       this.deps.metrics.heldCalls.inc({ outcome: 'rejected' });
-      return Promise.resolve({
+      const result = Promise.resolve<GateResult>({
         go: false,
         retryAfterS,
         reason: `the policy is being updated (${this.paused.reason}) and ${this.options.maxHeldCalls} calls are already waiting`,
       });
+      return { result, abandon: () => {} };
     }
-    return new Promise<GateResult>((resolve) => {
+    let held: Held | null = null;
+    const result = new Promise<GateResult>((resolve) => {
       const h: Held = {
         resolve,
         timer: setTimeout(
@@ -166,10 +170,15 @@ export class Controller {
       };
       this.held.add(h);
       this.deps.metrics.heldNow.set(this.held.size);
+      held = h;
     });
+    const abandon = (): void => {
+      if (held) this.settle(held, { go: false, retryAfterS, reason: 'the client went away while held' }, 'abandoned');
+    };
+    return { result, abandon };
   }
 
-  private settle(h: Held, result: GateResult, outcome: 'released' | 'timed_out' | 'shutdown'): void {
+  private settle(h: Held, result: GateResult, outcome: 'released' | 'timed_out' | 'shutdown' | 'abandoned'): void {
     if (!this.held.delete(h)) return;
     clearTimeout(h.timer);
     this.deps.metrics.heldCalls.inc({ outcome });

@@ -84,3 +84,12 @@ export function once<T>(fn: () => Promise<T>): () => Promise<T> {
 
 /** The trainer's pause, as the proxy sees it: go now, or an answer to give instead (429). */
 export type GateResult = { go: true } | { go: false; retryAfterS: number; reason: string };
+
+/**
+ * A call held by the pause: `result` settles when it may go (or must be refused); `abandon()`
+ * gives up its place when its client has gone (the result is then a refusal no one reads).
+ */
+export interface GateHold {
+  result: Promise<GateResult>;
+  abandon(): void;
+}

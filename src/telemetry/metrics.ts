@@ -211,7 +211,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     heldCalls: new Counter({
       name: 'lightning_sidecar_held_calls_total',
-      help: 'Model calls held by a pause, by how the hold ended (released, timed_out, rejected, shutdown).',
+      help: 'Model calls held by a pause, by how the hold ended (released, timed_out, rejected, shutdown, abandoned: the client went away).',
       labelNames: ['outcome'] as const,
       registers: [registry],
     }),

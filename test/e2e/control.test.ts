@@ -16,9 +16,17 @@ async function control(sidecar: TestSidecar, body: unknown, token: string | null
   });
 }
 
-/** Settles within `ms`, or says it is still pending. */
-function within<T>(p: Promise<T>, ms: number): Promise<{ done: true; value: T } | { done: false }> {
-  return Promise.race([p.then((value) => ({ done: true as const, value })), new Promise<{ done: false }>((r) => setTimeout(() => r({ done: false }), ms))]);
+/** Settles within `ms`, or says it is still pending (its timer is cleared either way: nothing outlives the test). */
+async function within<T>(p: Promise<T>, ms: number): Promise<{ done: true; value: T } | { done: false }> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p.then((value) => ({ done: true as const, value })),
+      new Promise<{ done: false }>((r) => (timer = setTimeout(() => r({ done: false }), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 describe('pause / resume during a weight sync (POST /lightning/v1/control)', () => {
@@ -108,6 +116,57 @@ describe('pause / resume during a weight sync (POST /lightning/v1/control)', () 
     expect(((await bad.json()) as { error: { param: string } }).error.param).toBe('version');
     expect((await control(sidecar, { type: 'reboot' })).status).toBe(400);
     expect(((await (await fetch(`${sidecar.telemetryOrigin}/lightning/v1/control`)).json()) as { paused: boolean }).paused).toBe(false);
+  });
+});
+
+describe('a client that goes away while its call is held', () => {
+  it('gives its place back; the call never reaches the model server, takes no sequence number, and shutdown does not wait for it', async () => {
+    const upstream = await startFakeModelServer({ flavor: 'vllm' });
+    const sidecar = await startSidecar(upstream.url, {
+      service: { api_token: TOKEN, control: { max_held_calls: 1, max_hold_ms: 20_000 } },
+      receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+    });
+    let stopped = false;
+    try {
+      const heldNow = async () => ((await (await fetch(`${sidecar.telemetryOrigin}/lightning/v1/control`)).json()) as { held_calls: number }).held_calls;
+      expect((await control(sidecar, { type: 'pause', reason: 'weight-sync' })).status).toBe(200);
+      // An agent's call, held; then its client gives up (its own timeout) and closes the connection.
+      const req = http.request(`${sidecar.origin}/rollout/gone-1/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } });
+      req.on('error', () => {});
+      req.end(JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'never mind' }] }));
+      for (let i = 0; i < 200 && (await heldNow()) === 0; i++) await new Promise((r) => setTimeout(r, 10));
+      expect(await heldNow()).toBe(1);
+      req.destroy();
+      for (let i = 0; i < 200 && (await heldNow()) === 1; i++) await new Promise((r) => setTimeout(r, 10));
+      expect(await heldNow()).toBe(0);
+      expect(await sidecar.app.metrics.registry.getSingleMetricAsString('lightning_sidecar_held_calls_total')).toMatch(/outcome="abandoned"\} 1/);
+
+      // Its place is free (max_held_calls is 1): the agent's retry is held, not refused.
+      const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/gone-1/v1`, apiKey: 'k', maxRetries: 0 });
+      const retry = client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'again' }] });
+      expect((await within(retry, 150)).done).toBe(false);
+      expect(await heldNow()).toBe(1);
+      const requestsBefore = upstream.requests.length;
+      expect((await control(sidecar, { type: 'resume' })).status).toBe(200);
+      expect((await retry).choices[0].message.content).toBe('Hello from the fake model.');
+      // Only the retry went to the model server, and it is the rollout's first call.
+      expect(upstream.requests.length).toBe(requestsBefore + 1);
+      const reward = await fetch(`${sidecar.origin}/lightning/v1/rollouts/gone-1/reward`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+        body: JSON.stringify({ value: 1 }),
+      });
+      expect(reward.status).toBe(202);
+      await sidecar.waitForEpisodes(1);
+      expect(sidecar.transitions().map((t) => [t.rollout_id, t.seq, t.status])).toEqual([['gone-1', 0, 'ok']]);
+      // Nothing of the abandoned call is still in flight: the sidecar stops without waiting out a drain.
+      const stopping = sidecar.stop();
+      stopped = true;
+      expect((await within(stopping, 5000)).done).toBe(true);
+    } finally {
+      if (!stopped) await sidecar.stop();
+      await upstream.close();
+    }
   });
 });
 

@@ -3,7 +3,7 @@ import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { splitAddress } from '../../config/address';
 import type { LlmProxyConfig } from '../../config/schema';
-import type { CaptureSink, GateResult } from '../../model/component';
+import type { CaptureSink, GateHold } from '../../model/component';
 import type { Api } from '../../model/records';
 import type { SequenceCounter } from '../../model/sequence';
 import type { Logger } from '../../telemetry/logger';
@@ -25,8 +25,8 @@ export interface ProxyDeps {
   /** Routes served by the sidecar itself on this port (rollout API); true when handled. */
   localRoutes?: (req: IncomingMessage, res: ServerResponse) => boolean;
   now?: () => number;
-  /** The trainer's pause: null = go now; else wait for the answer. */
-  gate?: () => Promise<GateResult> | null;
+  /** The trainer's pause: null = go now; else wait for the hold's answer. */
+  gate?: () => GateHold | null;
   /** The policy version new calls are made with (control channel or config). */
   policyVersion?: () => string | null;
   /** Upstream response header naming the policy that answered (lower case). */
@@ -80,7 +80,13 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       return;
     }
     // Paused for a weight sync: the body waits in the socket; the call goes (or gets 429) later.
-    const waiting = held.then((r) => {
+    // A client that gives up while held (its own timeout, a retry) gives its place back, and its
+    // call never reaches the model server: no one would read the answer.
+    const gone = (): void => held.abandon();
+    res.once('close', gone);
+    const waiting = held.result.then((r) => {
+      res.off('close', gone);
+      if (res.destroyed) return;
       if (r.go) return admit(req, res, routed, api);
       m.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
       req.resume();

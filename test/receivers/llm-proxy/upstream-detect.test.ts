@@ -5,20 +5,27 @@ import { startVllmLikeServer } from '../../support/vllm-like-server';
 
 /** A server answering fixed bodies by path; everything else 404. */
 async function fixedServer(routes: Record<string, { status?: number; body: string; delayMs?: number }>): Promise<{ url: string; close(): Promise<void> }> {
+  const delayed = new Set<NodeJS.Timeout>();
   const server = http.createServer((req, res) => {
     const r = routes[(req.url ?? '').split('?')[0]];
     const send = () => {
       if (!r) return res.writeHead(404, { 'content-type': 'application/json' }).end('{"detail":"Not Found"}');
       res.writeHead(r.status ?? 200, { 'content-type': 'application/json' }).end(r.body);
     };
-    if (r?.delayMs) setTimeout(send, r.delayMs);
-    else send();
+    if (r?.delayMs) {
+      const t = setTimeout(() => {
+        delayed.delete(t);
+        send();
+      }, r.delayMs);
+      delayed.add(t);
+    } else send();
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
     close: () =>
       new Promise<void>((resolve) => {
+        for (const t of delayed) clearTimeout(t);
         server.closeAllConnections();
         server.close(() => resolve());
       }),
