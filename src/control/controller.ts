@@ -150,32 +150,27 @@ export class Controller {
       });
       return { result, abandon: () => {} };
     }
-    let held: Held | null = null;
-    const result = new Promise<GateResult>((resolve) => {
-      const h: Held = {
-        resolve,
-        timer: setTimeout(
-          () =>
-            this.settle(
-              h,
-              {
-                go: false,
-                retryAfterS: this.retryAfterS(),
-                reason: `the policy is being updated (${this.paused?.reason ?? 'pause'}); held for ${this.options.maxHoldMs} ms`,
-              },
-              'timed_out',
-            ),
-          this.options.maxHoldMs,
-        ),
-      };
-      this.held.add(h);
-      this.deps.metrics.heldNow.set(this.held.size);
-      held = h;
-    });
-    const abandon = (): void => {
-      if (held) this.settle(held, { go: false, retryAfterS, reason: 'the client went away while held' }, 'abandoned');
+    let resolve!: (r: GateResult) => void;
+    const result = new Promise<GateResult>((r) => (resolve = r));
+    const h: Held = {
+      resolve,
+      timer: setTimeout(
+        () =>
+          this.settle(
+            h,
+            {
+              go: false,
+              retryAfterS: this.retryAfterS(),
+              reason: `the policy is being updated (${this.paused?.reason ?? 'pause'}); held for ${this.options.maxHoldMs} ms`,
+            },
+            'timed_out',
+          ),
+        this.options.maxHoldMs,
+      ),
     };
-    return { result, abandon };
+    this.held.add(h);
+    this.deps.metrics.heldNow.set(this.held.size);
+    return { result, abandon: () => this.settle(h, { go: false, retryAfterS, reason: 'the client went away while held' }, 'abandoned') };
   }
 
   private settle(h: Held, result: GateResult, outcome: 'released' | 'timed_out' | 'shutdown' | 'abandoned'): void {

@@ -190,7 +190,7 @@ export class BodyWriter {
       chunks = [Buffer.concat(chunks, this.pos)];
       held = this.pos;
     }
-    return { extents: this.own.slice(), bytes: this.pos, chunks, held, digests: null, lowest, ...(this.notes !== undefined ? { notes: this.notes } : {}) };
+    return { extents: this.own.slice(), bytes: this.pos, chunks, held, digests: null, lowest, notes: this.notes };
   }
 
   /** Against the base's bytes: the shared part becomes a reference, the rest is written as it is. */
@@ -414,7 +414,7 @@ export function toDigests(base: BodyBase): BodyBase | null {
     held: 0,
     digests,
     lowest: base.lowest,
-    ...(base.notes !== undefined ? { notes: base.notes } : {}),
+    notes: base.notes,
   };
 }
 

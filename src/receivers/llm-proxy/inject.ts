@@ -90,7 +90,6 @@ export class StreamInjector {
   /** Null while undecided; then whether the fields were written. */
   private inserting: boolean | null = null;
   private insertion = Buffer.alloc(0);
-  private insertionText = '';
   /** The agent's bytes (references), until the member names are looked for. */
   private agent: Buffer[] = [];
   private readonly needles: [string, Buffer][];
@@ -169,7 +168,6 @@ export class StreamInjector {
         .map(([k, v]) => `"${k}":${v}`)
         .join(',') + (empty ? '' : ',');
     this.insertion = Buffer.from(text);
-    this.insertionText = text;
     this.insertedAt = at;
     // Pieces, not one copy of the head: the caller writes them together.
     return at < head.length ? [head.subarray(0, at), this.insertion, head.subarray(at)] : [head.subarray(0, at), this.insertion];
@@ -177,8 +175,9 @@ export class StreamInjector {
 
   /** Finds the member names in the agent's bytes, skipping what is shared with the previous request. */
   private look(repeats: { shared: number; notes: unknown } | null): RequestNotes {
+    const insertion = this.insertion.toString();
     const prior =
-      repeats !== null && isNotes(repeats.notes) && repeats.notes.insertedAt === this.insertedAt && repeats.notes.insertion === this.insertionText
+      repeats !== null && isNotes(repeats.notes) && repeats.notes.insertedAt === this.insertedAt && repeats.notes.insertion === insertion
         ? repeats.notes
         : null;
     // The shared bytes, counted in what was sent (the fields included), as bytes of the agent's body.
@@ -194,7 +193,7 @@ export class StreamInjector {
           : indexIn(this.agent, needle, Math.max(0, shared - needle.length + 1));
     }
     this.agent = [];
-    return { insertedAt: a, insertion: this.insertionText, first };
+    return { insertedAt: a, insertion, first };
   }
 }
 
