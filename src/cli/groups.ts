@@ -4,15 +4,20 @@ import { kafkajs } from '../exporters/kafka/kafkajs-producer';
 import { ChunkReassembler, type IncompleteRecord } from '../trainer/chunk-reassembly';
 import { GroupAssembler, type GroupEvent, type Position } from '../trainer/groups';
 import { UsageError, type Command, type CommandSpec } from './command';
-import { decodeEpisodeRecord, decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
+import { decodeEpisodeRecord, decodeTrajectoryRecord, decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
 
 const spec: CommandSpec = {
   name: 'groups',
   summary: 'emit complete GRPO groups from Kafka, once each (the reference trainer consumer)',
   synopsis:
-    '--group-size N [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]',
+    '--group-size N [--rows trajectories|transitions] [--brokers H:P,...] [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]',
   options: {
     'group-size': { type: 'integer', value: 'N', description: 'episodes per group (required)' },
+    rows: {
+      type: 'string',
+      value: 'KIND',
+      description: 'trajectories (default: one row per token segment, loss-masked) or transitions (one row per call)',
+    },
     brokers: { type: 'string', value: 'H:P,...', description: 'Kafka brokers (default: the config, then $LIGHTNING_KAFKA_BROKERS)' },
     'group-id': { type: 'string', value: 'ID', description: 'Kafka consumer group (default: lightning-groups)' },
     out: { type: 'string', value: 'FILE', description: "append groups to FILE as JSON lines, each fsync'd before offsets move (default: stdout)" },
@@ -24,7 +29,7 @@ const spec: CommandSpec = {
     config: { type: 'string', value: 'FILE', description: 'config file for brokers, topics and Kafka settings (default: $LIGHTNING_CONFIG)' },
   },
   notes: [
-    'Reads the transitions and episodes topics in a consumer group; writes lightning.group.v1 lines (veRL-style batches).',
+    'Reads the trajectories (or transitions) and episodes topics in a consumer group; writes lightning.group.v1 lines (veRL-style batches).',
     'Each group is emitted once, across restarts: offsets are committed only below records still pending.',
     'Chunked records are reassembled and prompt deltas made whole before grouping.',
   ],
@@ -52,9 +57,14 @@ export const groupsCommand: Command = {
     const timeoutMs = (values['group-timeout-ms'] as number | undefined) ?? 600_000;
     const maxGroups = (values['max-groups'] as number | undefined) ?? Infinity;
     const idleExitMs = (values['idle-exit-ms'] as number | undefined) ?? Infinity;
-    const topics = { transitions: config.exporters.kafka.topic, episodes: config.exporters.kafka.episodes_topic };
+    const rows = (values.rows as string | undefined) ?? 'trajectories';
+    if (rows !== 'trajectories' && rows !== 'transitions') throw new UsageError(`groups: --rows is trajectories or transitions, not '${rows}'`, spec);
+    const topics = {
+      records: rows === 'trajectories' ? config.exporters.kafka.trajectories_topic : config.exporters.kafka.topic,
+      episodes: config.exporters.kafka.episodes_topic,
+    };
 
-    const assembler = new GroupAssembler({ groupSize, timeoutMs }, loadDone(statePath, out));
+    const assembler = new GroupAssembler({ groupSize, timeoutMs, rows }, loadDone(statePath, out));
     const chunks = new ChunkReassembler({ timeoutMs, maxBytes: 256 * 1024 * 1024 });
     const { kafka } = kafkaForCommand(config, 'groups', io);
     const consumer = kafka.consumer({ groupId: (values['group-id'] as string | undefined) ?? 'lightning-groups', maxWaitTimeInMs: 250 });
@@ -81,6 +91,11 @@ export const groupsCommand: Command = {
           }
           emitted++;
           io.err.write(`groups: emitted ${ev.batch.uid} (${ev.batch.episodes.length} episodes, ${ev.batch.batch.uid.length} rows)\n`);
+        } else if (ev.kind === 'not_exported') {
+          const other = ev.rows === 'trajectories' ? 'transitions' : 'trajectories';
+          io.err.write(
+            `groups: episode ${ev.rollout_id}/${ev.attempt_id} has no exported ${ev.rows} (exporters.records is ${other}); use --rows ${other} or export ${ev.rows}\n`,
+          );
         } else if (ev.kind === 'incomplete') {
           remember(statePath, ev.uid, 'incomplete');
           io.err.write(`groups: gave up on ${ev.uid}: ${ev.episodes} of ${groupSize} episodes after ${ev.waitedMs} ms\n`);
@@ -91,7 +106,7 @@ export const groupsCommand: Command = {
         } else if (ev.kind === 'unresolved_delta') {
           io.err.write(`groups: transition ${ev.transition_id} has a prompt delta that cannot be made whole (${ev.reason}); its row is left out\n`);
         } else {
-          io.err.write(`groups: dropped ${ev.transitions} transitions whose episode never arrived\n`);
+          io.err.write(`groups: dropped ${ev.records} ${rows} whose episode never arrived\n`);
         }
       }
     }
@@ -139,7 +154,7 @@ export const groupsCommand: Command = {
     try {
       await producer?.connect();
       await consumer.connect();
-      await consumer.subscribe({ topics: [topics.transitions, topics.episodes], fromBeginning: true });
+      await consumer.subscribe({ topics: [topics.records, topics.episodes], fromBeginning: true });
       outFd = out ? openSync(out, 'a') : null;
       await consumer.run({
         autoCommit: false,
@@ -162,7 +177,9 @@ export const groupsCommand: Command = {
             events =
               topic === topics.episodes
                 ? assembler.addEpisode(decodeEpisodeRecord(record), record.pos, now)
-                : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
+                : rows === 'trajectories'
+                  ? assembler.addTrajectory(decodeTrajectoryRecord(record), record.pos, now)
+                  : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
           } catch {
             io.err.write(`groups: skipping an undecodable record at ${topic}/${partition}@${record.pos.offset}\n`);
             await commit();

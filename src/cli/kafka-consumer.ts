@@ -1,9 +1,9 @@
 import type { Kafka } from 'kafkajs';
 import { loadConfig } from '../config/load';
 import type { Config } from '../config/schema';
-import { decodeEpisode, decodeTransition, type Encoding } from '../exporters/kafka/encoding';
+import { decodeEpisode, decodeTrajectory, decodeTransition, type Encoding } from '../exporters/kafka/encoding';
 import { createKafkaClient, kafkaClientOptions } from '../exporters/kafka/kafkajs-producer';
-import type { EpisodeSummary } from '../model/records';
+import type { EpisodeSummary, Trajectory } from '../model/records';
 import { createLogger, type Logger } from '../telemetry/logger';
 import { headerValue, type WholeRecord } from '../trainer/chunk-reassembly';
 import type { WireTransition } from '../trainer/prompt-delta';
@@ -46,4 +46,8 @@ export function decodeTransitionRecord(record: WholeRecord): WireTransition {
 
 export function decodeEpisodeRecord(record: WholeRecord): EpisodeSummary {
   return decodeEpisode(record.value, encodingOf(record));
+}
+
+export function decodeTrajectoryRecord(record: WholeRecord): Trajectory {
+  return decodeTrajectory(record.value, encodingOf(record));
 }

@@ -28,6 +28,8 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   },
   LIGHTNING_KAFKA_TOPIC: { path: ['exporters', 'kafka', 'topic'] },
   LIGHTNING_KAFKA_EPISODES_TOPIC: { path: ['exporters', 'kafka', 'episodes_topic'] },
+  LIGHTNING_KAFKA_TRAJECTORIES_TOPIC: { path: ['exporters', 'kafka', 'trajectories_topic'] },
+  LIGHTNING_EXPORT_RECORDS: { path: ['exporters', 'records'] },
   LIGHTNING_KAFKA_ENCODING: { path: ['exporters', 'kafka', 'encoding'] },
   LIGHTNING_KAFKA_SASL_MECHANISM: { path: ['exporters', 'kafka', 'sasl', 'mechanism'] },
   LIGHTNING_KAFKA_SASL_USERNAME: { path: ['exporters', 'kafka', 'sasl', 'username'] },

@@ -208,6 +208,7 @@ export const kafkaExporterSchema = z
     brokers: z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'must be host:port')).default([]),
     topic: z.string().min(1).default('lightning.transitions'),
     episodes_topic: z.string().min(1).default('lightning.episodes'),
+    trajectories_topic: z.string().min(1).default('lightning.trajectories'),
     client_id: z.string().min(1).default('lightning-sidecar'),
     encoding: z.enum(['json', 'protobuf']).default('json'),
     /** gzip is built into kafkajs; other codecs need extra packages and are not offered. */
@@ -266,6 +267,12 @@ export const configSchema = z
       .prefault({}),
     exporters: z
       .object({
+        /**
+         * What is exported per closed attempt: its trajectories (one per continuous token segment,
+         * what a trainer trains on), its transitions (one per call and choice, with bodies), or both
+         * (docs/output-contract.md).
+         */
+        records: z.enum(['trajectories', 'transitions', 'both']).default('trajectories'),
         file: fileExporterSchema.prefault({}),
         kafka: kafkaExporterSchema.prefault({}),
       })

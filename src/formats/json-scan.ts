@@ -526,3 +526,16 @@ export function readIntArray(buf: Buffer, start: number, end: number): Int32Arra
     return null;
   }
 }
+
+/**
+ * How many elements the flat int array at `[start, end)` holds (one that `looksLikeIntArray`
+ * accepts: no strings or nested values, so every comma separates two elements). Counted with
+ * memchr, without reading the numbers.
+ */
+export function countIntArray(buf: Buffer, start: number, end: number): number {
+  const inner = buf.subarray(start + 1, end - 1);
+  if (skipWs(inner, 0) === inner.length) return 0;
+  let n = 1;
+  for (let i = inner.indexOf(0x2c); i >= 0; i = inner.indexOf(0x2c, i + 1)) n++;
+  return n;
+}

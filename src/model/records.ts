@@ -14,6 +14,11 @@ export interface Correlation {
   agentName: string | null;
   /** How the rollout id was found: 'path' | 'header' | 'baggage' | 'traceparent' | 'self'. */
   source: 'path' | 'header' | 'baggage' | 'traceparent' | 'self';
+  /** The rollout this one is a subagent of (`x-parent-rollout-id` or baggage), when named. */
+  parentRolloutId?: string;
+  parentAttemptId?: string;
+  /** The parent's latest call (its seq) when this call started: the call that spawned the subagent. */
+  parentSeq?: number;
 }
 
 export interface ToolCallRequest {
@@ -283,6 +288,12 @@ export interface EpisodeSummary {
   credit_mode: string;
   transitions: number;
   transition_ids: string[];
+  /** The attempt's trajectories (one per segment), in segment order. */
+  trajectory_ids: string[];
+  /** Calls left out of every trajectory, and why. */
+  unmerged_calls: { transition_id: string; reason: UnmergedReason }[];
+  /** What the exporter writes for this attempt (`exporters.records`). */
+  exported: ('transitions' | 'trajectories')[];
   /** Policy versions used by this episode's calls (distinct, in first-use order). */
   policy_versions: string[];
   /**
@@ -294,9 +305,75 @@ export interface EpisodeSummary {
   ended_at: string;
 }
 
+/** Why a call is in no trajectory (docs/output-contract.md#trajectory-lightningtrajectoryv1). */
+export type UnmergedReason = 'not_ok' | 'truncated' | 'no_token_ids' | 'empty_response' | 'retried' | 'other_choice';
+/** Why a call started a new segment rather than continue one. */
+export type SegmentStart = 'first' | 'diverged' | 'other_agent';
+
+export interface TrajectoryTurn {
+  transition_id: string;
+  seq: number;
+  choice_index: number;
+  /** Where the call's sampled ids lie in `token_ids`: `[response_start, response_end)`. */
+  response_start: number;
+  response_end: number;
+  /** The call's logprobs are in `logprobs` (false: 0 there, as on masked positions). */
+  has_logprobs: boolean;
+  finish_reason: string | null;
+  tool_calls: TransitionToolCall[];
+  intermediate_reward: number | null;
+  /** The call's transition reward (credit + AIR), for reference; `token_rewards` places rewards for trajectory training. */
+  reward: number;
+  policy_version: string | null;
+}
+
+/** A trajectory, JSON shape (docs/output-contract.md). */
+export interface Trajectory {
+  schema: 'lightning.trajectory.v1';
+  trajectory_id: string;
+  rollout_id: string;
+  attempt_id: string;
+  group_id: string | null;
+  agent_name: string | null;
+  segment: number;
+  segments: number;
+  start_reason: SegmentStart;
+  parent_trajectory_id: string | null;
+  parent_rollout_id: string | null;
+  parent_attempt_id: string | null;
+  parent_transition_id: string | null;
+  prompt_length: number;
+  token_ids: number[];
+  loss_mask: number[];
+  logprobs: number[] | null;
+  turns: TrajectoryTurn[];
+  token_rewards: { position: number; value: number }[];
+  reward: number;
+  final_reward: number | null;
+  episode_status: EpisodeStatus;
+  policy_versions: string[];
+  started_at: string;
+  ended_at: string;
+}
+
+/**
+ * A trajectory as the pipeline hands it to exporters: the wire shape less its three per-token
+ * arrays, which are written from the journal when it is encoded: `token_ids` are the last turn's
+ * prompt and response ids (`last`), the mask follows from the turns, the logprobs are the turns'.
+ */
+export type TrajectoryRecord = Omit<Trajectory, 'token_ids' | 'loss_mask' | 'logprobs'> & {
+  /** The transition of the segment's last call: its prompt and response ids are `token_ids`. */
+  last: TransitionRecord;
+  /** Length of `token_ids`. */
+  length: number;
+  /** Each turn's sampled logprobs (null where the turn has none). */
+  turnLogprobs: (number[] | null)[];
+};
+
 export interface ClosedEpisode {
   episode: EpisodeSummary;
   transitions: TransitionRecord[];
+  trajectories: TrajectoryRecord[];
   /** Lowest journal offset among the records of this episode (what must be kept until delivery). */
   firstOffset: number;
 }

@@ -19,6 +19,12 @@ export class SequenceCounter {
     return seq;
   }
 
+  /** The seq last taken for a (rollout, attempt), or null when none is known. */
+  last(rolloutId: string, attemptId: string): number | null {
+    const next = this.next.get(`${rolloutId}\u0000${attemptId}`);
+    return next === undefined ? null : next - 1;
+  }
+
   /** How many (rollout, attempt) keys are kept. */
   get size(): number {
     return this.next.size;

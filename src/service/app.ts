@@ -46,6 +46,7 @@ export function createApp(config: Config, deps: AppDeps) {
   const kafka =
     !deps.exporter && config.service.exporter === 'kafka'
       ? createKafkaExporter(config.exporters.kafka, {
+          records: config.exporters.records,
           producer: deps.producer ?? createKafkajsProducer(kafkaClientOptions(config.exporters.kafka), log),
           logger: log,
           metrics,
@@ -62,6 +63,7 @@ export function createApp(config: Config, deps: AppDeps) {
       dir: path.resolve(config.exporters.file.dir ?? dataDir),
       maxFileBytes: config.exporters.file.max_file_bytes,
       promptIds: config.exporters.file.prompt_ids,
+      records: config.exporters.records,
     });
   const sequences = new SequenceCounter();
   const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });

@@ -87,6 +87,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     air: config.processors.air,
     capture: config.processors.capture,
     read,
+    records: config.exporters.records,
   });
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
   const queue: Queued[] = [];
@@ -244,6 +245,13 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       quarantine(q.marker, { episode: { rolloutId, attemptId, status: q.close.status, calls: q.close.facts.calls.map((call) => call.callId) } }, err);
       return null;
     }
+    m.trajectorySegments.observe(c.trajectories.length);
+    for (const t of c.trajectories) {
+      m.trajectoryTokens.observe(t.length);
+      m.trajectoryCalls.inc({ outcome: 'new_segment', reason: t.start_reason });
+      if (t.turns.length > 1) m.trajectoryCalls.inc({ outcome: 'merged', reason: 'continued' }, t.turns.length - 1);
+    }
+    for (const u of c.episode.unmerged_calls) m.trajectoryCalls.inc({ outcome: 'left_out', reason: u.reason });
     for (const t of c.transitions) {
       if (t.choice_index === 0) countTokens(t);
       for (const tc of t.tool_calls) {
@@ -300,10 +308,17 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       }
       backoffMs = 0;
       dequeue(batch.length);
-      m.transitionsExported.inc(
-        { exporter: deps.exporter.name },
-        ready(batch).reduce((n, c) => n + c.transitions.length, 0),
-      );
+      const exported = config.exporters.records;
+      if (exported !== 'trajectories')
+        m.transitionsExported.inc(
+          { exporter: deps.exporter.name },
+          ready(batch).reduce((n, c) => n + c.transitions.length, 0),
+        );
+      if (exported !== 'transitions')
+        m.trajectoriesExported.inc(
+          { exporter: deps.exporter.name },
+          ready(batch).reduce((n, c) => n + c.trajectories.length, 0),
+        );
       const deliveredAt = Date.now();
       for (const c of ready(batch)) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));

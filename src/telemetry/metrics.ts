@@ -188,6 +188,30 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['exporter'] as const,
       registers: [registry],
     }),
+    trajectoriesExported: new Counter({
+      name: 'lightning_sidecar_trajectories_exported_total',
+      help: 'Trajectories handed to the exporter and acknowledged by it.',
+      labelNames: ['exporter'] as const,
+      registers: [registry],
+    }),
+    trajectorySegments: new Histogram({
+      name: 'lightning_sidecar_trajectory_segments',
+      help: 'Trajectory segments per closed rollout attempt (1 when every call continued the one before; 0 when no call had token ids).',
+      buckets: [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64],
+      registers: [registry],
+    }),
+    trajectoryCalls: new Counter({
+      name: 'lightning_sidecar_trajectory_calls_total',
+      help: 'Calls (and choices) by what became of them in trajectories: merged into a segment, started a new one, or left out; by reason.',
+      labelNames: ['outcome', 'reason'] as const,
+      registers: [registry],
+    }),
+    trajectoryTokens: new Histogram({
+      name: 'lightning_sidecar_trajectory_tokens',
+      help: 'Token ids per trajectory (its final context).',
+      buckets: [256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576],
+      registers: [registry],
+    }),
     exportErrors: new Counter({
       name: 'lightning_sidecar_export_errors_total',
       help: 'Export attempts that failed, by exporter and kind (retryable, permanent).',

@@ -1,4 +1,4 @@
-import type { EpisodeSummary, Transition } from '../model/records';
+import type { EpisodeSummary, Trajectory, Transition } from '../model/records';
 import { rebuildPrompt, withFullPrompt, type WireTransition } from './prompt-delta';
 
 /** Where a record came from, for offset commits (commit only below what is still pending). */
@@ -8,19 +8,55 @@ export interface Position {
   offset: number;
 }
 
-/** One emitted GRPO group, shaped for a veRL-style batch (one row per transition with token ids). */
+/** What a group's rows are: one per trajectory segment (the default) or one per call and choice. */
+export type Rows = 'trajectories' | 'transitions';
+
+interface GroupEpisode {
+  rollout_id: string;
+  attempt_id: string;
+  final_reward: number | null;
+  episode_status: string;
+  transitions: number;
+  policy_version_lag: number | null;
+}
+
+/**
+ * One emitted GRPO group of trajectory rows, shaped for veRL's multi-turn layout: per row the
+ * segment's first prompt, then the rest of its ids as the response, masked where the model did
+ * not sample, with rewards on the tokens the record places them.
+ */
+export interface TrajectoryGroupBatch {
+  schema: 'lightning.group.v1';
+  uid: string;
+  group_size: number;
+  rows: 'trajectories';
+  episodes: GroupEpisode[];
+  batch: {
+    uid: string[];
+    rollout_id: string[];
+    attempt_id: string[];
+    trajectory_id: string[];
+    segment: number[];
+    turns: number[];
+    prompt_ids: number[][];
+    response_ids: number[][];
+    response_mask: number[][];
+    token_level_scores: number[][];
+    rollout_log_probs: (number[] | null)[];
+    reward: number[];
+    is_last: boolean[];
+    policy_versions: string[][];
+  };
+  /** Calls of the group's episodes that are in no trajectory (each episode's `unmerged_calls`). */
+  unmerged_calls: number;
+}
+
+/** One emitted GRPO group of per-call rows (`--rows transitions`): one row per transition with token ids. */
 export interface GroupBatch {
   schema: 'lightning.group.v1';
   uid: string;
   group_size: number;
-  episodes: {
-    rollout_id: string;
-    attempt_id: string;
-    final_reward: number | null;
-    episode_status: string;
-    transitions: number;
-    policy_version_lag: number | null;
-  }[];
+  episodes: GroupEpisode[];
   batch: {
     uid: string[];
     rollout_id: string[];
@@ -41,11 +77,13 @@ export interface GroupBatch {
 }
 
 export type GroupEvent =
-  | { kind: 'group'; batch: GroupBatch }
+  | { kind: 'group'; batch: GroupBatch | TrajectoryGroupBatch }
   | { kind: 'incomplete'; uid: string; episodes: number; waitedMs: number }
   | { kind: 'late'; uid: string; rollout_id: string; attempt_id: string }
   | { kind: 'ungrouped'; rollout_id: string; attempt_id: string }
-  | { kind: 'orphaned'; transitions: number }
+  | { kind: 'orphaned'; records: number }
+  /** The episode's records of this kind were not exported (`exporters.records`): its group cannot complete. */
+  | { kind: 'not_exported'; rollout_id: string; attempt_id: string; rows: Rows }
   /** A prompt delta whose previous transition was not at hand: the row goes out without prompt ids. */
   | { kind: 'unresolved_delta'; transition_id: string; reason: string };
 
@@ -60,23 +98,34 @@ interface PendingGroup {
 }
 
 /**
- * The reference consumer's core: gathers transitions and episodes (in any order, with
- * duplicates) and yields a group when `groupSize` episodes of one `group_id` are closed and all
- * their transitions are present. Groups already done (`done`, e.g. from the state file) are never
+ * The reference consumer's core: gathers trajectories (or transitions, with `rows:
+ * 'transitions'`) and episodes, in any order, with duplicates, and yields a group when
+ * `groupSize` episodes of one `group_id` are closed and all their records are present. Groups already done (`done`, e.g. from the state file) are never
  * yielded again; groups waiting longer than `timeoutMs` are reported incomplete and dropped.
  * Prompt deltas are made whole from the previous transition of the episode, which is held here
  * (same partition, read first) until the group is done.
  */
 export class GroupAssembler {
+  /** Records held by id: transitions, or trajectories. */
   private transitions = new Map<string, { t: Transition; pos: Position; at: number }>();
+  private trajectories = new Map<string, { t: Trajectory; pos: Position; at: number }>();
   private groups = new Map<string, PendingGroup>();
   private seenEpisodes = new Set<string>();
+  readonly rows: Rows;
 
   constructor(
-    private readonly options: { groupSize: number; timeoutMs: number },
+    private readonly options: { groupSize: number; timeoutMs: number; rows?: Rows },
     /** uids already emitted or given up on. */
     readonly done: Set<string> = new Set(),
-  ) {}
+  ) {
+    this.rows = options.rows ?? 'trajectories';
+  }
+
+  addTrajectory(t: Trajectory, pos: Position, now: number): GroupEvent[] {
+    if (t.group_id !== null && this.done.has(t.group_id)) return [];
+    if (!this.trajectories.has(t.trajectory_id)) this.trajectories.set(t.trajectory_id, { t, pos, at: now });
+    return this.check(t.group_id);
+  }
 
   addTransition(wire: WireTransition, pos: Position, now: number): GroupEvent[] {
     if (wire.group_id !== null && this.done.has(wire.group_id)) return [];
@@ -95,11 +144,16 @@ export class GroupAssembler {
   addEpisode(e: EpisodeSummary, pos: Position, now: number): GroupEvent[] {
     const key = `${e.rollout_id}\u0000${e.attempt_id}`;
     if (e.group_id === null) {
-      for (const id of e.transition_ids) this.transitions.delete(id);
+      this.forget(e);
       return [{ kind: 'ungrouped', rollout_id: e.rollout_id, attempt_id: e.attempt_id }];
     }
     if (this.done.has(e.group_id))
       return this.seenEpisodes.has(key) ? [] : [{ kind: 'late', uid: e.group_id, rollout_id: e.rollout_id, attempt_id: e.attempt_id }];
+    if (!exportsRows(e, this.rows)) {
+      if (this.seenEpisodes.has(key)) return [];
+      this.seenEpisodes.add(key);
+      return [{ kind: 'not_exported', rollout_id: e.rollout_id, attempt_id: e.attempt_id, rows: this.rows }];
+    }
     this.seenEpisodes.add(key);
     let g = this.groups.get(e.group_id);
     if (!g) this.groups.set(e.group_id, (g = { episodes: new Map(), firstSeen: now }));
@@ -119,13 +173,15 @@ export class GroupAssembler {
       this.finish(uid, g);
     }
     let orphaned = 0;
-    for (const [id, x] of this.transitions) {
-      if (now - x.at >= this.options.timeoutMs && (x.t.group_id === null || !this.groups.has(x.t.group_id))) {
-        this.transitions.delete(id);
-        orphaned++;
+    for (const held of [this.transitions, this.trajectories] as Map<string, { t: { group_id: string | null }; at: number }>[]) {
+      for (const [id, x] of held) {
+        if (now - x.at >= this.options.timeoutMs && (x.t.group_id === null || !this.groups.has(x.t.group_id))) {
+          held.delete(id);
+          orphaned++;
+        }
       }
     }
-    if (orphaned > 0) out.push({ kind: 'orphaned', transitions: orphaned });
+    if (orphaned > 0) out.push({ kind: 'orphaned', records: orphaned });
     return out;
   }
 
@@ -137,6 +193,7 @@ export class GroupAssembler {
       low.set(k, Math.min(low.get(k) ?? Infinity, p.offset));
     };
     for (const x of this.transitions.values()) note(x.pos);
+    for (const x of this.trajectories.values()) note(x.pos);
     for (const g of this.groups.values()) for (const e of g.episodes.values()) note(e.pos);
     return low;
   }
@@ -149,23 +206,85 @@ export class GroupAssembler {
     if (uid === null) return [];
     const g = this.groups.get(uid);
     if (!g || g.episodes.size < this.options.groupSize) return [];
-    for (const { episode } of g.episodes.values()) for (const id of episode.transition_ids) if (!this.transitions.has(id)) return [];
-    const batch = this.build(uid, g);
+    for (const { episode } of g.episodes.values()) {
+      if (this.rows === 'trajectories') {
+        for (const id of episode.trajectory_ids) if (!this.trajectories.has(id)) return [];
+      } else for (const id of episode.transition_ids) if (!this.transitions.has(id)) return [];
+    }
+    const batch = this.rows === 'trajectories' ? this.buildTrajectoryRows(uid, g) : this.build(uid, g);
     this.finish(uid, g);
     return [{ kind: 'group', batch }];
   }
 
   private finish(uid: string, g: PendingGroup): void {
-    for (const { episode } of g.episodes.values()) for (const id of episode.transition_ids) this.transitions.delete(id);
+    for (const { episode } of g.episodes.values()) this.forget(episode);
     for (const [id, x] of this.transitions) if (x.t.group_id === uid) this.transitions.delete(id);
+    for (const [id, x] of this.trajectories) if (x.t.group_id === uid) this.trajectories.delete(id);
     this.groups.delete(uid);
     this.done.add(uid);
   }
 
+  /** Drops the records held for an episode. */
+  private forget(e: EpisodeSummary): void {
+    for (const id of e.transition_ids) this.transitions.delete(id);
+    for (const id of e.trajectory_ids ?? []) this.trajectories.delete(id);
+  }
+
+  private buildTrajectoryRows(uid: string, g: PendingGroup): TrajectoryGroupBatch {
+    const episodes = sortedEpisodes(g);
+    const batch: TrajectoryGroupBatch['batch'] = {
+      uid: [],
+      rollout_id: [],
+      attempt_id: [],
+      trajectory_id: [],
+      segment: [],
+      turns: [],
+      prompt_ids: [],
+      response_ids: [],
+      response_mask: [],
+      token_level_scores: [],
+      rollout_log_probs: [],
+      reward: [],
+      is_last: [],
+      policy_versions: [],
+    };
+    let unmerged = 0;
+    for (const e of episodes) {
+      unmerged += e.unmerged_calls?.length ?? 0;
+      for (const id of e.trajectory_ids) {
+        const t = this.trajectories.get(id)!.t;
+        const p = t.prompt_length;
+        const scores = new Array<number>(t.token_ids.length - p).fill(0);
+        for (const r of t.token_rewards) scores[r.position - p] = r.value;
+        batch.uid.push(uid);
+        batch.rollout_id.push(t.rollout_id);
+        batch.attempt_id.push(t.attempt_id);
+        batch.trajectory_id.push(t.trajectory_id);
+        batch.segment.push(t.segment);
+        batch.turns.push(t.turns.length);
+        batch.prompt_ids.push(t.token_ids.slice(0, p));
+        batch.response_ids.push(t.token_ids.slice(p));
+        batch.response_mask.push(t.loss_mask.slice(p));
+        batch.token_level_scores.push(scores);
+        batch.rollout_log_probs.push(t.logprobs === null ? null : t.logprobs.slice(p));
+        batch.reward.push(t.reward);
+        batch.is_last.push(t.segment === t.segments - 1);
+        batch.policy_versions.push(t.policy_versions);
+      }
+    }
+    return {
+      schema: 'lightning.group.v1',
+      uid,
+      group_size: this.options.groupSize,
+      rows: 'trajectories',
+      episodes: episodes.map(episodeEntry),
+      batch,
+      unmerged_calls: unmerged,
+    };
+  }
+
   private build(uid: string, g: PendingGroup): GroupBatch {
-    const episodes = [...g.episodes.values()]
-      .map((p) => p.episode)
-      .sort((a, b) => (a.rollout_id < b.rollout_id ? -1 : a.rollout_id > b.rollout_id ? 1 : a.attempt_id < b.attempt_id ? -1 : 1));
+    const episodes = sortedEpisodes(g);
     const batch: GroupBatch['batch'] = {
       uid: [],
       rollout_id: [],
@@ -210,16 +329,36 @@ export class GroupAssembler {
       schema: 'lightning.group.v1',
       uid,
       group_size: this.options.groupSize,
-      episodes: episodes.map((e) => ({
-        rollout_id: e.rollout_id,
-        attempt_id: e.attempt_id,
-        final_reward: e.final_reward,
-        episode_status: e.episode_status,
-        transitions: e.transitions,
-        policy_version_lag: e.policy_version_lag ?? null,
-      })),
+      episodes: episodes.map(episodeEntry),
       batch,
       skipped_no_token_ids: skipped,
     };
   }
+}
+
+/** The group's episodes by rollout id, then attempt id. */
+function sortedEpisodes(g: PendingGroup): EpisodeSummary[] {
+  return [...g.episodes.values()]
+    .map((p) => p.episode)
+    .sort((a, b) => (a.rollout_id < b.rollout_id ? -1 : a.rollout_id > b.rollout_id ? 1 : a.attempt_id < b.attempt_id ? -1 : 1));
+}
+
+function episodeEntry(e: EpisodeSummary): GroupEpisode {
+  return {
+    rollout_id: e.rollout_id,
+    attempt_id: e.attempt_id,
+    final_reward: e.final_reward,
+    episode_status: e.episode_status,
+    transitions: e.transitions,
+    policy_version_lag: e.policy_version_lag ?? null,
+  };
+}
+
+/**
+ * Whether the sidecar exported the episode's records of this kind: an episode from a sidecar
+ * before trajectories has no `trajectory_ids` (and exported transitions only).
+ */
+function exportsRows(e: EpisodeSummary, rows: Rows): boolean {
+  if (rows === 'trajectories' && !Array.isArray(e.trajectory_ids)) return false;
+  return !Array.isArray(e.exported) || e.exported.includes(rows);
 }

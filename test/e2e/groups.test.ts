@@ -5,7 +5,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { Kafka, logLevel } from 'kafkajs';
 import OpenAI from 'openai';
-import type { GroupBatch } from '../../src/trainer/groups';
+import type { Trajectory } from '../../src/model/records';
+import type { GroupBatch, TrajectoryGroupBatch } from '../../src/trainer/groups';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { startKafkaTestBroker, type KafkaTestBroker } from '../support/kafka-broker';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
@@ -68,7 +69,7 @@ describe('lightning-sidecar groups (reference trainer consumer, test broker)', (
   it('emits each complete group exactly once across a restart, ignores redelivered duplicates, and reports a group that never completes', async () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-groups-'));
     const out = path.join(dir, 'groups.jsonl');
-    const common = ['--group-size', '2', '--brokers', broker.brokers.join(','), '--group-id', 'trainer', '--out', out];
+    const common = ['--group-size', '2', '--rows', 'transitions', '--brokers', broker.brokers.join(','), '--group-id', 'trainer', '--out', out];
 
     await rollout('g1-a', 'g1', 1);
     await rollout('g1-b', 'g1', 0);
@@ -126,6 +127,66 @@ describe('lightning-sidecar groups (reference trainer consumer, test broker)', (
       expect(g2.batch.rollout_log_probs[i]).toHaveLength(ids.length);
       expect(g2.batch.prompt_ids[i].length).toBeGreaterThan(0);
     }
+  });
+
+  it('emits trajectory rows by default: each row the first prompt, then the rest of its trajectory masked as the record says', async () => {
+    const turns = async (id: string, group: string, reward: number) => {
+      const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${id}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-group-id': group } });
+      const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'user', content: `${id} first` }];
+      for (let i = 0; i < 3; i++) {
+        const reply = await client.chat.completions.create({ model: 'm', messages });
+        messages.push({ role: 'assistant', content: reply.choices[0].message.content }, { role: 'user', content: `${id} next ${i}` });
+      }
+      expect((await postReward(sidecar.origin, id, reward)).status).toBe(202);
+    };
+    const before = broker.records('lightning.episodes').length;
+    await turns('tg-a', 'tg', 1);
+    await turns('tg-b', 'tg', 0);
+    await delivered(before + 2);
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-groups-'));
+    const out = path.join(dir, 'groups.jsonl');
+    const r = await runGroups([
+      '--group-size',
+      '2',
+      '--brokers',
+      broker.brokers.join(','),
+      '--group-id',
+      'trajectories',
+      '--out',
+      out,
+      '--idle-exit-ms',
+      '1500',
+      '--group-timeout-ms',
+      '800',
+    ]);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain('emitted tg (2 episodes, 2 rows)');
+    const group = readFileSync(out, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as TrajectoryGroupBatch)
+      .find((g) => g.uid === 'tg')!;
+    expect(group.rows).toBe('trajectories');
+    const records = new Map(
+      broker.records('lightning.trajectories').map((m) => {
+        const t = JSON.parse(m.value!.toString('utf8')) as Trajectory;
+        return [t.trajectory_id, t];
+      }),
+    );
+    expect(group.batch.trajectory_id).toEqual(['tg-a/0/s0', 'tg-b/0/s0']);
+    group.batch.trajectory_id.forEach((id, i) => {
+      const t = records.get(id)!;
+      expect(t.turns).toHaveLength(3);
+      expect([...group.batch.prompt_ids[i], ...group.batch.response_ids[i]]).toEqual(t.token_ids);
+      expect(group.batch.prompt_ids[i]).toHaveLength(t.prompt_length);
+      expect(group.batch.response_mask[i]).toEqual(t.loss_mask.slice(t.prompt_length));
+      expect(group.batch.rollout_log_probs[i]).toEqual(t.logprobs!.slice(t.prompt_length));
+      // The final reward on the last sampled token, nothing elsewhere (no AIR here).
+      const scores = group.batch.token_level_scores[i];
+      expect(scores.filter((x) => x !== 0)).toEqual(t.final_reward === 0 ? [] : [t.final_reward]);
+      expect(scores[scores.length - 1]).toBe(t.final_reward);
+      expect(group.batch.response_mask[i].reduce((a, b) => a + b, 0)).toBe(t.turns.reduce((n, x) => n + x.response_end - x.response_start, 0));
+    });
   });
 });
 
@@ -254,7 +315,20 @@ describe('groups and tail --kafka read chunked records and prompt deltas (docs/k
     await producer.disconnect();
 
     const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-chunked-')), 'groups.jsonl');
-    const r = await runGroups(['--group-size', '2', '--brokers', broker.brokers.join(','), '--group-id', 'chunked', '--out', out, '--max-groups', '1']);
+    const r = await runGroups([
+      '--group-size',
+      '2',
+      '--rows',
+      'transitions',
+      '--brokers',
+      broker.brokers.join(','),
+      '--group-id',
+      'chunked',
+      '--out',
+      out,
+      '--max-groups',
+      '1',
+    ]);
     expect(r.stderr).toContain('emitted c1 (2 episodes, 3 rows)');
     expect(r.stderr).not.toMatch(/skipping|cannot be made whole/);
     expect(r.code).toBe(0);

@@ -3,7 +3,7 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import type { GroupBatch } from '../../src/trainer/groups';
+import type { GroupBatch, TrajectoryGroupBatch } from '../../src/trainer/groups';
 import { startChildSidecar } from '../support/child-sidecar';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { startKafkaTestBroker, type KafkaTestBroker } from '../support/kafka-broker';
@@ -63,20 +63,38 @@ describe('transitions of any size reach the trainer', () => {
       const until = Date.now() + 30_000;
       while (!broker.records('lightning.episodes').some((r) => r.value?.toString().includes('"huge-1"')) && Date.now() < until)
         await new Promise((r) => setTimeout(r, 50));
-      const chunks = broker.records('lightning.transitions').filter((r) => r.key?.toString() === 'huge-1');
-      expect(chunks.length).toBeGreaterThan(1);
+      for (const topic of ['lightning.transitions', 'lightning.trajectories']) {
+        const chunks = broker.records(topic).filter((r) => r.key?.toString() === 'huge-1');
+        expect(chunks.length).toBeGreaterThan(1);
+      }
       expect(existsSync(path.join(sidecar.dataDir, 'dead-letter'))).toBe(false);
 
-      const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-huge-')), 'groups.jsonl');
-      const r = await runGroups(['--group-size', '1', '--brokers', broker.brokers.join(','), '--group-id', 'huge', '--out', out, '--max-groups', '1']);
-      expect(r.code).toBe(0);
-      const [g] = readFileSync(out, 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l) as GroupBatch);
-      expect(g.batch.transition_id).toEqual(['huge-1/0/0']);
-      expect(g.batch.prompt_ids[0]).toEqual(want.prompt);
-      expect(g.batch.response_ids[0]).toEqual(want.answer);
+      // Trajectory rows (the default) and per-call rows, each from its own topic.
+      for (const rows of ['trajectories', 'transitions']) {
+        const out = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-huge-')), 'groups.jsonl');
+        const r = await runGroups([
+          '--group-size',
+          '1',
+          '--rows',
+          rows,
+          '--brokers',
+          broker.brokers.join(','),
+          '--group-id',
+          `huge-${rows}`,
+          '--out',
+          out,
+          '--max-groups',
+          '1',
+        ]);
+        expect(r.code).toBe(0);
+        const [g] = readFileSync(out, 'utf8')
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l) as GroupBatch | TrajectoryGroupBatch);
+        expect('trajectory_id' in g.batch ? g.batch.trajectory_id : g.batch.transition_id).toEqual([rows === 'trajectories' ? 'huge-1/0/s0' : 'huge-1/0/0']);
+        expect(g.batch.prompt_ids[0]).toEqual(want.prompt);
+        expect(g.batch.response_ids[0]).toEqual(want.answer);
+      }
     } finally {
       await sidecar.stop();
     }
@@ -145,6 +163,8 @@ describe('transitions of any size reach the trainer', () => {
       const r = await runGroups([
         '--group-size',
         '1',
+        '--rows',
+        'transitions',
         '--brokers',
         broker.brokers.join(','),
         '--config',

@@ -54,6 +54,8 @@ async function startOnce(env: Record<string, string>, args: string[]): Promise<C
       LIGHTNING_TELEMETRY_ADDR: `127.0.0.1:${telemetry}`,
       LIGHTNING_OTLP_GRPC_ADDR: `127.0.0.1:${grpc}`,
       LIGHTNING_OTLP_HTTP_ADDR: `127.0.0.1:${http}`,
+      // The suite reads transitions as well as trajectories; a test of the product default says so.
+      LIGHTNING_EXPORT_RECORDS: 'both',
       ...env,
     },
     stdio: ['ignore', 'ignore', 'pipe'],

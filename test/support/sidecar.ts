@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
 import { createApp, type App } from '../../src/service/app';
-import type { EpisodeSummary, Transition } from '../../src/model/records';
+import type { EpisodeSummary, Trajectory, Transition } from '../../src/model/records';
 import { createLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
 import { startFakeModelServer, type FakeModelServer } from './fake-model-server';
@@ -18,6 +18,7 @@ export interface TestSidecar {
   dataDir: string;
   logs: string[];
   transitions(): Transition[];
+  trajectories(): Trajectory[];
   episodes(): EpisodeSummary[];
   waitForEpisodes(n: number, timeoutMs?: number): Promise<EpisodeSummary[]>;
   stop(): Promise<void>;
@@ -34,6 +35,8 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
       otlp: { protocols: { grpc: { endpoint: '127.0.0.1:0' }, http: { endpoint: '127.0.0.1:0' } } },
     },
     processors: { episodes: { tool_span_wait_ms: 0, tick_interval_ms: 20 } },
+    // The suite reads transitions as well as trajectories; a test of the product default says so.
+    exporters: { records: 'both' },
     service: { data_dir: dataDir, telemetry: { endpoint: '127.0.0.1:0' }, log_level: 'debug' },
   };
   const config = loadConfig({ env: {}, overrides: merge(base, overrides) });
@@ -62,6 +65,7 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
     dataDir,
     logs,
     transitions: () => read<Transition>('transitions'),
+    trajectories: () => read<Trajectory>('trajectories'),
     episodes: () => read<EpisodeSummary>('episodes'),
     async waitForEpisodes(n, timeoutMs = 5000) {
       const until = Date.now() + timeoutMs;

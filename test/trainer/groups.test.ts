@@ -1,5 +1,5 @@
-import type { EpisodeSummary, Transition } from '../../src/model/records';
-import { GroupAssembler, type GroupEvent } from '../../src/trainer/groups';
+import type { EpisodeSummary, Trajectory, Transition } from '../../src/model/records';
+import { GroupAssembler, type GroupBatch, type GroupEvent, type TrajectoryGroupBatch } from '../../src/trainer/groups';
 
 const pos = (offset: number, topic = 't') => ({ topic, partition: 0, offset });
 
@@ -32,6 +32,9 @@ function episode(rollout: string, group: string | null, n: number, reward = 1): 
     credit_mode: 'identical',
     transitions: n,
     transition_ids: Array.from({ length: n }, (_, i) => `${rollout}/0/${i}`),
+    trajectory_ids: [],
+    unmerged_calls: [],
+    exported: ['transitions'],
     policy_versions: ['3'],
     policy_version_lag: 0,
     started_at: '',
@@ -40,10 +43,12 @@ function episode(rollout: string, group: string | null, n: number, reward = 1): 
 }
 
 const groups = (events: GroupEvent[]) => events.filter((e) => e.kind === 'group');
+const perCall = (ev: GroupEvent) => (ev as Extract<GroupEvent, { kind: 'group' }>).batch as GroupBatch;
+const ofTrajectories = (ev: GroupEvent) => (ev as Extract<GroupEvent, { kind: 'group' }>).batch as TrajectoryGroupBatch;
 
-describe('GroupAssembler', () => {
+describe('GroupAssembler, per-call rows', () => {
   it('emits a group once N episodes and all their transitions are in, in any order, ignoring duplicates', () => {
-    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 10_000 });
+    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 10_000, rows: 'transitions' });
     expect(a.addEpisode(episode('r1', 'g', 2), pos(0, 'e'), 0)).toEqual([]); // before its transitions
     expect(a.addTransition(transition('r1', 0, 'g'), pos(0), 0)).toEqual([]);
     expect(a.addTransition(transition('r1', 0, 'g'), pos(1), 0)).toEqual([]); // duplicate
@@ -52,7 +57,7 @@ describe('GroupAssembler', () => {
     expect(a.addEpisode(episode('r1', 'g', 2), pos(1, 'e'), 0)).toEqual([]); // duplicate episode
     const [ev] = a.addEpisode(episode('r2', 'g', 1, 0), pos(2, 'e'), 0);
     expect(ev.kind).toBe('group');
-    const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+    const g = perCall(ev);
     expect(g.uid).toBe('g');
     expect(g.batch.transition_id).toEqual(['r1/0/0', 'r1/0/1', 'r2/0/0']);
     expect(g.batch.uid).toEqual(['g', 'g', 'g']);
@@ -76,13 +81,13 @@ describe('GroupAssembler', () => {
   });
 
   it('never emits a group named in `done` (state from a previous run)', () => {
-    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 10_000 }, new Set(['g']));
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 10_000, rows: 'transitions' }, new Set(['g']));
     a.addTransition(transition('r1', 0, 'g'), pos(0), 0);
     expect(groups(a.addEpisode(episode('r1', 'g', 1), pos(0, 'e'), 0))).toEqual([]);
   });
 
   it('keeps offsets of pending records uncommitted, and gives up on a group after the timeout', () => {
-    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 1000 });
+    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 1000, rows: 'transitions' });
     a.addTransition(transition('r1', 0, 'g'), pos(5), 0);
     a.addEpisode(episode('r1', 'g', 1), pos(7, 'e'), 0);
     expect(a.lowestPending()).toEqual(
@@ -98,11 +103,11 @@ describe('GroupAssembler', () => {
   });
 
   it('skips rows without token ids and counts them', () => {
-    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, rows: 'transitions' });
     a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: null }), pos(0), 0);
     a.addTransition(transition('r1', 1, 'g'), pos(1), 0);
     const [ev] = a.addEpisode(episode('r1', 'g', 2), pos(0, 'e'), 0);
-    const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+    const g = perCall(ev);
     expect([g.batch.transition_id, g.skipped_no_token_ids]).toEqual([['r1/0/1'], 1]);
   });
 
@@ -113,13 +118,13 @@ describe('GroupAssembler', () => {
     });
 
     it('rebuilds each full prompt from the previous transition of the episode: its prompt, its response, then the suffix', () => {
-      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, rows: 'transitions' });
       expect(a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1, 2], response_token_ids: [3, 4] }), pos(0), 0)).toEqual([]);
       expect(a.addTransition(transition('r1', 1, 'g', { response_token_ids: [6], ...delta('r1/0/0', 4, [5]) } as Partial<Transition>), pos(1), 0)).toEqual([]);
       // A delta on a delta: the previous prompt is already whole.
       a.addTransition(transition('r1', 2, 'g', { response_token_ids: [8], ...delta('r1/0/1', 6, [7]) } as Partial<Transition>), pos(2), 0);
       const [ev] = a.addEpisode(episode('r1', 'g', 3), pos(0, 'e'), 0);
-      const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+      const g = perCall(ev);
       expect(g.batch.prompt_ids).toEqual([
         [1, 2],
         [1, 2, 3, 4, 5],
@@ -129,7 +134,7 @@ describe('GroupAssembler', () => {
     });
 
     it('reports a delta whose previous transition is not held or whose prefix length disagrees, and leaves that row out', () => {
-      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, rows: 'transitions' });
       a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1, 2], response_token_ids: [3] }), pos(0), 0);
       expect(a.addTransition(transition('r1', 1, 'g', delta('r1/0/0', 9, [4]) as Partial<Transition>), pos(1), 0)).toEqual([
         { kind: 'unresolved_delta', transition_id: 'r1/0/1', reason: 'prefix_length 9 but the previous prompt and response hold 3 ids' },
@@ -138,18 +143,119 @@ describe('GroupAssembler', () => {
         { kind: 'unresolved_delta', transition_id: 'r1/0/2', reason: 'previous transition r1/0/7 is not held' },
       ]);
       const [ev] = a.addEpisode(episode('r1', 'g', 3), pos(0, 'e'), 0);
-      const g = (ev as Extract<GroupEvent, { kind: 'group' }>).batch;
+      const g = perCall(ev);
       expect([g.batch.transition_id, g.skipped_no_token_ids]).toEqual([['r1/0/0'], 2]);
     });
 
     it('ignores a redelivered delta transition it already holds', () => {
-      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+      const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, rows: 'transitions' });
       a.addTransition(transition('r1', 0, 'g', { prompt_token_ids: [1], response_token_ids: [2] }), pos(0), 0);
       const t1 = transition('r1', 1, 'g', delta('r1/0/0', 2, [3]) as Partial<Transition>);
       a.addTransition(t1, pos(1), 0);
       expect(a.addTransition(t1, pos(2), 0)).toEqual([]);
       const [ev] = a.addEpisode(episode('r1', 'g', 2), pos(0, 'e'), 0);
-      expect((ev as Extract<GroupEvent, { kind: 'group' }>).batch.batch.prompt_ids).toEqual([[1], [1, 2, 3]]);
+      expect(perCall(ev).batch.prompt_ids).toEqual([[1], [1, 2, 3]]);
     });
+  });
+});
+
+/** A trajectory of `rollout`: prompt [1, 2], two turns (ids 10-11 and 20), AIR on the first, the final reward on the last. */
+function trajectory(rollout: string, segment: number, group: string | null, extra: Partial<Trajectory> = {}): Trajectory {
+  return {
+    schema: 'lightning.trajectory.v1',
+    trajectory_id: `${rollout}/0/s${segment}`,
+    rollout_id: rollout,
+    attempt_id: '0',
+    group_id: group,
+    agent_name: null,
+    segment,
+    segments: 1,
+    start_reason: 'first',
+    parent_trajectory_id: null,
+    parent_rollout_id: null,
+    parent_attempt_id: null,
+    parent_transition_id: null,
+    prompt_length: 2,
+    token_ids: [1, 2, 10, 11, 3, 20],
+    loss_mask: [0, 0, 1, 1, 0, 1],
+    logprobs: [0, 0, -0.1, -0.2, 0, -0.3],
+    turns: [],
+    token_rewards: [
+      { position: 3, value: 0.1 },
+      { position: 5, value: 1 },
+    ],
+    reward: 1.1,
+    final_reward: 1,
+    episode_status: 'completed',
+    policy_versions: ['3'],
+    started_at: '',
+    ended_at: '',
+    ...extra,
+  };
+}
+
+function trajectoryEpisode(rollout: string, group: string | null, segments: number, extra: Partial<EpisodeSummary> = {}): EpisodeSummary {
+  return {
+    ...episode(rollout, group, 2),
+    trajectory_ids: Array.from({ length: segments }, (_, i) => `${rollout}/0/s${i}`),
+    exported: ['trajectories'],
+    ...extra,
+  };
+}
+
+describe('GroupAssembler, trajectory rows (the default)', () => {
+  it('emits one row per trajectory: the first prompt, the rest as response with its mask, scores and logprobs where the record puts them', () => {
+    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 10_000 });
+    expect(a.rows).toBe('trajectories');
+    expect(a.addTrajectory(trajectory('r2', 0, 'g'), pos(0), 0)).toEqual([]);
+    expect(a.addEpisode(trajectoryEpisode('r2', 'g', 1, { unmerged_calls: [{ transition_id: 'r2/0/5', reason: 'not_ok' }] }), pos(0, 'e'), 0)).toEqual([]);
+    a.addTrajectory(trajectory('r1', 0, 'g', { segments: 2 }), pos(1), 0);
+    a.addTrajectory(trajectory('r1', 0, 'g', { segments: 2 }), pos(2), 0); // duplicate
+    expect(a.addEpisode(trajectoryEpisode('r1', 'g', 2), pos(1, 'e'), 0)).toEqual([]); // s1 still missing
+    const [ev] = a.addTrajectory(trajectory('r1', 1, 'g', { segments: 2, logprobs: null, token_rewards: [{ position: 5, value: 1 }], reward: 1 }), pos(3), 0);
+    const g = ofTrajectories(ev);
+    expect(g.rows).toBe('trajectories');
+    expect(g.batch.trajectory_id).toEqual(['r1/0/s0', 'r1/0/s1', 'r2/0/s0']);
+    expect(g.batch.prompt_ids).toEqual([
+      [1, 2],
+      [1, 2],
+      [1, 2],
+    ]);
+    expect(g.batch.response_ids[0]).toEqual([10, 11, 3, 20]);
+    expect(g.batch.response_mask[0]).toEqual([1, 1, 0, 1]);
+    expect(g.batch.token_level_scores).toEqual([
+      [0, 0.1, 0, 1],
+      [0, 0, 0, 1],
+      [0, 0.1, 0, 1],
+    ]);
+    expect(g.batch.rollout_log_probs).toEqual([[-0.1, -0.2, 0, -0.3], null, [-0.1, -0.2, 0, -0.3]]);
+    expect(g.batch.is_last).toEqual([false, true, true]);
+    expect(g.batch.reward).toEqual([1.1, 1, 1.1]);
+    expect(g.unmerged_calls).toBe(1);
+    expect(a.lowestPending().size).toBe(0);
+    // A redelivered trajectory of a done group is ignored.
+    expect(a.addTrajectory(trajectory('r1', 0, 'g'), pos(4), 0)).toEqual([]);
+  });
+
+  it('reports an episode whose trajectories were not exported (or that predates them) once, and never counts it', () => {
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+    const transitionsOnly = trajectoryEpisode('r1', 'g', 1, { exported: ['transitions'] });
+    expect(a.addEpisode(transitionsOnly, pos(0, 'e'), 0)).toEqual([{ kind: 'not_exported', rollout_id: 'r1', attempt_id: '0', rows: 'trajectories' }]);
+    expect(a.addEpisode(transitionsOnly, pos(1, 'e'), 0)).toEqual([]);
+    const { trajectory_ids: _ids, unmerged_calls: _u, exported: _e, ...old } = episode('r2', 'g', 1);
+    expect(a.addEpisode(old as EpisodeSummary, pos(2, 'e'), 0)).toEqual([{ kind: 'not_exported', rollout_id: 'r2', attempt_id: '0', rows: 'trajectories' }]);
+    expect(a.pendingGroups).toBe(0);
+    const perCallRows = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, rows: 'transitions' });
+    expect(perCallRows.addEpisode(trajectoryEpisode('r3', 'g', 1), pos(3, 'e'), 0)).toEqual([
+      { kind: 'not_exported', rollout_id: 'r3', attempt_id: '0', rows: 'transitions' },
+    ]);
+  });
+
+  it('keeps offsets of held trajectories uncommitted and drops strays after the timeout', () => {
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+    a.addTrajectory(trajectory('r1', 0, 'g'), pos(5), 0);
+    expect(a.lowestPending()).toEqual(new Map([['t\u00000', 5]]));
+    expect(a.tick(1000)).toEqual([{ kind: 'orphaned', records: 1 }]);
+    expect(a.lowestPending().size).toBe(0);
   });
 });

@@ -1,7 +1,8 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import type { EpisodeSummary, Transition, TransitionRecord } from '../../model/records';
+import type { EpisodeSummary, Trajectory, TrajectoryRecord, Transition, TransitionRecord } from '../../model/records';
 import { TransitionWriter } from '../transition-json';
+import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
 import type { PromptIdsDelta } from './prompt-delta';
 
 export type Encoding = 'json' | 'protobuf';
@@ -9,9 +10,13 @@ export type Encoding = 'json' | 'protobuf';
 export const CONTENT_TYPE: Record<Encoding, string> = { json: 'application/json', protobuf: 'application/x-protobuf' };
 
 let root: protobuf.Root | null = null;
-function types(): { transition: protobuf.Type; episode: protobuf.Type } {
+function types(): { transition: protobuf.Type; episode: protobuf.Type; trajectory: protobuf.Type } {
   root ??= new protobuf.Root().loadSync(path.resolve(__dirname, '../../../proto/lightning/v1/records.proto'), { keepCase: true });
-  return { transition: root.lookupType('lightning.v1.Transition'), episode: root.lookupType('lightning.v1.Episode') };
+  return {
+    transition: root.lookupType('lightning.v1.Transition'),
+    episode: root.lookupType('lightning.v1.Episode'),
+    trajectory: root.lookupType('lightning.v1.Trajectory'),
+  };
 }
 
 /**
@@ -107,11 +112,88 @@ export function decodeEpisode(bytes: Buffer, encoding: Encoding): EpisodeSummary
     credit_mode: o.credit_mode,
     transitions: o.transitions,
     transition_ids: o.transition_ids,
+    trajectory_ids: o.trajectory_ids ?? [],
+    unmerged_calls: ((o.unmerged_calls as { transition_id: string; reason: string }[] | undefined) ?? []).map((u) => ({
+      transition_id: u.transition_id,
+      reason: u.reason,
+    })),
+    exported: o.exported ?? [],
     policy_versions: o.policy_versions ?? [],
     policy_version_lag: o.policy_version_lag ?? null,
     started_at: o.started_at,
     ended_at: o.ended_at,
   } as EpisodeSummary;
+}
+
+/**
+ * Encodes a trajectory; `writer` reads the ids it takes from the journal. JSON copies them as
+ * they are; protobuf decodes them into its fields.
+ */
+export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer: TransitionWriter): Buffer {
+  if (encoding === 'json') return trajectoryJson(writer, t);
+  const x = materializeTrajectory(writer, t);
+  const msg = {
+    ...dropNulls(x),
+    logprobs: x.logprobs ?? [],
+    has_logprobs: x.logprobs !== null,
+    turns: x.turns.map((turn) => ({ ...dropNulls(turn), tool_calls: turn.tool_calls.map((c) => dropNulls(c)) })),
+  };
+  const type = types().trajectory;
+  return Buffer.from(type.encode(type.fromObject(msg)).finish());
+}
+
+export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory {
+  if (encoding === 'json') return JSON.parse(bytes.toString('utf8')) as Trajectory;
+  const type = types().trajectory;
+  const o = type.toObject(type.decode(bytes), { longs: Number, defaults: true, arrays: true }) as Record<string, unknown>;
+  const opt = (v: unknown) => (v === undefined ? null : v);
+  const turns = (o.turns as Record<string, unknown>[]).map((t) => ({
+    transition_id: t.transition_id,
+    seq: t.seq,
+    choice_index: t.choice_index,
+    response_start: t.response_start,
+    response_end: t.response_end,
+    has_logprobs: t.has_logprobs,
+    finish_reason: opt(t.finish_reason),
+    tool_calls: (t.tool_calls as Record<string, unknown>[]).map((c) => ({
+      id: opt(c.id),
+      name: opt(c.name),
+      status: opt(c.status),
+      reward: opt(c.reward),
+      span_id: opt(c.span_id),
+      join: opt(c.join),
+    })),
+    intermediate_reward: opt(t.intermediate_reward),
+    reward: t.reward,
+    policy_version: opt(t.policy_version),
+  }));
+  return {
+    schema: o.schema,
+    trajectory_id: o.trajectory_id,
+    rollout_id: o.rollout_id,
+    attempt_id: o.attempt_id,
+    group_id: opt(o.group_id),
+    agent_name: opt(o.agent_name),
+    segment: o.segment,
+    segments: o.segments,
+    start_reason: o.start_reason,
+    parent_trajectory_id: opt(o.parent_trajectory_id),
+    parent_rollout_id: opt(o.parent_rollout_id),
+    parent_attempt_id: opt(o.parent_attempt_id),
+    parent_transition_id: opt(o.parent_transition_id),
+    prompt_length: o.prompt_length,
+    token_ids: o.token_ids,
+    loss_mask: o.loss_mask,
+    logprobs: o.has_logprobs ? o.logprobs : null,
+    turns,
+    token_rewards: (o.token_rewards as { position: number; value: number }[]).map((r) => ({ position: r.position, value: r.value })),
+    reward: o.reward,
+    final_reward: opt(o.final_reward),
+    episode_status: o.episode_status,
+    policy_versions: o.policy_versions,
+    started_at: o.started_at,
+    ended_at: o.ended_at,
+  } as Trajectory;
 }
 
 /** Scalar fields copied as they are (optional ones come back as null when unset). */

@@ -9,7 +9,8 @@ import { NO_JOURNAL, type Exporter } from '../exporter';
 import { deltaJson, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { TransitionWriter } from '../transition-json';
 import { chunkMessages } from './chunks';
-import { CONTENT_TYPE, encodeEpisode, encodeTransition } from './encoding';
+import { CONTENT_TYPE, encodeEpisode, encodeTrajectory, encodeTransition } from './encoding';
+import { materializeTrajectory } from '../trajectory-json';
 import { DeltaTracker } from './prompt-delta';
 import type { OutMessage, Producer, SendResult } from './producer';
 
@@ -27,6 +28,8 @@ export class ExportError extends Error {
 }
 
 export interface KafkaExporterDeps {
+  /** What is sent per attempt (`exporters.records`); default both. */
+  records?: 'trajectories' | 'transitions' | 'both';
   producer: Producer;
   logger: Logger;
   metrics: Metrics;
@@ -41,8 +44,9 @@ interface Pending {
 }
 
 /**
- * Transitions to `topic`, episode summaries to `episodes_topic`, keyed by rollout id so one
- * rollout's records stay ordered on one partition. A record bigger than `max_message_bytes` is
+ * Transitions to `topic`, trajectories to `trajectories_topic` (as `records` asks), episode
+ * summaries to `episodes_topic`, keyed by rollout id so one rollout's records stay ordered on one
+ * partition; an episode's summary is sent once its other records are acknowledged. A record bigger than `max_message_bytes` is
  * sent as ordered chunks (docs/kafka-records.md); only one over `max_record_bytes`, or one the
  * broker refuses for good, goes to dead-letter/. Messages are sent in produce requests of up to
  * `max_batch_bytes`, one after another; the next is encoded while one waits for its
@@ -158,6 +162,24 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     return chunkMessages(key, value, h, recordId, chunkBytes).map((msg) => ({ msg, record, recordId }));
   }
 
+  /** Adds a record's messages to `to`, or dead-letters it when it is over max_record_bytes. */
+  async function send(
+    to: Batcher,
+    kind: string,
+    key: string,
+    value: Buffer,
+    h: Record<string, string>,
+    recordId: string,
+    record: () => unknown,
+  ): Promise<void> {
+    if (value.length > config.max_record_bytes) {
+      m.exportOversize.inc({ action: 'dead_letter' });
+      await deadLetter(kind, record(), `larger than max_record_bytes (${value.length} > ${config.max_record_bytes})`);
+      return;
+    }
+    await to.add(messagesOf(key, value, h, recordId, record));
+  }
+
   const exporter = {
     name: 'kafka',
     get connected() {
@@ -180,24 +202,34 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         }
       }
       const writer = new TransitionWriter(read);
-      const transitions = new Batcher(config.topic, 'transitions');
-      for (const c of batch) {
-        // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
-        const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer);
-        for (const t of c.transitions) {
-          const d = delta?.(t) ?? null;
-          const value = d ? d.value : encodeTransition(t, config.encoding, writer);
-          const h = headers('lightning.transition.v1', t);
-          if (d) h['lightning-prompt-ids'] = 'delta';
-          if (value.length > config.max_record_bytes) {
-            m.exportOversize.inc({ action: 'dead_letter' });
-            await deadLetter('transitions', writer.materialize(t), `larger than max_record_bytes (${value.length} > ${config.max_record_bytes})`);
-            continue;
+      const records = deps.records ?? 'both';
+      if (records !== 'trajectories') {
+        const transitions = new Batcher(config.topic, 'transitions');
+        for (const c of batch) {
+          // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
+          const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer);
+          for (const t of c.transitions) {
+            const d = delta?.(t) ?? null;
+            const value = d ? d.value : encodeTransition(t, config.encoding, writer);
+            const h = headers('lightning.transition.v1', t);
+            if (d) h['lightning-prompt-ids'] = 'delta';
+            await send(transitions, 'transitions', t.rollout_id, value, h, t.transition_id, () => writer.materialize(t));
           }
-          await transitions.add(messagesOf(t.rollout_id, value, h, t.transition_id, () => writer.materialize(t)));
         }
+        await transitions.flush();
       }
-      await transitions.flush();
+      if (records !== 'transitions') {
+        const trajectories = new Batcher(config.trajectories_topic, 'trajectories');
+        for (const c of batch) {
+          for (const t of c.trajectories) {
+            const value = encodeTrajectory(t, config.encoding, writer);
+            await send(trajectories, 'trajectories', t.rollout_id, value, headers('lightning.trajectory.v1', t), t.trajectory_id, () =>
+              materializeTrajectory(writer, t),
+            );
+          }
+        }
+        await trajectories.flush();
+      }
       const episodes = new Batcher(config.episodes_topic, 'episodes');
       for (const c of batch) {
         const e = c.episode;

@@ -14,6 +14,8 @@ export interface AssemblerOptions {
   capture?: CaptureConfig;
   /** Reads journaled bodies of captured calls when their episode closes. */
   read?: BodyReader;
+  /** What the exporter writes (`exporters.records`; default both), named in each episode summary. */
+  records?: 'trajectories' | 'transitions' | 'both';
 }
 
 interface OpenEpisode {
@@ -82,6 +84,7 @@ export class EpisodeAssembler {
       includeAgents: (options.capture?.include_agents ?? []).map(globToRegExp),
       excludeAgents: (options.capture?.exclude_agents ?? []).map(globToRegExp),
       read: options.read,
+      exported: exportedOf(options.records ?? 'both'),
       // Bodies up to 4 MiB are read into these while an episode closes; bigger ones get their own.
       scratch: [Buffer.allocUnsafe(4 << 20), Buffer.allocUnsafe(4 << 20)],
     };
@@ -316,4 +319,9 @@ export class EpisodeAssembler {
 /** An episode's key: its rollout and attempt. */
 export function keyOf(rolloutId: string, attemptId: string): string {
   return `${rolloutId}\u0000${attemptId}`;
+}
+
+/** The record kinds an `exporters.records` setting writes. */
+export function exportedOf(records: 'trajectories' | 'transitions' | 'both'): ('transitions' | 'trajectories')[] {
+  return records === 'both' ? ['transitions', 'trajectories'] : [records];
 }

@@ -6,17 +6,18 @@ import type {
   ClosedEpisode,
   EpisodeStatus,
   RawBody,
-  TokenIds,
   ToolSpanRecord,
   TransitionRecord,
   TransitionToolCall,
 } from '../../model/records';
-import { looksLikeIntArray, startsWithConcat, startsWithRangeThen } from '../../formats/json-scan';
+import { looksLikeIntArray } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
-import { extractFacts, resolveIds, type BodyReader, type CallFacts } from '../../formats/extract';
+import { extractFacts, type BodyReader, type CallFacts } from '../../formats/extract';
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
+import { continuesFrom, type Ids } from './continuity';
+import { buildTrajectories, Segmenter } from './trajectories';
 
 export interface EpisodeFacts {
   rolloutId: string;
@@ -47,6 +48,8 @@ export interface TransitionOptions {
   read?: BodyReader;
   /** Two reusable buffers for reading bodies while an episode is built (saves allocation per call). */
   scratch?: [Buffer, Buffer];
+  /** What the exporter writes (`exporters.records`); the episode summary says so. Default: both. */
+  exported?: ('transitions' | 'trajectories')[];
 }
 
 const NO_BODIES: BodyReader = () => {
@@ -67,16 +70,18 @@ export function captured(agentName: string | null, options: Pick<TransitionOptio
 export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options: TransitionOptions): ClosedEpisode {
   const read = options.read ?? NO_BODIES;
   const sorted = [...facts.calls].sort((a, b) => a.seq - b.seq);
-  // Extract in seq order; continuity is checked on the way, so at most two calls' bodies are alive.
+  // Extract in seq order; continuity is checked and segments are found on the way, so at most
+  // two calls' bodies are alive (three when the segmenter's previous call is not continuity's).
   const all: CallFacts[] = [];
   const continues = new Set<number>();
   let previous: Ids | null = null;
-  // Two scratch buffers in turn: the current call's body and the previous one's (for continuity).
+  const segmenter = new Segmenter();
   const scratch = [options.scratch?.[0], options.scratch?.[1]];
-  let turn = 0;
   for (const call of sorted) {
-    const { facts: f, responseBytes } = extractFacts(call, read, scratch[turn]);
-    turn ^= 1;
+    // A scratch buffer that holds neither body still compared with (or none: a fresh one).
+    const pinned = [previous?.body, segmenter.pinned];
+    const free = scratch.find((b) => b !== undefined && !pinned.some((p) => p && p.buffer === b.buffer));
+    const { facts: f, responseBytes } = extractFacts(call, read, free);
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
     if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
     all.push(f);
@@ -86,6 +91,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     const current: Ids = { body: responseBytes, prompt: first?.promptTokenIds ?? f.promptTokenIds, response: first?.responseTokenIds ?? null };
     if (previous !== null && continuesFrom(current, previous)) continues.add(f.seq);
     previous = current.prompt !== null && current.response !== null ? current : null;
+    segmenter.add(f, responseBytes);
   }
   const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));
   // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
@@ -155,6 +161,23 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       transitions.push(t);
     });
   });
+  const plan = segmenter.finish();
+  const bySeqChoice = new Map(transitions.map((t) => [`${t.seq}.${t.choice_index}`, t]));
+  const trajectories = buildTrajectories(plan, {
+    rolloutId: facts.rolloutId,
+    attemptId: facts.attemptId,
+    groupId: facts.groupId,
+    status,
+    finalReward: facts.finalReward,
+    airWeight: options.airWeight,
+    calls: new Map(calls.map((c) => [c.seq, c])),
+    transitions: bySeqChoice,
+  });
+  const unmerged = plan.unmerged.flatMap((u) => {
+    const ids =
+      u.choice === null ? transitions.filter((t) => t.seq === u.seq).map((t) => t.transition_id) : [bySeqChoice.get(`${u.seq}.${u.choice}`)!.transition_id];
+    return ids.map((transition_id) => ({ transition_id, reason: u.reason }));
+  });
   return {
     episode: {
       schema: 'lightning.episode.v1',
@@ -167,11 +190,15 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       credit_mode: options.credit.mode,
       transitions: transitions.length,
       transition_ids: transitions.map((t) => t.transition_id),
+      trajectory_ids: trajectories.map((t) => t.trajectory_id),
+      unmerged_calls: unmerged,
+      exported: options.exported ?? ['transitions', 'trajectories'],
       ...policyFacts(facts),
       started_at: new Date(facts.startedAt).toISOString(),
       ended_at: new Date(facts.endedAt).toISOString(),
     },
     transitions,
+    trajectories,
     firstOffset: facts.firstOffset ?? 0,
   };
 }
@@ -201,46 +228,6 @@ function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
   }
 }
 
-/** A call's first prompt and answer ids and the response body their ranges point into. */
-interface Ids {
-  body: Buffer | null;
-  prompt: TokenIds | null;
-  response: TokenIds | null;
-}
-
-/** Whether `cur`'s prompt starts with `prev`'s prompt and answer: by bytes when the text decides, else by numbers. */
-function continuesFrom(cur: Ids, prev: Ids): boolean {
-  if (cur.prompt === null || prev.prompt === null || prev.response === null) return false;
-  if (!Array.isArray(cur.prompt) && !Array.isArray(prev.prompt) && !Array.isArray(prev.response) && cur.body && prev.body) {
-    const byBytes = startsWithConcat(
-      cur.body,
-      cur.prompt.start,
-      cur.prompt.end,
-      prev.body,
-      [prev.prompt.start, prev.prompt.end],
-      [prev.response.start, prev.response.end],
-    );
-    if (byBytes !== null) return byBytes;
-  }
-  // A streamed answer's ids are numbers (assembled from its events): the prompts are still
-  // compared as bytes, and only the answer's stretch of the current prompt is read.
-  if (!Array.isArray(cur.prompt) && !Array.isArray(prev.prompt) && Array.isArray(prev.response) && cur.body && prev.body) {
-    const byBytes = startsWithRangeThen(cur.body, cur.prompt.start, cur.prompt.end, prev.body, [prev.prompt.start, prev.prompt.end], prev.response);
-    if (byBytes !== null) return byBytes;
-  }
-  const prompt = resolveIds(cur.prompt, cur.body);
-  const p = resolveIds(prev.prompt, prev.body);
-  const r = resolveIds(prev.response, prev.body);
-  return prompt !== null && p !== null && r !== null && startsWith(prompt, concatIds(p, r));
-}
-
-function concatIds(a: ArrayLike<number>, b: ArrayLike<number>): Int32Array {
-  const out = new Int32Array(a.length + b.length);
-  out.set(a);
-  out.set(b, a.length);
-  return out;
-}
-
 /** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
 function parsedRequest(call: CallFacts, read: BodyReader): unknown {
   const r = call.request as RawBody | null;
@@ -250,12 +237,6 @@ function parsedRequest(call: CallFacts, read: BodyReader): unknown {
   } catch {
     return null;
   }
-}
-
-function startsWith(ids: ArrayLike<number>, prefix: ArrayLike<number>): boolean {
-  if (prefix.length === 0 || prefix.length > ids.length) return false;
-  for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
-  return true;
 }
 
 /** Versions used by the episode's calls and the staleness lag (DESIGN: policy_version_lag). */

@@ -80,7 +80,14 @@ function header(headers: IncomingHttpHeaders, name: string): string | undefined 
   return Array.isArray(v) ? v[0] : v;
 }
 
-const BAGGAGE_KEYS = ['lightning.rollout_id', 'lightning.attempt_id', 'lightning.group_id', 'lightning.agent_name'] as const;
+const BAGGAGE_KEYS = [
+  'lightning.rollout_id',
+  'lightning.attempt_id',
+  'lightning.group_id',
+  'lightning.agent_name',
+  'lightning.parent_rollout_id',
+  'lightning.parent_attempt_id',
+] as const;
 
 /**
  * Resolves the rollout of a proxied call, field by field, in this precedence (docs/frameworks.md):
@@ -117,7 +124,19 @@ export function resolveCorrelation(routed: RoutedPath, headers: IncomingHttpHead
     null;
   const agentName =
     optional('x-agent-name', header(headers, 'x-agent-name')) ?? optional('baggage lightning.agent_name', baggage.get('lightning.agent_name')) ?? null;
-  return { rolloutId, attemptId, groupId, agentName, source };
+  const correlation: Correlation = { rolloutId, attemptId, groupId, agentName, source };
+  // A subagent's rollout names its parent: its trajectories link to the parent's call.
+  const parent =
+    optional('x-parent-rollout-id', header(headers, 'x-parent-rollout-id')) ??
+    optional('baggage lightning.parent_rollout_id', baggage.get('lightning.parent_rollout_id'));
+  if (parent !== undefined && parent !== rolloutId) {
+    correlation.parentRolloutId = parent;
+    correlation.parentAttemptId =
+      optional('x-parent-attempt-id', header(headers, 'x-parent-attempt-id')) ??
+      optional('baggage lightning.parent_attempt_id', baggage.get('lightning.parent_attempt_id')) ??
+      '0';
+  }
+  return correlation;
 }
 
 function check(field: string, value: string): string {

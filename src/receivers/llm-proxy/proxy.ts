@@ -133,6 +133,10 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const correlation = resolveCorrelation(routed, req.headers, trace);
         // A rollout id the sidecar made up for an uncorrelated call is never seen again: seq 0, nothing kept.
         const seq = correlation.source === 'self' ? 0 : deps.sequences.take(correlation.rolloutId, correlation.attemptId);
+        if (correlation.parentRolloutId !== undefined) {
+          const parentSeq = deps.sequences.last(correlation.parentRolloutId, correlation.parentAttemptId!);
+          if (parentSeq !== null) correlation.parentSeq = parentSeq;
+        }
         capture = new CallCapture(api, correlation, seq, trace?.traceId ?? null, trace?.spanId ?? null, now(), config.max_capture_bytes, deps.capture);
         capture.policyVersion = deps.policyVersion?.() ?? null;
       } else if (routed.rolloutId !== null && (!ID_PATTERN.test(routed.rolloutId) || !ID_PATTERN.test(routed.attemptId ?? '0'))) {

@@ -1,7 +1,9 @@
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { decodeEpisode, decodeTransition, encodeEpisode, encodeTransition } from '../../../src/exporters/kafka/encoding';
+import { decodeEpisode, decodeTrajectory, decodeTransition, encodeEpisode, encodeTransition } from '../../../src/exporters/kafka/encoding';
+import { TransitionWriter } from '../../../src/exporters/transition-json';
+import { materializeTrajectory } from '../../../src/exporters/trajectory-json';
 import { createKafkaExporter, ExportError } from '../../../src/exporters/kafka/kafka-exporter';
 import { classify } from '../../../src/exporters/kafka/kafkajs-producer';
 import type { OutMessage, Producer, SendResult } from '../../../src/exporters/kafka/producer';
@@ -57,15 +59,56 @@ class FakeProducer implements Producer {
 const kafkaConfig = (extra: Record<string, unknown> = {}) =>
   configSchema.parse({ exporters: { kafka: { brokers: ['127.0.0.1:9'], ...extra } } }).exporters.kafka;
 
-function setup(extra: Record<string, unknown> = {}) {
+/** An exporter of transitions (what most cases here check); `records` picks others. */
+function setup(extra: Record<string, unknown> = {}, records: 'transitions' | 'trajectories' | 'both' = 'transitions') {
   const producer = new FakeProducer();
   const deadLetterDir = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-kafka-')), 'dead-letter');
   const metrics = createMetrics();
-  const exporter = createKafkaExporter(kafkaConfig(extra), { producer, logger: silentLogger, metrics, deadLetterDir });
+  const exporter = createKafkaExporter(kafkaConfig(extra), { records, producer, logger: silentLogger, metrics, deadLetterDir });
   return { producer, exporter, deadLetterDir, metrics };
 }
 
 describe('kafka exporter', () => {
+  it('sends trajectories to their topic before the episode, chunked like any record, equal to the record in JSON and protobuf', async () => {
+    for (const encoding of ['json', 'protobuf'] as const) {
+      const { producer, exporter } = setup({ encoding, max_message_bytes: 1200 }, 'trajectories');
+      // Three calls whose prompts continue each other (400 ids and growing): one segment, chunked.
+      let prompt = Array.from({ length: 400 }, (_, i) => 1000 + i);
+      const calls = [0, 1, 2].map((seq) => {
+        const response = [7 + seq, 8 + seq];
+        const c = callRecord('tr', seq, 10 + seq, {
+          promptTokenIds: prompt,
+          choices: [{ index: 0, finishReason: 'stop', responseTokenIds: response, responseLogprobs: [-0.5, -0.25], promptTokenIds: null, toolCalls: [] }],
+        });
+        prompt = [...prompt, ...response, 5];
+        return c;
+      });
+      const closed = buildEpisode(
+        { rolloutId: 'tr', attemptId: '0', groupId: 'grp', calls, toolSpans: [], rewards: [], finalReward: 1, startedAt: 0, endedAt: 100 },
+        'completed',
+        { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
+      );
+      expect(closed.trajectories.map((t) => t.turns.length)).toEqual([3]);
+      await exporter.export([closed]);
+      expect([...new Set(producer.sent.map((s) => s.topic))]).toEqual(['lightning.trajectories', 'lightning.episodes']);
+      const reassembler = new ChunkReassembler({ timeoutMs: 1000, maxBytes: 1 << 20 });
+      const got: unknown[] = [];
+      let offset = 0;
+      for (const s of producer.sent.filter((x) => x.topic === 'lightning.trajectories'))
+        for (const m of s.messages) {
+          expect([m.key, m.headers['lightning-schema']]).toEqual(['tr', 'lightning.trajectory.v1']);
+          const out = reassembler.add({ topic: s.topic, partition: 0, offset: offset++ }, m.headers, m.value, 0);
+          if (out.kind === 'record') got.push(decodeTrajectory(out.record.value, encoding));
+        }
+      const writer = new TransitionWriter(() => {
+        throw new Error('no journal');
+      });
+      expect(got).toEqual(closed.trajectories.map((t) => materializeTrajectory(writer, t)));
+      const e = decodeEpisode(producer.sent[producer.sent.length - 1].messages[0].value, encoding);
+      expect([e.trajectory_ids, e.exported]).toEqual([closed.trajectories.map((t) => t.trajectory_id), ['transitions', 'trajectories']]);
+    }
+  });
+
   it('sends transitions keyed by rollout id with schema headers, then episodes to their topic', async () => {
     const { producer, exporter } = setup();
     await exporter.export([episode('r1', 2)]);

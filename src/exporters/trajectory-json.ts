@@ -1,0 +1,109 @@
+import type { Trajectory, TrajectoryRecord } from '../model/records';
+import type { TransitionWriter } from './transition-json';
+
+/** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
+let zeros = Buffer.alloc(0);
+function zeroRun(n: number): Buffer {
+  if (zeros.length < 2 * n - 1) zeros = Buffer.alloc(Math.max(2 * n, 2 * zeros.length), '0,');
+  return zeros.subarray(0, 2 * n - 1);
+}
+
+/**
+ * A trajectory's JSON as pieces: the small fields through JSON.stringify, `token_ids` copied from
+ * the last call's journaled bytes (its prompt ids, then its answer's), `loss_mask` and `logprobs`
+ * written from the turns. Key order is the contract's (docs/output-contract.md).
+ */
+export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord): (string | Buffer)[] {
+  const { last, length: _length, turnLogprobs, turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at, ...head } = t;
+  const parts: (string | Buffer)[] = [];
+  const headText = JSON.stringify(head);
+  parts.push(headText.slice(0, -1), ',"token_ids":');
+  const prompt = writer.idsBytes(last, last.prompt_token_ids);
+  const response = writer.idsBytes(last, last.response_token_ids);
+  if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
+  // The last call's prompt is empty only when its turn starts the segment at 0.
+  if (turns[turns.length - 1].response_start === 0) parts.push(response);
+  else parts.push(trimEnd(prompt), ',', trimStart(response));
+  parts.push(',"loss_mask":', lossMask(t), ',"logprobs":');
+  if (turnLogprobs.every((l) => l === null)) parts.push('null');
+  else {
+    parts.push('[');
+    let at = 0;
+    let sep = '';
+    for (let i = 0; i < turns.length; i++) {
+      const { response_start: s, response_end: e } = turns[i];
+      const lp = turnLogprobs[i];
+      const gapEnd = lp === null ? e : s;
+      if (gapEnd > at) {
+        parts.push(sep, zeroRun(gapEnd - at));
+        sep = ',';
+      }
+      if (lp !== null) {
+        parts.push(sep, JSON.stringify(lp).slice(1, -1));
+        sep = ',';
+      }
+      at = e;
+    }
+    parts.push(']');
+  }
+  const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
+  parts.push(',', tail.slice(1));
+  return parts;
+}
+
+/** The trajectory's JSON bytes in one buffer. */
+export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): Buffer {
+  return Buffer.concat(trajectoryJsonParts(writer, t).map((p) => (typeof p === 'string' ? Buffer.from(p) : p)));
+}
+
+/** The trajectory as a plain object, its arrays read from the journal (protobuf, dead letters, tests). */
+export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord): Trajectory {
+  const { last, length, turnLogprobs, ...rest } = t;
+  const prompt = writer.ids(last, last.prompt_token_ids);
+  const response = writer.ids(last, last.response_token_ids);
+  if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
+  const mask = new Array<number>(length).fill(0);
+  const logprobs = turnLogprobs.every((l) => l === null) ? null : new Array<number>(length).fill(0);
+  t.turns.forEach((turn, i) => {
+    mask.fill(1, turn.response_start, turn.response_end);
+    const lp = turnLogprobs[i];
+    if (logprobs && lp) for (let k = 0; k < lp.length; k++) logprobs[turn.response_start + k] = lp[k];
+  });
+  const { turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at, ...head } = rest;
+  return {
+    ...head,
+    token_ids: prompt.concat(response),
+    loss_mask: mask,
+    logprobs,
+    turns,
+    token_rewards,
+    reward,
+    final_reward,
+    episode_status,
+    policy_versions,
+    started_at,
+    ended_at,
+  };
+}
+
+/** `[…]` as `[…` (the closing bracket and any white space before it dropped). */
+function trimEnd(array: Buffer): Buffer {
+  let end = array.length - 1;
+  while (end > 1 && (array[end - 1] === 0x20 || array[end - 1] === 0x0a || array[end - 1] === 0x0d || array[end - 1] === 0x09)) end--;
+  return array.subarray(0, end);
+}
+
+/** `[…]` as `…]`. */
+function trimStart(array: Buffer): Buffer {
+  return array.subarray(1);
+}
+
+/** `[0,0,1,1,0,1]`: 1 on each turn's sampled ids. */
+function lossMask(t: TrajectoryRecord): Buffer {
+  const out = Buffer.allocUnsafe(2 * t.length + 1);
+  out[0] = 0x5b;
+  out.fill('0,', 1, 1 + 2 * t.length);
+  for (const turn of t.turns) out.fill('1,', 1 + 2 * turn.response_start, 1 + 2 * turn.response_end);
+  out[2 * t.length] = 0x5d;
+  return out;
+}
