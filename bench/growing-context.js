@@ -2,8 +2,9 @@
 // "Growing context": R agents in parallel, each resending its whole history for T turns, ~8 KiB of
 // user/tool text added per turn, every episode open until all turns are done. Same workload for
 // every target; the agents ask for token ids themselves, so every target moves the same bytes and
-// the difference is the capture's cost. After the run the sidecar's transitions are checked
-// against what the model server returned (ids recomputed from each recorded request).
+// the difference is the capture's cost. After the run the sidecar's trajectories (or, for a target
+// exporting transitions, its transitions) are checked against what the model server returned (ids
+// recomputed from what each agent sent).
 // A second workload, "agents as they are", is what an agent framework sends: no ids asked for
 // (the sidecar asks on its behalf and gives them back as null) and every third turn streamed.
 const fs = require('node:fs');
@@ -77,10 +78,15 @@ async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery 
   let streamed = 0;
   let unasked = 0;
   let bodyBytes = 0;
+  // What each agent sent, for checking the records afterwards: its messages, and per call how
+  // many of them it sent and the answer it got (kept as references; nothing computed meanwhile).
+  const conversations = [];
   await Promise.all(
     Array.from({ length: agents }, async (_, a) => {
       const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
       const messages = [{ role: 'system', content: 'You are a coding agent. Use the tools.' }];
+      const calls = [];
+      conversations.push({ rollout: `${prefix}-${a}`, messages, calls });
       for (let t = 0; t < turns; t++) {
         messages.push({ role: t === 0 ? 'user' : 'tool', content: turnText(a, t) });
         const stream = streamEvery > 0 && t % streamEvery === streamEvery - 1;
@@ -103,6 +109,7 @@ async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery 
         const { content: answer, ids } = readAnswer(r.body, stream);
         if (stream) streamed++;
         if (!ask && ids) unasked++;
+        calls.push({ sent: messages.length, answer });
         messages.push({ role: 'assistant', content: answer });
       }
       agent.destroy();
@@ -119,7 +126,85 @@ async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery 
     streamed,
     // Answers with ids or logprobs the agent did not ask for (the sidecar must give them back as null).
     unasked_ids: unasked,
+    conversations,
   };
+}
+
+/**
+ * Checks every rollout's trajectories against what its agent sent and the server answered (ids
+ * recomputed from each call's messages, logprobs as the bench server gives them): each rollout
+ * one trajectory whose token_ids are its last call's prompt and answer ids, whose masked-in
+ * positions are exactly each call's answer ids with their logprobs, and 0 elsewhere. Bytes per
+ * episode are the trajectory lines' (JSON).
+ */
+function verifyTrajectories(dataDir, prefix, conversations) {
+  const dir = path.join(dataDir, 'trajectories');
+  const byRollout = new Map();
+  let bytes = 0;
+  let arrayBytes = 0;
+  let maxRatio = 0;
+  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir).sort() : []) {
+    for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
+      if (!line) continue;
+      const t = JSON.parse(line);
+      if (!t.rollout_id.startsWith(prefix)) continue;
+      bytes += line.length + 1;
+      const arrays = JSON.stringify(t.token_ids).length + JSON.stringify(t.loss_mask).length + JSON.stringify(t.logprobs).length;
+      arrayBytes += arrays;
+      maxRatio = Math.max(maxRatio, line.length / arrays);
+      (byRollout.get(t.rollout_id) ?? byRollout.set(t.rollout_id, []).get(t.rollout_id)).push(t);
+    }
+  }
+  let wrong = 0;
+  let calls = 0;
+  const problems = [];
+  for (const c of conversations) {
+    const rows = byRollout.get(c.rollout) ?? [];
+    calls += c.calls.length;
+    if (!exactTrajectory(rows, c)) {
+      wrong++;
+      if (problems.length < 3) problems.push(c.rollout);
+    }
+  }
+  const trajectories = [...byRollout.values()].reduce((n, rows) => n + rows.length, 0);
+  return {
+    rollouts: conversations.length,
+    trajectories,
+    calls,
+    wrong,
+    problems,
+    bytes_per_episode: bytes / Math.max(1, conversations.length),
+    // The record against its own token_ids, loss_mask and logprobs arrays (JSON text).
+    record_to_arrays: bytes / Math.max(1, arrayBytes),
+    max_record_to_arrays: maxRatio,
+  };
+}
+
+function exactTrajectory(rows, c) {
+  if (rows.length !== 1) return false;
+  const [t] = rows;
+  const last = c.calls[c.calls.length - 1];
+  const lastPrompt = promptIds(c.messages.slice(0, last.sent));
+  if (!same(t.token_ids, lastPrompt.concat(answerIds(last.answer)))) return false;
+  if (t.turns.length !== c.calls.length || t.loss_mask.length !== t.token_ids.length || t.logprobs.length !== t.token_ids.length) return false;
+  const mask = new Array(t.token_ids.length).fill(0);
+  for (let k = 0; k < c.calls.length; k++) {
+    const prompt = promptIds(c.messages.slice(0, c.calls[k].sent));
+    const answer = answerIds(c.calls[k].answer);
+    const turn = t.turns[k];
+    if (turn.response_start !== prompt.length || turn.response_end !== prompt.length + answer.length) return false;
+    if (!same(t.token_ids.slice(turn.response_start, turn.response_end), answer)) return false;
+    // The bench server's logprob of the i-th answer token.
+    if (
+      !same(
+        t.logprobs.slice(turn.response_start, turn.response_end),
+        answer.map((_, i) => -0.001 * (i % 100)),
+      )
+    )
+      return false;
+    mask.fill(1, turn.response_start, turn.response_end);
+  }
+  return same(t.loss_mask, mask) && t.logprobs.every((x, i) => mask[i] === 1 || x === 0);
 }
 
 /**
@@ -232,8 +317,9 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
       if (timer) clearInterval(timer);
       if (t.pid) peak = Math.max(peak, proc(t.pid).rss);
       const x = (out.targets[t.name] ??= { rounds: [] });
+      const { conversations: _c, ...measured } = res;
       x.rounds.push({
-        ...res,
+        ...measured,
         cpu_us_per_call_load: (loadCpu / res.calls) * 1e6,
         cpu_us_per_call: (totalCpu / res.calls) * 1e6,
         cpu_us_per_call_main: (mainCpu / res.calls) * 1e6,
@@ -241,10 +327,15 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
         export_s: exportS,
         journal_bytes: journalBytes,
       });
-      if (t.capture) (x.verify ??= []).push(verifyTransitions(t.capture.dataDir, prefix, res.calls));
+      if (t.capture)
+        (x.verify ??= []).push(
+          t.capture.records === 'transitions'
+            ? verifyTransitions(t.capture.dataDir, prefix, res.calls)
+            : verifyTrajectories(t.capture.dataDir, prefix, res.conversations),
+        );
     }
   }
   return out;
 }
 
-module.exports = { benchGrowingContext, runAgents };
+module.exports = { benchGrowingContext, runAgents, verifyTrajectories };

@@ -70,10 +70,12 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   // Drain: transitions pile up in the journal while the broker refuses connections, then flow.
   {
     const broker = await startKafkaTestBroker();
+    // Per-call transitions: many records of a known size, comparable from run to run.
     const sc = await startSidecar(modelPort, {
       LIGHTNING_EXPORTER: 'kafka',
       LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
       LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+      LIGHTNING_EXPORT_RECORDS: 'transitions',
     });
     broker.refuseConnections(true);
     const total = await drive(sc.port, body, rollouts, calls, 'drain');
@@ -105,36 +107,50 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
     await broker.close();
   }
 
-  // Bytes a growing-context episode puts on Kafka, full prompts vs prompt deltas.
+  // Bytes a growing-context episode puts on Kafka: per-call transitions with full prompts and
+  // with prompt deltas, and trajectories (the default) in JSON and protobuf, each trajectory
+  // checked against what its agent sent.
   if (agentModelPort) {
-    const { runAgents } = require('./growing-context');
+    const { runAgents, verifyTrajectories } = require('./growing-context');
     const broker = await startKafkaTestBroker();
     const agents = quick ? 4 : 8;
     const turns = quick ? 12 : 24;
     out.growing_bytes = { agents, turns };
-    for (const mode of ['full', 'delta']) {
+    const modes = [
+      { mode: 'full', records: 'transitions', config: 'prompt_ids: full' },
+      { mode: 'delta', records: 'transitions', config: 'prompt_ids: delta' },
+      { mode: 'trajectories_json', records: 'trajectories', config: 'encoding: json' },
+      { mode: 'trajectories_protobuf', records: 'trajectories', config: 'encoding: protobuf' },
+    ];
+    for (const { mode, records, config } of modes) {
       const topic = `growing.${mode}`;
       const sc = await startSidecar(agentModelPort, {
         LIGHTNING_EXPORTER: 'kafka',
         LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
         LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
-        LIGHTNING_CONFIG: writeConfig(`exporters:\n  kafka:\n    topic: ${topic}\n    prompt_ids: ${mode}\n`),
+        LIGHTNING_EXPORT_RECORDS: records,
+        LIGHTNING_CONFIG: writeConfig(`exporters:\n  kafka:\n    topic: ${topic}\n    trajectories_topic: ${topic}\n    ${config}\n`),
       });
-      await runAgents({ port: sc.port, agents, turns, prefix: `gb-${mode}` });
+      const run = await runAgents({ port: sc.port, agents, turns, prefix: `gb-${mode}` });
       for (let a = 0; a < agents; a++) await post(sc.port, `/lightning/v1/rollouts/gb-${mode}-${a}/end`, '{}');
-      const records = () => broker.records(topic);
+      const records_ = () => broker.records(topic);
       // Whole records = unchunked messages + last chunks; bytes = every message's value.
       const whole = () =>
-        records().filter((r) => !r.headers['lightning-chunk'] || r.headers['lightning-chunk-index'] === String(Number(r.headers['lightning-chunk-count']) - 1))
+        records_().filter((r) => !r.headers['lightning-chunk'] || r.headers['lightning-chunk-index'] === String(Number(r.headers['lightning-chunk-count']) - 1))
           .length;
-      await until(() => whole() >= agents * turns, 120_000);
-      const bytes = records().reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
+      await until(() => whole() >= agents * (records === 'transitions' ? turns : 1), 120_000);
+      const bytes = records_().reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
       out.growing_bytes[mode] = {
-        transitions: whole(),
-        messages: records().length,
-        bytes_per_transition: bytes / Math.max(1, whole()),
+        records: whole(),
+        messages: records_().length,
+        bytes_per_record: bytes / Math.max(1, whole()),
         bytes_per_episode: bytes / agents,
       };
+      if (records === 'trajectories')
+        Object.assign(
+          out.growing_bytes[mode],
+          checkTrajectories(reassembled(records_()), mode.endsWith('protobuf') ? 'protobuf' : 'json', run, verifyTrajectories),
+        );
       await stop(sc.proc);
     }
     await broker.close();
@@ -147,6 +163,7 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
       LIGHTNING_EXPORTER: 'kafka',
       LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
       LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+      LIGHTNING_EXPORT_RECORDS: 'transitions',
       LIGHTNING_CONFIG: writeFsyncConfig(fsync),
     });
     const t0 = performance.now();
@@ -178,6 +195,56 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
     await broker.close();
   }
   return out;
+}
+
+/** Whole record values from messages of one partition in order (chunks joined). */
+function reassembled(messages) {
+  const out = [];
+  let parts = [];
+  for (const m of messages) {
+    if (!m.headers['lightning-chunk']) {
+      out.push(m.value);
+      continue;
+    }
+    parts.push(m.value);
+    if (m.headers['lightning-chunk-index'] === String(Number(m.headers['lightning-chunk-count']) - 1)) {
+      out.push(Buffer.concat(parts));
+      parts = [];
+    }
+  }
+  return out;
+}
+
+/**
+ * Trajectories read back from Kafka: decoded (protobuf with the sidecar's own decoder), written to
+ * a file as a consumer would see them and checked as the growing context's are; and each record's
+ * size against its own token_ids, loss_mask and logprobs arrays in the same encoding.
+ */
+function checkTrajectories(values, encoding, run, verifyTrajectories) {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const { decodeTrajectory } = require('../dist/exporters/kafka/encoding');
+  const protobuf = require('protobufjs');
+  const type = new protobuf.Root()
+    .loadSync(path.join(__dirname, '../proto/lightning/v1/records.proto'), { keepCase: true })
+    .lookupType('lightning.v1.Trajectory');
+  let maxRatio = 0;
+  const lines = [];
+  for (const v of values) {
+    const t = decodeTrajectory(v, encoding);
+    lines.push(JSON.stringify(t));
+    const arrays =
+      encoding === 'json'
+        ? JSON.stringify(t.token_ids).length + JSON.stringify(t.loss_mask).length + JSON.stringify(t.logprobs).length
+        : type.encode(type.fromObject({ token_ids: t.token_ids, loss_mask: t.loss_mask, logprobs: t.logprobs ?? [] })).finish().length;
+    maxRatio = Math.max(maxRatio, v.length / arrays);
+  }
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-trajectories-'));
+  fs.mkdirSync(path.join(dir, 'trajectories'));
+  fs.writeFileSync(path.join(dir, 'trajectories', 'read-back.ndjson'), lines.join('\n') + '\n');
+  const v = verifyTrajectories(dir, run.conversations[0].rollout.replace(/-\d+$/, ''), run.conversations);
+  fs.rmSync(dir, { recursive: true, force: true });
+  return { checked_rollouts: v.rollouts, wrong: v.wrong, max_record_to_arrays: maxRatio };
 }
 
 function writeFsyncConfig(fsync) {

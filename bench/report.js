@@ -37,18 +37,18 @@ function growingSection(L, gc, title = '', intro = '') {
       '',
       `Journal: ${[...new Set(journaled.map((x) => `${f(x.journal_bytes / 1e6, 1)} MB for ${f(x.body_bytes / 1e6, 1)} MB of request and response bodies`))].join('; ')} (per round, ${journaled.length} round(s), while every episode is open; a rollout's bodies are journaled as what they add to its previous call).`,
     );
-  const verified = gc.targets.sidecar?.verify ?? [];
   const sum = (xs, k) => xs.reduce((n, x) => n + x[k], 0);
+  const trajectories = gc.targets.sidecar?.verify ?? [];
+  if (trajectories.length > 0)
+    L.push(
+      '',
+      `Checked over ${trajectories.length} round(s) (the sidecar exports trajectories, the default): ${sum(trajectories, 'trajectories')} trajectories for ${sum(trajectories, 'rollouts')} rollouts of ${sum(trajectories, 'calls')} calls; ${sum(trajectories, 'wrong')} rollouts whose trajectory is not exactly one row with the last prompt and answer ids and every call's answer ids and logprobs masked in. ${f(sum(trajectories, 'bytes_per_episode') / trajectories.length / 1e6, 3)} MB of NDJSON per episode; a record is at most ${f(Math.max(...trajectories.map((x) => x.max_record_to_arrays)), 3)}× its own token_ids, loss_mask and logprobs arrays.`,
+    );
+  const verified = gc.targets['sidecar-file-delta']?.verify ?? [];
   if (verified.length > 0)
     L.push(
       '',
-      `Checked over ${verified.length} round(s): ${sum(verified, 'checked')} of ${sum(verified, 'expected')} transitions, ${sum(verified, 'wrong')} with ids different from what the server returned, ${sum(verified, 'continues_previous')} marked continues_previous.`,
-    );
-  const deltaVerified = gc.targets['sidecar-file-delta']?.verify ?? [];
-  if (verified.length > 0 && deltaVerified.length > 0)
-    L.push(
-      '',
-      `Output (the NDJSON transitions): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition with full prompts (the default); ${f(sum(deltaVerified, 'avg_transition_bytes') / deltaVerified.length / 1000, 1)} KB with \`exporters.file.prompt_ids: delta\` (sidecar-file-delta: ${sum(deltaVerified, 'prompt_deltas')} of ${sum(deltaVerified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(deltaVerified, 'wrong') + sum(deltaVerified, 'expected') - sum(deltaVerified, 'checked')} wrong or missing).`,
+      `Per-call transitions (sidecar-file-delta: \`exporters.records: transitions\`, \`exporters.file.prompt_ids: delta\`): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition, ${sum(verified, 'prompt_deltas')} of ${sum(verified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(verified, 'wrong') + sum(verified, 'expected') - sum(verified, 'checked')} wrong or missing.`,
     );
   L.push('');
 }
@@ -157,15 +157,30 @@ function markdown(r) {
     L.push('');
   }
   const gb = r.scenarios.kafka?.growing_bytes;
-  if (gb?.full && gb?.delta) {
+  if (gb?.full) {
     L.push(
       `## Kafka bytes, growing context (${gb.agents} agents × ${gb.turns} turns)`,
       '',
-      '| prompt_ids | transitions | messages | bytes per transition | bytes per episode |',
-      '|---|---|---|---|---|',
+      '| records | encoding | records | messages | bytes per record | bytes per episode | checked |',
+      '|---|---|---|---|---|---|---|',
     );
-    for (const mode of ['full', 'delta'])
-      L.push(`| ${mode} | ${gb[mode].transitions} | ${gb[mode].messages} | ${f(gb[mode].bytes_per_transition, 0)} | ${f(gb[mode].bytes_per_episode, 0)} |`);
+    const rows = [
+      ['full', 'transitions, full prompts', 'json'],
+      ['delta', 'transitions, prompt deltas', 'json'],
+      ['trajectories_json', 'trajectories (default)', 'json'],
+      ['trajectories_protobuf', 'trajectories (default)', 'protobuf'],
+    ];
+    for (const [mode, what, encoding] of rows) {
+      const x = gb[mode];
+      if (!x) continue;
+      const checked =
+        x.checked_rollouts === undefined
+          ? '–'
+          : `${x.checked_rollouts - x.wrong} of ${x.checked_rollouts} rollouts exact; record ≤ ${f(x.max_record_to_arrays, 3)}× its arrays`;
+      L.push(
+        `| ${what} | ${encoding} | ${x.records ?? x.transitions} | ${x.messages} | ${f(x.bytes_per_record ?? x.bytes_per_transition, 0)} | ${f(x.bytes_per_episode, 0)} | ${checked} |`,
+      );
+    }
     L.push('');
   }
   const m = r.scenarios.memory;

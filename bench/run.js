@@ -181,25 +181,31 @@ process.stdout.write(JSON.stringify({mib:256,first_us_per_mib:first*1000/256,aga
   return out;
 }
 
-/** Ends a sidecar's rollouts `${prefix}-0…` and waits until their transitions are exported; returns the seconds it took. */
-const endRollouts = (sc) => async (prefix, agents) => {
-  const exported = async () =>
-    Number(
-      /^lightning_sidecar_transitions_exported_total\{[^}]*\} (\d+)/m.exec(await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text())?.[1] ?? 0,
-    );
-  const before = await exported();
-  const t0 = performance.now();
-  for (let a = 0; a < agents; a++)
-    await fetch(`http://127.0.0.1:${sc.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: '{}',
-    });
-  const until = Date.now() + 120_000;
-  // Polled slowly: every scrape of /metrics is CPU the sidecar spends for the bench, not for capture.
-  while ((await exported()) < before + agents * GC_TURNS && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
-  return (performance.now() - t0) / 1000;
-};
+/**
+ * Ends a sidecar's rollouts `${prefix}-0…` and waits until their records are exported (a
+ * trajectory each, or a transition per turn with `records: 'transitions'`); returns the seconds it took.
+ */
+const endRollouts =
+  (sc, records = 'trajectories') =>
+  async (prefix, agents) => {
+    const exported = async () => {
+      const text = await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text();
+      return Number(new RegExp(`^lightning_sidecar_${records}_exported_total\\{[^}]*\\} (\\d+)`, 'm').exec(text)?.[1] ?? 0);
+    };
+    const before = await exported();
+    const t0 = performance.now();
+    for (let a = 0; a < agents; a++)
+      await fetch(`http://127.0.0.1:${sc.port}/lightning/v1/rollouts/${prefix}-${a}/end`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+      });
+    const until = Date.now() + 120_000;
+    // Polled slowly: every scrape of /metrics is CPU the sidecar spends for the bench, not for capture.
+    while ((await exported()) < before + agents * (records === 'transitions' ? GC_TURNS : 1) && Date.now() < until)
+      await new Promise((r) => setTimeout(r, 200));
+    return (performance.now() - t0) / 1000;
+  };
 
 /** The profile of a sidecar started with `--cpu-prof`, once it has stopped. */
 async function stoppedProfile(sc, dir) {
@@ -327,10 +333,12 @@ async function main() {
       fs.mkdtempSync(path.join(tmp, 'persist-')),
     ]);
     children.push(agentPersist.proc);
+    // The default: trajectories.
     const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
-    // The same with the file exporter writing prompt ids as deltas (not the default).
+    // Per-call transitions instead, with the file exporter writing prompt ids as deltas (not the default).
     const gcDelta = await startSidecar(agentModel.port, {
       LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
+      LIGHTNING_EXPORT_RECORDS: 'transitions',
       LIGHTNING_CONFIG: writeConfig('exporters:\n  file:\n    prompt_ids: delta\n'),
     });
     results.scenarios.growing_context = await require('./growing-context').benchGrowingContext({
@@ -343,7 +351,7 @@ async function main() {
           name: 'sidecar-file-delta',
           port: gcDelta.port,
           pid: gcDelta.proc.pid,
-          capture: { dataDir: gcDelta.dataDir, endRollouts: endRollouts(gcDelta) },
+          capture: { dataDir: gcDelta.dataDir, endRollouts: endRollouts(gcDelta, 'transitions'), records: 'transitions' },
         },
       ],
       proc,

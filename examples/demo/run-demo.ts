@@ -27,20 +27,25 @@ import { startKafkaTestBroker, type KafkaTestBroker } from '../../test/support/k
  */
 const KAFKA = process.argv.includes('--kafka');
 
-/** The fields of a `lightning.transition.v1` line this demo prints. */
-interface Transition {
-  transition_id: string;
+/** The fields of a `lightning.trajectory.v1` line this demo prints. */
+interface Trajectory {
+  trajectory_id: string;
   group_id: string | null;
-  api: string;
-  streamed: boolean;
-  prompt_token_ids: number[] | null;
-  response_token_ids: number[] | null;
-  response_logprobs: number[] | null;
-  continues_previous: boolean;
-  finish_reason: string | null;
-  tool_calls: { name: string | null; status: string | null }[];
-  intermediate_reward: number | null;
-  final_reward: number | null;
+  start_reason: string;
+  prompt_length: number;
+  token_ids: number[];
+  loss_mask: number[];
+  logprobs: number[] | null;
+  turns: {
+    seq: number;
+    response_start: number;
+    response_end: number;
+    has_logprobs: boolean;
+    finish_reason: string | null;
+    tool_calls: { name: string | null; status: string | null }[];
+    intermediate_reward: number | null;
+  }[];
+  token_rewards: { position: number; value: number }[];
   reward: number;
   [field: string]: unknown;
 }
@@ -205,7 +210,7 @@ async function main(): Promise<void> {
     .toISOString()
     .replace(/[-:.TZ]/g, '')
     .slice(0, 14);
-  const before = new Set(readNdjson<Transition>(path.join(DATA_DIR, 'transitions')).map((t) => t.transition_id));
+  const before = new Set(readNdjson<Trajectory>(path.join(DATA_DIR, 'trajectories')).map((t) => t.trajectory_id));
 
   console.log('lightning-sidecar demo');
   console.log(`  DEMO MODEL: a scripted stand-in that answers like vLLM (token ids, logprobs, tool calls, SSE) at ${model.url}`);
@@ -272,45 +277,62 @@ async function main(): Promise<void> {
       const eps = readNdjson<EpisodeSummary>(path.join(DATA_DIR, 'episodes')).filter((e) => e.group_id === group);
       return eps.length >= 3 ? eps : null;
     });
-    const transitions = readNdjson<Transition>(path.join(DATA_DIR, 'transitions')).filter((t) => !before.has(t.transition_id) && t.group_id === group);
-    console.log(`\n${transitions.length} transitions in ${episodes.length} episodes:\n`);
-    const rows = transitions.map((t) => ({
-      transition: t.transition_id.replace(`${group}-`, '…-'),
-      api: t.api,
-      streamed: t.streamed ? 'yes' : 'no',
-      'prompt→resp tokens': `${t.prompt_token_ids?.length ?? '-'}→${t.response_token_ids?.length ?? '-'}`,
-      logprobs: t.response_logprobs ? t.response_logprobs.length : '-',
-      'continues prev': t.continues_previous ? 'yes' : 'no',
-      finish: t.finish_reason ?? '-',
-      'tool (span status)': t.tool_calls.map((c) => `${c.name} (${c.status ?? 'no span'})`).join(', ') || '-',
-      AIR: t.intermediate_reward ?? '-',
-      final: t.final_reward,
-      reward: Number(t.reward.toFixed(3)),
-    }));
-    console.table(rows);
-    const sample = transitions[0];
-    console.log(
-      '\nreward = credited final reward (identical assignment) + AIR: a failed tool span costs the call that asked for it 0.5, a successful one earns 0.1.',
+    const trajectories = readNdjson<Trajectory>(path.join(DATA_DIR, 'trajectories')).filter((t) => !before.has(t.trajectory_id) && t.group_id === group);
+    const short = (id: string) => id.replace(`${group}-`, '…-');
+    console.log(`\n${trajectories.length} trajectories in ${episodes.length} episodes, one row per call:\n`);
+    console.table(
+      trajectories.flatMap((t) =>
+        t.turns.map((turn) => ({
+          trajectory: short(t.trajectory_id),
+          call: turn.seq,
+          'sampled ids at': `${turn.response_start}–${turn.response_end}`,
+          logprobs: turn.has_logprobs ? 'yes' : 'no',
+          finish: turn.finish_reason ?? '-',
+          'tool (span status)': turn.tool_calls.map((c) => `${c.name} (${c.status ?? 'no span'})`).join(', ') || '-',
+          AIR: turn.intermediate_reward ?? '-',
+        })),
+      ),
     );
-    console.log('\nfirst transition, abridged:');
+    console.log("\nwhat a trainer gets, one row per trajectory (each rollout's calls continued each other: one segment each):\n");
+    console.table(
+      trajectories.map((t) => ({
+        trajectory: short(t.trajectory_id),
+        segment: t.start_reason,
+        'token ids': t.token_ids.length,
+        prompt: t.prompt_length,
+        'sampled (mask 1)': t.loss_mask.reduce((a, b) => a + b, 0),
+        'rewards at': t.token_rewards.map((r) => `${Number(r.value.toFixed(3))}@${r.position}`).join(' '),
+        reward: Number(t.reward.toFixed(3)),
+      })),
+    );
+    console.log(
+      '\nrewards sit on sampled tokens: the final reward on the last one; AIR (weight 0.5) on the last token of the call that asked for the tool: a failed tool span costs it 0.5, a successful one earns 0.1.',
+    );
+    const sample = trajectories[0];
+    console.log('\nfirst trajectory, abridged:');
     console.log(
       JSON.stringify(
         {
           ...sample,
-          request: '…',
-          response: '…',
-          prompt_token_ids: `[${sample.prompt_token_ids?.slice(0, 6).join(', ')}, …] (${sample.prompt_token_ids?.length})`,
-          response_token_ids: sample.response_token_ids,
-          response_logprobs: sample.response_logprobs?.map((x) => Number(x.toFixed(3))),
+          token_ids: `[${sample.token_ids.slice(0, 6).join(', ')}, …] (${sample.token_ids.length})`,
+          loss_mask: `[${sample.loss_mask.slice(0, sample.prompt_length + 4).join(', ')}, …] (${sample.loss_mask.length})`,
+          logprobs:
+            sample.logprobs &&
+            `[${sample.logprobs
+              .slice(sample.prompt_length, sample.prompt_length + 4)
+              .map((x) => Number(x.toFixed(3)))
+              .join(', ')}, …] (from ${sample.prompt_length})`,
+          turns: `${sample.turns.length} turns`,
         },
         null,
         2,
       ),
     );
     console.log(
-      `\nwritten to ${path.relative(process.cwd(), path.join(DATA_DIR, 'transitions')) || '.'}/*.ndjson and ${path.relative(process.cwd(), path.join(DATA_DIR, 'episodes'))}/*.ndjson`,
+      `\nwritten to ${path.relative(process.cwd(), path.join(DATA_DIR, 'trajectories')) || '.'}/*.ndjson and ${path.relative(process.cwd(), path.join(DATA_DIR, 'episodes'))}/*.ndjson`,
     );
-    console.log('read them with: node dist/main.js tail --data-dir data\n');
+    console.log('per-call transitions with request and response bodies too: LIGHTNING_EXPORT_RECORDS=both (docs/output-contract.md)');
+    console.log('');
     console.log('point your own agent at it:');
     console.log('  export OPENAI_BASE_URL=http://127.0.0.1:4000/rollout/<rollout-id>/v1   # or send x-rollout-id');
     console.log('  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318');
@@ -366,25 +388,52 @@ the trainer side: python3 ${args.join(' ')}`);
   if (r.status !== 0) throw new Error(`demo --kafka: the Python client failed (${r.status}): ${r.stderr}`);
   if (!existsSync(out)) throw new Error(`demo --kafka: the Python client emitted no group: ${r.stderr}`);
   const [line] = readFileSync(out, 'utf8').trim().split('\n');
-  const g = JSON.parse(line) as { uid: string; batch: { transition_id: string[]; prompt_ids: number[][]; response_ids: number[][]; reward: number[] } };
-  // What the model server returned, call by call: the ids the group must carry exactly.
-  const served = answers.map((a) =>
-    JSON.stringify((JSON.parse(a.toString('utf8').match(/"prompt_token_ids":(\[[^\]]*\])/)?.[1] ?? 'null') as number[] | null) ?? null),
-  );
-  const exact = g.batch.prompt_ids.filter((ids) => served.includes(JSON.stringify(ids))).length;
+  const g = JSON.parse(line) as {
+    uid: string;
+    batch: { trajectory_id: string[]; prompt_ids: number[][]; response_ids: number[][]; response_mask: number[][]; reward: number[] };
+  };
+  // What the model server returned, call by call: each row must be exactly one call's prompt ids
+  // followed by its answer's ids (its rollout's last call), its prompt the rollout's first.
+  const served = answers.map(servedIds);
+  const exact = g.batch.trajectory_id.filter((_, i) => {
+    const ids = JSON.stringify([...g.batch.prompt_ids[i], ...g.batch.response_ids[i]]);
+    return (
+      served.some((c) => JSON.stringify([...c.prompt, ...c.answer]) === ids) &&
+      served.some((c) => JSON.stringify(c.prompt) === JSON.stringify(g.batch.prompt_ids[i]))
+    );
+  }).length;
   console.log(`
-group ${g.uid}: ${g.batch.transition_id.length} rows, read from Kafka by the Python client
+group ${g.uid}: ${g.batch.trajectory_id.length} rows (one per trajectory), read from Kafka by the Python client
 `);
   console.table(
-    g.batch.transition_id.map((id, i) => ({
-      transition: id.replace(`${group}-`, '…-'),
+    g.batch.trajectory_id.map((id, i) => ({
+      trajectory: id.replace(`${group}-`, '…-'),
       'prompt ids': `[${g.batch.prompt_ids[i].slice(0, 4).join(', ')}, …] (${g.batch.prompt_ids[i].length})`,
-      'response ids': `[${g.batch.response_ids[i].slice(0, 4).join(', ')}${g.batch.response_ids[i].length > 4 ? ', …' : ''}] (${g.batch.response_ids[i].length})`,
+      'response ids': `[${g.batch.response_ids[i].slice(0, 4).join(', ')}, …] (${g.batch.response_ids[i].length})`,
+      'sampled (mask 1)': g.batch.response_mask[i].reduce((a, b) => a + b, 0),
       reward: Number(g.batch.reward[i].toFixed(3)),
     })),
   );
-  console.log(`prompt ids equal to what the model server returned: ${exact} of ${g.batch.prompt_ids.length}`);
-  if (exact !== g.batch.prompt_ids.length) throw new Error('demo --kafka: token ids differ from the model server’s');
+  console.log(`token ids equal to what the model server returned: ${exact} of ${g.batch.trajectory_id.length}`);
+  if (exact !== g.batch.trajectory_id.length) throw new Error('demo --kafka: token ids differ from the model server’s');
+}
+
+/** A model server answer's prompt and answer ids, from its JSON body or its SSE events. */
+function servedIds(body: Buffer): { prompt: number[]; answer: number[] } {
+  const text = body.toString('utf8');
+  const events = text.trimStart().startsWith('{')
+    ? [text]
+    : text
+        .split('\n')
+        .filter((l) => l.startsWith('data: ') && l !== 'data: [DONE]')
+        .map((l) => l.slice(6));
+  const out = { prompt: [] as number[], answer: [] as number[] };
+  for (const e of events) {
+    const x = JSON.parse(e) as { prompt_token_ids?: number[]; choices?: { token_ids?: number[] }[] };
+    if (x.prompt_token_ids) out.prompt = x.prompt_token_ids;
+    out.answer.push(...(x.choices?.[0]?.token_ids ?? []));
+  }
+  return out;
 }
 
 main().then(

@@ -58,7 +58,12 @@ async function tailFiles(values: ParsedValues, io: CliIo): Promise<number> {
   }
   const dir = path.join(dataDir, 'transitions');
   if (!existsSync(dir)) {
-    io.err.write(`tail: no transitions under ${dir} yet (is the data dir right?)\n`);
+    const trajectoriesOnly = existsSync(path.join(dataDir, 'trajectories'));
+    io.err.write(
+      trajectoriesOnly
+        ? `tail: no transitions under ${dir}: the exporter writes trajectories only (${path.join(dataDir, 'trajectories')}); set exporters.records (LIGHTNING_EXPORT_RECORDS) to both for per-call transitions\n`
+        : `tail: no transitions under ${dir} yet (is the data dir right?)\n`,
+    );
     return follow ? waitAndFollow(dir, io, json) : 1;
   }
   const seen = new Map<string, number>();

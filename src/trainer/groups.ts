@@ -255,7 +255,8 @@ export class GroupAssembler {
         const t = this.trajectories.get(id)!.t;
         const p = t.prompt_length;
         const scores = new Array<number>(t.token_ids.length - p).fill(0);
-        for (const r of t.token_rewards) scores[r.position - p] = r.value;
+        // A position outside the response (a malformed record) is skipped.
+        for (const r of t.token_rewards) if (r.position >= p && r.position < t.token_ids.length) scores[r.position - p] = r.value;
         batch.uid.push(uid);
         batch.rollout_id.push(t.rollout_id);
         batch.attempt_id.push(t.attempt_id);
@@ -356,9 +357,11 @@ function episodeEntry(e: EpisodeSummary): GroupEpisode {
 
 /**
  * Whether the sidecar exported the episode's records of this kind: an episode from a sidecar
- * before trajectories has no `trajectory_ids` (and exported transitions only).
+ * before trajectories has no `trajectory_ids` (JSON) or an empty `exported` (protobuf) and
+ * exported transitions only.
  */
 function exportsRows(e: EpisodeSummary, rows: Rows): boolean {
-  if (rows === 'trajectories' && !Array.isArray(e.trajectory_ids)) return false;
-  return !Array.isArray(e.exported) || e.exported.includes(rows);
+  const exported = Array.isArray(e.exported) ? e.exported : [];
+  if (rows === 'trajectories') return Array.isArray(e.trajectory_ids) && (!Array.isArray(e.exported) || exported.includes('trajectories'));
+  return exported.length === 0 || exported.includes('transitions');
 }

@@ -35,10 +35,11 @@ describe('the demo through Kafka, read by the Python client', () => {
     expect(built.code).toBe(0);
     const demo = await run(process.execPath, [path.join(ROOT, 'build/examples/demo/run-demo.js'), '--kafka'], 150_000);
     expect(demo.out).toMatch(/read from Kafka by the Python client/);
-    const m = /prompt ids equal to what the model server returned: (\d+) of (\d+)/.exec(demo.out);
+    const m = /token ids equal to what the model server returned: (\d+) of (\d+)/.exec(demo.out);
     expect(m).not.toBeNull();
     expect(Number(m![1])).toBe(Number(m![2]));
-    expect(Number(m![2])).toBeGreaterThanOrEqual(9);
+    // One trajectory row per rollout: each rollout's calls continue each other.
+    expect(Number(m![2])).toBe(3);
     expect(demo.code).toBe(0);
   }, 300_000);
 });

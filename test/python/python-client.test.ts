@@ -61,7 +61,10 @@ interface Call {
 
 interface Stream {
   name: string;
+  /** What the sidecar exported (`exporters.records`). */
+  records: 'trajectories' | 'transitions' | 'both';
   topic: string;
+  trajectories_topic: string;
   episodes_topic: string;
   encoding: 'json' | 'protobuf';
   chunked: boolean;
@@ -159,12 +162,14 @@ if (!python && process.env.CI === 'true') {
         script: (req: ReceivedRequest) => ({ content: `answer ${((req.json?.messages as unknown[]) ?? []).length}` }),
       });
       const features = await producerFeatures();
-      const kinds: { name: string; encoding: 'json' | 'protobuf'; config: string | null }[] = [
-        { name: 'json', encoding: 'json', config: null },
-        { name: 'protobuf', encoding: 'protobuf', config: features },
+      // JSON with both kinds of records; protobuf with trajectories only (the default), chunked.
+      const kinds: { name: string; encoding: 'json' | 'protobuf'; config: string | null; records: Stream['records'] }[] = [
+        { name: 'json', encoding: 'json', config: null, records: 'both' },
+        { name: 'protobuf', encoding: 'protobuf', config: features, records: 'trajectories' },
       ];
       for (const k of kinds) {
         const topic = k.name === 'json' ? 'lightning.transitions' : `${k.name}.transitions`;
+        const trajectoriesTopic = k.name === 'json' ? 'lightning.trajectories' : `${k.name}.trajectories`;
         const episodesTopic = k.name === 'json' ? 'lightning.episodes' : `${k.name}.episodes`;
         const sidecar = await startChildSidecar(
           {
@@ -174,7 +179,9 @@ if (!python && process.env.CI === 'true') {
             LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
             LIGHTNING_KAFKA_ENCODING: k.encoding,
             LIGHTNING_KAFKA_TOPIC: topic,
+            LIGHTNING_KAFKA_TRAJECTORIES_TOPIC: trajectoriesTopic,
             LIGHTNING_KAFKA_EPISODES_TOPIC: episodesTopic,
+            LIGHTNING_EXPORT_RECORDS: k.records,
             LIGHTNING_DATA_DIR: mkdtempSync(path.join(dir, `${k.name}-data-`)),
             LIGHTNING_TOOL_SPAN_WAIT_MS: '0',
             LIGHTNING_LOG_LEVEL: 'warn',
@@ -184,11 +191,13 @@ if (!python && process.env.CI === 'true') {
         sidecars.push(sidecar);
         const stream: Stream = {
           name: k.name,
+          records: k.records,
           topic,
+          trajectories_topic: trajectoriesTopic,
           episodes_topic: episodesTopic,
           encoding: k.encoding,
           chunked: k.config !== null,
-          delta: k.config !== null,
+          delta: k.config !== null && k.records !== 'trajectories',
           groups: { g1: ['g1-a', 'g1-b'], g2: ['g2-a', 'g2-b'] },
           incomplete: ['g3'],
           calls: {},
@@ -231,46 +240,48 @@ if (!python && process.env.CI === 'true') {
       expect(res.stdout).not.toContain('LIGHTNING_TEST_KAFKA_SPEC is not set');
     }, 300_000);
 
-    it('prints the same group lines as the Node groups command on the same stream', async () => {
+    it('prints the same group lines as the Node groups command on the same stream, for each kind of row it exported', async () => {
       for (const s of streams) {
-        const nodeOut = path.join(dir, `node-${s.name}.jsonl`);
-        const pyOut = path.join(dir, `python-${s.name}.jsonl`);
-        const common = ['--group-size', String(GROUP_SIZE), '--brokers', broker.brokers.join(','), '--idle-exit-ms', '2000', '--group-timeout-ms', '1000'];
-        const [n, p] = await Promise.all([
-          run(
-            process.execPath,
-            [MAIN, 'groups', ...common, '--group-id', `node-${s.name}`, '--out', nodeOut],
-            { LIGHTNING_KAFKA_TOPIC: s.topic, LIGHTNING_KAFKA_EPISODES_TOPIC: s.episodes_topic },
-            60_000,
-          ),
-          run(
-            python!,
-            [
-              '-m',
-              'lightning_sidecar_client',
-              'groups',
-              ...common,
-              '--group-id',
-              `python-${s.name}`,
-              '--out',
-              pyOut,
-              '--topic',
-              s.topic,
-              '--episodes-topic',
-              s.episodes_topic,
-            ],
-            { PYTHONPATH: PACKAGE },
-            60_000,
-          ),
-        ]);
-        expect([n.code, p.code]).toEqual([0, 0]);
-        const nodeLines = readFileSync(nodeOut, 'utf8').trim().split('\n').sort();
-        const pyLines = readFileSync(pyOut, 'utf8').trim().split('\n').sort();
-        expect(pyLines.map((l) => (JSON.parse(l) as { uid: string }).uid)).toEqual(Object.keys(s.groups).sort());
-        // Byte for byte: same rows, same token ids, same number formatting.
-        expect(pyLines).toEqual(nodeLines);
-        for (const out of [n.stderr, p.stderr]) for (const uid of s.incomplete) expect(out).toContain(`groups: gave up on ${uid}: 1 of ${GROUP_SIZE} episodes`);
+        for (const rows of s.records === 'both' ? ['trajectories', 'transitions'] : [s.records]) {
+          const nodeOut = path.join(dir, `node-${s.name}-${rows}.jsonl`);
+          const pyOut = path.join(dir, `python-${s.name}-${rows}.jsonl`);
+          const common = [
+            '--group-size',
+            String(GROUP_SIZE),
+            '--rows',
+            rows,
+            '--brokers',
+            broker.brokers.join(','),
+            '--idle-exit-ms',
+            '2000',
+            '--group-timeout-ms',
+            '1000',
+          ];
+          const topics = {
+            LIGHTNING_KAFKA_TOPIC: s.topic,
+            LIGHTNING_KAFKA_TRAJECTORIES_TOPIC: s.trajectories_topic,
+            LIGHTNING_KAFKA_EPISODES_TOPIC: s.episodes_topic,
+          };
+          const [n, p] = await Promise.all([
+            run(process.execPath, [MAIN, 'groups', ...common, '--group-id', `node-${s.name}-${rows}`, '--out', nodeOut], topics, 60_000),
+            run(
+              python!,
+              ['-m', 'lightning_sidecar_client', 'groups', ...common, '--group-id', `python-${s.name}-${rows}`, '--out', pyOut],
+              { PYTHONPATH: PACKAGE, ...topics },
+              60_000,
+            ),
+          ]);
+          expect([n.code, p.code]).toEqual([0, 0]);
+          const nodeLines = readFileSync(nodeOut, 'utf8').trim().split('\n').sort();
+          const pyLines = readFileSync(pyOut, 'utf8').trim().split('\n').sort();
+          expect(pyLines.map((l) => (JSON.parse(l) as { uid: string }).uid)).toEqual(Object.keys(s.groups).sort());
+          // Byte for byte: same rows, same token ids, same number formatting.
+          expect(pyLines).toEqual(nodeLines);
+          if (rows === 'trajectories') for (const l of nodeLines) expect((JSON.parse(l) as { rows?: string }).rows).toBe('trajectories');
+          for (const out of [n.stderr, p.stderr])
+            for (const uid of s.incomplete) expect(out).toContain(`groups: gave up on ${uid}: 1 of ${GROUP_SIZE} episodes`);
+        }
       }
-    }, 120_000);
+    }, 180_000);
   },
 );

@@ -249,6 +249,10 @@ describe('GroupAssembler, trajectory rows (the default)', () => {
     expect(perCallRows.addEpisode(trajectoryEpisode('r3', 'g', 1), pos(3, 'e'), 0)).toEqual([
       { kind: 'not_exported', rollout_id: 'r3', attempt_id: '0', rows: 'transitions' },
     ]);
+    // A protobuf episode of a sidecar before trajectories: `exported` decodes empty, and it exported transitions.
+    perCallRows.addTransition(transition('r4', 0, 'h'), pos(4), 0);
+    expect(perCallRows.addEpisode({ ...episode('r4', 'h', 1), exported: [] }, pos(5, 'e'), 0).map((e) => e.kind)).toEqual(['group']);
+    expect(a.addEpisode({ ...trajectoryEpisode('r5', 'h', 1), exported: [] }, pos(6, 'e'), 0).map((e) => e.kind)).toEqual(['not_exported']);
   });
 
   it('keeps offsets of held trajectories uncommitted and drops strays after the timeout', () => {

@@ -1,10 +1,13 @@
-"""Trainer-side client for lightning-sidecar: transitions and complete GRPO groups.
+"""Trainer-side client for lightning-sidecar: trajectories, transitions and complete GRPO groups.
 
-Reads the ``lightning.transitions`` and ``lightning.episodes`` Kafka topics (JSON or protobuf,
-chunked records, prompt deltas) or the file exporter's NDJSON directory, and yields
+Reads the ``lightning.trajectories`` (or ``lightning.transitions``) and ``lightning.episodes``
+Kafka topics (JSON or protobuf, chunked records, prompt deltas) or the file exporter's NDJSON
+directory, and yields
 
 - ``iter_groups``: complete groups as ``lightning.group.v1`` dicts (the Node ``groups`` command's
   lines), each once, with duplicates ignored and incomplete groups given up on after a timeout;
+  one row per trajectory by default, one per call with ``rows='transitions'``;
+- ``iter_trajectories``: every trajectory once;
 - ``iter_transitions``: every transition once, with its full prompt ids.
 
 ``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors.
@@ -16,17 +19,17 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from .files import FileSource
 from .groups import GroupAssembler, GroupBatch
-from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, KafkaSource, brokers_from_env
+from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, DEFAULT_TRAJECTORIES_TOPIC, KafkaSource, brokers_from_env
 from .position import Position
 from .readers import Event, GroupReader, RecordReader
-from .records import decode_episode, decode_transition
+from .records import decode_episode, decode_trajectory, decode_transition
 from .source import Incoming, Source, SourceEvent
 from .tensors import to_verl_batch
 
 __all__ = [
-    'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch', 'GroupReader', 'Incoming',
-    'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode', 'decode_transition', 'iter_groups',
-    'iter_transitions', 'open_source', 'to_verl_batch',
+    'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch',
+    'GroupReader', 'Incoming', 'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode',
+    'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'to_verl_batch',
 ]
 
 __version__ = '0.1.0'
@@ -40,20 +43,30 @@ def open_source(
     consumer_group: str = 'lightning-groups',
     topic: Optional[str] = None,
     episodes_topic: Optional[str] = None,
+    trajectories_topic: Optional[str] = None,
+    records: str = 'trajectories',
     data_dir: Optional[PathLike] = None,
     follow: bool = False,
     settings: Optional[dict[str, Any]] = None,
     chunk_timeout_ms: float = 600_000,
 ) -> Source:
-    """Kafka (``brokers``, default ``$LIGHTNING_KAFKA_BROKERS``) or a file exporter's ``data_dir``."""
+    """Kafka (``brokers``, default ``$LIGHTNING_KAFKA_BROKERS``) or a file exporter's ``data_dir``.
+
+    ``records`` picks what is read besides episodes: ``'trajectories'`` (``trajectories_topic``,
+    default ``$LIGHTNING_KAFKA_TRAJECTORIES_TOPIC``, then ``lightning.trajectories``; or
+    ``{data_dir}/trajectories/``), ``'transitions'`` (``topic``; ``{data_dir}/transitions/``) or
+    ``'both'``.
+    """
     if data_dir is not None:
-        return FileSource(data_dir, follow=follow)
+        return FileSource(data_dir, follow=follow, records=records)
     env = os.environ
     return KafkaSource(
         brokers if brokers else brokers_from_env(),
         consumer_group,
         topic=topic or env.get('LIGHTNING_KAFKA_TOPIC') or DEFAULT_TOPIC,
         episodes_topic=episodes_topic or env.get('LIGHTNING_KAFKA_EPISODES_TOPIC') or DEFAULT_EPISODES_TOPIC,
+        trajectories_topic=trajectories_topic or env.get('LIGHTNING_KAFKA_TRAJECTORIES_TOPIC') or DEFAULT_TRAJECTORIES_TOPIC,
+        records=records,
         settings=settings,
         chunk_timeout_ms=chunk_timeout_ms,
     )
@@ -62,6 +75,7 @@ def open_source(
 def iter_groups(
     group_size: int,
     *,
+    rows: str = 'trajectories',
     state_path: Optional[PathLike] = None,
     timeout_ms: float = 600_000,
     idle_exit_ms: Optional[float] = None,
@@ -70,11 +84,13 @@ def iter_groups(
 ) -> Iterator[GroupBatch]:
     """Complete groups of ``group_size`` episodes, each once (across restarts with ``state_path``).
 
-    ``source`` arguments go to ``open_source``. A group counts as done when it is handed out.
+    ``rows``: ``'trajectories'`` (one row per trajectory) or ``'transitions'`` (one per call).
+    ``source`` arguments go to ``open_source`` (which reads the records ``rows`` needs unless
+    ``records`` says otherwise). A group counts as done when it is handed out.
     """
-    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source})
+    src = open_source(**{'chunk_timeout_ms': timeout_ms, 'records': rows, **source})
     try:
-        yield from GroupReader(src, group_size, timeout_ms=timeout_ms, state_path=state_path, idle_exit_ms=idle_exit_ms, on_event=on_event)
+        yield from GroupReader(src, group_size, rows=rows, timeout_ms=timeout_ms, state_path=state_path, idle_exit_ms=idle_exit_ms, on_event=on_event)
     finally:
         src.close()
 
@@ -90,8 +106,26 @@ def iter_transitions(
 
     Offsets move past a transition when the next one is asked for (at least once across restarts).
     """
-    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source})
+    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source, 'records': 'transitions'})
     try:
         yield from RecordReader(src, timeout_ms=timeout_ms, idle_exit_ms=idle_exit_ms, on_event=on_event).transitions()
+    finally:
+        src.close()
+
+
+def iter_trajectories(
+    *,
+    timeout_ms: float = 600_000,
+    idle_exit_ms: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
+    **source: Any,
+) -> Iterator[dict[str, Any]]:
+    """Every trajectory once (``lightning.trajectory.v1`` dicts), in arrival order.
+
+    Offsets move past a trajectory when the next one is asked for (at least once across restarts).
+    """
+    src = open_source(**{'chunk_timeout_ms': timeout_ms, **source, 'records': 'trajectories'})
+    try:
+        yield from RecordReader(src, timeout_ms=timeout_ms, idle_exit_ms=idle_exit_ms, on_event=on_event).trajectories()
     finally:
         src.close()

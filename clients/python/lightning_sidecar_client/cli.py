@@ -1,6 +1,7 @@
 """``python3 -m lightning_sidecar_client groups``: the Node ``lightning-sidecar groups`` command in Python.
 
-Same options, same output lines (``lightning.group.v1`` JSON, byte for byte), same state handling:
+Same options, same output lines (``lightning.group.v1`` JSON, byte for byte; one row per
+trajectory, or per call with ``--rows transitions``), same state handling:
 with ``--out FILE`` the output file itself is the record of emitted groups (each line fsync'd
 before offsets move), otherwise ``--state``; groups given up on are noted in the state file.
 """
@@ -13,22 +14,23 @@ import sys
 from typing import Any, Optional, TextIO
 
 from . import js_json
-from .groups import EpisodeLate, EpisodeUngrouped, GroupIncomplete, GroupReady, TransitionsOrphaned
-from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, KafkaSource, brokers_from_env
+from .groups import ROWS, EpisodeLate, EpisodeNotExported, EpisodeUngrouped, GroupIncomplete, GroupReady, TransitionsOrphaned
+from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, DEFAULT_TRAJECTORIES_TOPIC, KafkaSource, brokers_from_env
 from .groups import DeltaUnresolved
 from .readers import GroupReader
 from .source import SourceEvent
 from .state import append_line, load_done, remember
 
-USAGE = """usage: python3 -m lightning_sidecar_client groups --group-size N [--brokers H:P,...] [--group-id ID]
-           [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N] [--idle-exit-ms MS]
-           [--topic T] [--episodes-topic T] [-X librdkafka.property=value ...] [--data-dir DIR [--follow]]
-  emit complete GRPO groups (lightning.group.v1) from the transitions and episodes topics, in a Kafka
-  consumer group (or from the file exporter's data directory with --data-dir)
+USAGE = """usage: python3 -m lightning_sidecar_client groups --group-size N [--rows trajectories|transitions] [--brokers H:P,...]
+           [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N]
+           [--idle-exit-ms MS] [--trajectories-topic T] [--topic T] [--episodes-topic T] [-X librdkafka.property=value ...]
+           [--data-dir DIR [--follow]]
+  emit complete GRPO groups (lightning.group.v1) from the trajectories (--rows transitions: transitions)
+  and episodes topics, in a Kafka consumer group (or from the file exporter's data directory with --data-dir)
 """
 
-_VALUED = {'--group-size', '--brokers', '--group-id', '--out', '--to-topic', '--state', '--group-timeout-ms', '--max-groups',
-           '--idle-exit-ms', '--topic', '--episodes-topic', '-X', '--data-dir'}
+_VALUED = {'--group-size', '--rows', '--brokers', '--group-id', '--out', '--to-topic', '--state', '--group-timeout-ms', '--max-groups',
+           '--idle-exit-ms', '--trajectories-topic', '--topic', '--episodes-topic', '-X', '--data-dir'}
 _FLAGS = {'--follow', '--help', '-h'}
 
 
@@ -82,6 +84,9 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
             err.write(f'groups: --group-size N is required (a positive integer)\n{USAGE}')
             return 2
         group_size = int(raw_size)
+        rows = opts.get('--rows', 'trajectories')
+        if rows not in ROWS:
+            raise UsageError(f'groups: --rows must be trajectories or transitions, not {rows!r}')
         timeout_ms = _number(opts, '--group-timeout-ms', 600_000)
         max_groups = _number(opts, '--max-groups', float('inf'))
         idle_exit = opts.get('--idle-exit-ms')
@@ -107,25 +112,20 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
     if data_dir is not None:
         from .files import FileSource
 
-        source: Any = FileSource(data_dir, follow=bool(opts.get('--follow')))
+        source: Any = FileSource(data_dir, follow=bool(opts.get('--follow')), records=rows)
     else:
-        source = KafkaSource(
-            brokers,
-            opts.get('--group-id', 'lightning-groups'),
-            topic=opts.get('--topic') or env.get('LIGHTNING_KAFKA_TOPIC') or DEFAULT_TOPIC,
-            episodes_topic=opts.get('--episodes-topic') or env.get('LIGHTNING_KAFKA_EPISODES_TOPIC') or DEFAULT_EPISODES_TOPIC,
-            settings=settings,
-            chunk_timeout_ms=timeout_ms,
-            # Brokers that cannot be reached end the command (exit 1), as the Node `groups` does.
-            give_up_s=float(env.get('LIGHTNING_KAFKA_GIVE_UP_MS', '30000')) / 1000,
-        )
+        try:
+            source = _kafka_source(opts, env, brokers, rows, settings, timeout_ms)
+        except ValueError as e:  # two kinds of record on one topic
+            err.write(f'groups: {e}\n')
+            return 2
 
     kafka_log = logging.getLogger('lightning_sidecar_client.kafka')
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter('groups: kafka: %(message)s'))
     kafka_log.addHandler(handler)
     kafka_log.propagate = False
-    reader = GroupReader(source, group_size, timeout_ms=timeout_ms, done=load_done([out_path, state_path]), idle_exit_ms=idle_exit_ms)
+    reader = GroupReader(source, group_size, rows=rows, timeout_ms=timeout_ms, done=load_done([out_path, state_path]), idle_exit_ms=idle_exit_ms)
     previous = {s: signal.signal(s, lambda *_: reader.stop()) for s in (signal.SIGINT, signal.SIGTERM)}
     producer = None
     emitted = 0
@@ -155,8 +155,12 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
                 err.write(f'groups: ignored episode {ev.rollout_id}/{ev.attempt_id}: group {ev.uid} is already emitted or full\n')
             elif isinstance(ev, EpisodeUngrouped):
                 err.write(f'groups: episode {ev.rollout_id}/{ev.attempt_id} has no group_id; skipped\n')
+            elif isinstance(ev, EpisodeNotExported):
+                other = 'transitions' if ev.rows == 'trajectories' else 'trajectories'
+                err.write(f'groups: episode {ev.rollout_id}/{ev.attempt_id} has no exported {ev.rows} (exporters.records is {other}); '
+                          f'use --rows {other} or export {ev.rows}\n')
             elif isinstance(ev, TransitionsOrphaned):
-                err.write(f'groups: dropped {ev.transitions} transitions whose episode never arrived\n')
+                err.write(f'groups: dropped {ev.transitions} {ev.records} whose episode never arrived\n')
             elif isinstance(ev, DeltaUnresolved):
                 err.write(f'groups: transition {ev.transition_id} has a prompt delta that cannot be made whole ({ev.reason}); its row is left out\n')
             elif isinstance(ev, SourceEvent) and ev.kind == 'kafka_unreachable':
@@ -178,6 +182,21 @@ def run_groups(args: list[str], out: TextIO, err: TextIO, env: Optional[dict[str
         if producer is not None:
             producer.flush(30)
     return 0
+
+
+def _kafka_source(opts: dict[str, Any], env: dict[str, str], brokers: list[str], rows: str, settings: dict[str, str], timeout_ms: float) -> KafkaSource:
+    return KafkaSource(
+        brokers,
+        opts.get('--group-id', 'lightning-groups'),
+        topic=opts.get('--topic') or env.get('LIGHTNING_KAFKA_TOPIC') or DEFAULT_TOPIC,
+        episodes_topic=opts.get('--episodes-topic') or env.get('LIGHTNING_KAFKA_EPISODES_TOPIC') or DEFAULT_EPISODES_TOPIC,
+        trajectories_topic=opts.get('--trajectories-topic') or env.get('LIGHTNING_KAFKA_TRAJECTORIES_TOPIC') or DEFAULT_TRAJECTORIES_TOPIC,
+        records=rows,
+        settings=settings,
+        chunk_timeout_ms=timeout_ms,
+        # Brokers that cannot be reached end the command (exit 1), as the Node `groups` does.
+        give_up_s=float(env.get('LIGHTNING_KAFKA_GIVE_UP_MS', '30000')) / 1000,
+    )
 
 
 def _producer(brokers: list[str], settings: dict[str, str]) -> Any:

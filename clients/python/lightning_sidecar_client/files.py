@@ -1,8 +1,10 @@
-"""The file exporter's output: ``{data_dir}/transitions/*.ndjson`` and ``{data_dir}/episodes/*.ndjson``.
+"""The file exporter's output: ``{data_dir}/trajectories/``, ``transitions/`` and ``episodes/*.ndjson``.
 
-The exporter appends transitions before the episode line that closes them, so each poll reads
-new transition lines first, then new episode lines. Only whole lines are read (a line still being
-written waits for the next poll); ``follow=False`` reads what is there once and is then exhausted.
+The exporter appends an attempt's trajectories and transitions before the episode line that closes
+it, so each poll reads new record lines first (transitions, then trajectories), then new episode
+lines. ``records`` picks the record directories read besides ``episodes/``: ``trajectories``
+(default), ``transitions`` or ``both``. Only whole lines are read (a line still being written waits
+for the next poll); ``follow=False`` reads what is there once and is then exhausted.
 """
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ import os
 import time
 from pathlib import Path
 from .position import PartitionKey
-from .records import DecodeError, decode_episode, decode_transition
-from .source import EPISODE, TRANSITION, Incoming, SourceEvent
+from .records import DecodeError, decode_episode, decode_trajectory, decode_transition
+from .source import EPISODE, TRAJECTORY, TRANSITION, Incoming, SourceEvent, record_kinds
+
+_DIRS = ((TRANSITION, 'transitions', decode_transition), (TRAJECTORY, 'trajectories', decode_trajectory), (EPISODE, 'episodes', decode_episode))
 
 
 class FileSource:
-    def __init__(self, data_dir: str | os.PathLike[str], *, follow: bool = False) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], *, follow: bool = False, records: str = 'trajectories') -> None:
         self.data_dir = Path(data_dir)
+        self.records = records
+        self._kinds = (*record_kinds(records), EPISODE)
         self._follow = follow
         self._read: dict[Path, int] = {}
         self._lines: dict[Path, int] = {}
@@ -26,8 +32,9 @@ class FileSource:
         """New whole lines; when following and there are none, waits ``timeout_s`` first."""
         items: list[Incoming] = []
         events: list[SourceEvent] = []
-        for kind, sub in ((TRANSITION, 'transitions'), (EPISODE, 'episodes')):
-            decode = decode_transition if kind == TRANSITION else decode_episode
+        for kind, sub, decode in _DIRS:
+            if kind not in self._kinds:
+                continue
             for path in sorted((self.data_dir / sub).glob('*.ndjson')):
                 for lineno, line in self._new_lines(path):
                     try:

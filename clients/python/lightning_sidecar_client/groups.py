@@ -1,11 +1,15 @@
-"""GRPO groups from transitions and episodes, as the Node ``groups`` command assembles them.
+"""GRPO groups from trajectories (or transitions) and episodes, as the Node ``groups`` command assembles them.
 
-Records may arrive in any order and more than once. A group is yielded when ``group_size``
-episodes of one ``group_id`` are closed and all their transitions are present, shaped as a
-``lightning.group.v1`` line; a group already done is never yielded again; groups waiting longer
-than ``timeout_ms`` are reported incomplete and dropped; an episode arriving for a done or full
-group is reported late. Prompt deltas are made whole from the previous transition of the episode, held
-here (same partition, read first) until the group is done.
+Two row kinds (``rows``): ``'trajectories'`` (the default), one row per trajectory record (a
+continuous token segment of a rollout attempt, several calls with a loss mask), and
+``'transitions'``, one row per call. Records may arrive in any order and more than once. A group
+is yielded when ``group_size`` episodes of one ``group_id`` are closed and all the records they
+list (``trajectory_ids`` or ``transition_ids``) are present, shaped as a ``lightning.group.v1``
+line; a group already done is never yielded again; groups waiting longer than ``timeout_ms`` are
+reported incomplete and dropped; an episode arriving for a done or full group is reported late;
+an episode whose sidecar did not export the row kind is reported once and not used. Prompt deltas
+(transition rows) are made whole from the previous transition of the episode, held here (same
+partition, read first) until the group is done.
 """
 from __future__ import annotations
 
@@ -50,8 +54,21 @@ class EpisodeUngrouped:
 
 @dataclass(frozen=True)
 class TransitionsOrphaned:
+    """Records dropped because their episode never came: ``transitions`` of them, of kind ``records``."""
+
     transitions: int
+    records: str = 'transitions'
     kind: str = 'orphaned'
+
+
+@dataclass(frozen=True)
+class EpisodeNotExported:
+    """An episode whose sidecar did not export the ``rows`` records: it cannot complete a group."""
+
+    rollout_id: str
+    attempt_id: str
+    rows: str
+    kind: str = 'not_exported'
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,9 @@ class DeltaUnresolved:
     kind: str = 'unresolved_delta'
 
 
-GroupEvent = Union[GroupReady, GroupIncomplete, EpisodeLate, EpisodeUngrouped, TransitionsOrphaned, DeltaUnresolved]
+GroupEvent = Union[GroupReady, GroupIncomplete, EpisodeLate, EpisodeUngrouped, EpisodeNotExported, TransitionsOrphaned, DeltaUnresolved]
+
+ROWS = ('trajectories', 'transitions')
 
 
 @dataclass
@@ -86,50 +105,86 @@ def _js_order(s: str) -> bytes:
 
 
 class GroupAssembler:
-    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = ()) -> None:
+    """Holds the records of open groups and builds each group's line once it is complete.
+
+    ``rows='trajectories'`` holds trajectories (``add_trajectory``) and ignores transitions;
+    ``rows='transitions'`` the reverse, with lines exactly as before trajectories existed.
+    """
+
+    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories') -> None:
         if not isinstance(group_size, int) or group_size < 1:
             raise ValueError('groups: group_size must be a positive integer')
+        if rows not in ROWS:
+            raise ValueError(f"groups: rows must be 'trajectories' or 'transitions', not {rows!r}")
         self.group_size = group_size
         self.timeout_ms = timeout_ms
+        self.rows = rows
         #: uids already emitted or given up on
         self.done: set[str] = set(done)
-        self._transitions: dict[str, _Held] = {}
+        # Trajectories or transitions (per `rows`) by id.
+        self._records: dict[str, _Held] = {}
         self._groups: dict[str, _PendingGroup] = {}
         self._seen_episodes: set[tuple[str, str]] = set()
 
     def has_transition(self, transition_id: str) -> bool:
-        return transition_id in self._transitions
+        return self.rows == 'transitions' and transition_id in self._records
+
+    def has_trajectory(self, trajectory_id: str) -> bool:
+        return self.rows == 'trajectories' and trajectory_id in self._records
 
     def add_transition(self, t: Record, pos: Position | None, now_ms: float) -> list[GroupEvent]:
-        """Holds ``t``; a prompt delta is made whole from the previous transition held here."""
+        """Holds ``t``; a prompt delta is made whole from the previous transition held here.
+
+        With trajectory rows a transition is not used: nothing happens.
+        """
+        if self.rows != 'transitions':
+            return []
         gid = t.get('group_id')
         if gid is not None and gid in self.done:
             return []
         tid = t['transition_id']
-        if tid in self._transitions:
+        if tid in self._records:
             return self._check(gid)
         events: list[GroupEvent] = []
         delta = t.get('prompt_token_ids_delta')
         if delta:
             prev_id = delta.get('previous_transition_id') or ''
-            held = self._transitions.get(prev_id)
+            held = self._records.get(prev_id)
             prompt, reason = rebuild_prompt(delta, (held.t.get('prompt_token_ids'), held.t.get('response_token_ids')) if held else None)
             if reason is not None:
                 events.append(DeltaUnresolved(tid, prev_id, reason))
             t = {k: v for k, v in t.items() if k != 'prompt_token_ids_delta'}
             t['prompt_token_ids'] = prompt
-        self._transitions[tid] = _Held(t, pos, now_ms)
+        self._records[tid] = _Held(t, pos, now_ms)
         return events + self._check(gid)
+
+    def add_trajectory(self, t: Record, pos: Position | None, now_ms: float) -> list[GroupEvent]:
+        """Holds ``t`` (the first copy of each ``trajectory_id``). With transition rows nothing happens."""
+        if self.rows != 'trajectories':
+            return []
+        gid = t.get('group_id')
+        if gid is not None and gid in self.done:
+            return []
+        tid = t['trajectory_id']
+        if tid not in self._records:
+            self._records[tid] = _Held(t, pos, now_ms)
+        return self._check(gid)
 
     def add_episode(self, e: Record, pos: Position | None, now_ms: float) -> list[GroupEvent]:
         key = (e['rollout_id'], e['attempt_id'])
         gid = e.get('group_id')
         if gid is None:
-            for tid in e.get('transition_ids') or []:
-                self._transitions.pop(tid, None)
+            for rid in self._ids(e):
+                self._records.pop(rid, None)
             return [EpisodeUngrouped(e['rollout_id'], e['attempt_id'])]
         if gid in self.done:
             return [] if key in self._seen_episodes else [EpisodeLate(gid, e['rollout_id'], e['attempt_id'])]
+        if not self._exported(e):
+            # Reported once per attempt, however often it is delivered; it does not start its group.
+            if key in self._seen_episodes:
+                return []
+            self._seen_episodes.add(key)
+            return [EpisodeNotExported(e['rollout_id'], e['attempt_id'], self.rows)]
         self._seen_episodes.add(key)
         g = self._groups.get(gid)
         if g is None:
@@ -141,7 +196,7 @@ class GroupAssembler:
         return self._check(gid)
 
     def tick(self, now_ms: float) -> list[GroupEvent]:
-        """Gives up on groups (and stray transitions) older than the timeout."""
+        """Gives up on groups (and stray records) older than the timeout."""
         out: list[GroupEvent] = []
         for uid, g in list(self._groups.items()):
             if now_ms - g.first_seen < self.timeout_ms:
@@ -149,18 +204,18 @@ class GroupAssembler:
             out.append(GroupIncomplete(uid, len(g.episodes), now_ms - g.first_seen))
             self._finish(uid, g)
         orphaned = 0
-        for tid, x in list(self._transitions.items()):
+        for rid, x in list(self._records.items()):
             gid = x.t.get('group_id')
             if now_ms - x.at >= self.timeout_ms and (gid is None or gid not in self._groups):
-                del self._transitions[tid]
+                del self._records[rid]
                 orphaned += 1
         if orphaned > 0:
-            out.append(TransitionsOrphaned(orphaned))
+            out.append(TransitionsOrphaned(orphaned, self.rows))
         return out
 
     def lowest_pending(self) -> dict[PartitionKey, int]:
         """Per (topic, partition), the lowest offset still needed (commit up to it, exclusive)."""
-        low = lowest(x.pos for x in self._transitions.values() if x.pos is not None)
+        low = lowest(x.pos for x in self._records.values() if x.pos is not None)
         return lowest((p for g in self._groups.values() for _, p in g.episodes.values() if p is not None), low)
 
     @property
@@ -170,6 +225,22 @@ class GroupAssembler:
     def pending_group_ids(self) -> list[str]:
         return list(self._groups)
 
+    def _ids(self, e: Record) -> list[str]:
+        """The ids of the records (of the ``rows`` kind) the episode lists."""
+        return (e.get('trajectory_ids') if self.rows == 'trajectories' else e.get('transition_ids')) or []
+
+    def _exported(self, e: Record) -> bool:
+        """Whether the episode's sidecar exported the ``rows`` records.
+
+        An episode without ``exported`` (older sidecars' JSON), or with an empty one (their
+        protobuf), comes from a sidecar that wrote transitions only; such an episode has no
+        ``trajectory_ids`` in JSON, and an empty list in protobuf.
+        """
+        exported = e.get('exported')
+        if self.rows == 'trajectories':
+            return isinstance(e.get('trajectory_ids'), list) and (not isinstance(exported, list) or 'trajectories' in exported)
+        return not isinstance(exported, list) or not exported or 'transitions' in exported
+
     def _check(self, uid: str | None) -> list[GroupEvent]:
         if uid is None:
             return []
@@ -177,8 +248,8 @@ class GroupAssembler:
         if g is None or len(g.episodes) < self.group_size:
             return []
         for e, _ in g.episodes.values():
-            for tid in e.get('transition_ids') or []:
-                if tid not in self._transitions:
+            for rid in self._ids(e):
+                if rid not in self._records:
                     return []
         batch = self._build(uid, g)
         self._finish(uid, g)
@@ -186,22 +257,24 @@ class GroupAssembler:
 
     def _finish(self, uid: str, g: _PendingGroup) -> None:
         for e, _ in g.episodes.values():
-            for tid in e.get('transition_ids') or []:
-                self._transitions.pop(tid, None)
-        for tid in [tid for tid, x in self._transitions.items() if x.t.get('group_id') == uid]:
-            del self._transitions[tid]
+            for rid in self._ids(e):
+                self._records.pop(rid, None)
+        for rid in [rid for rid, x in self._records.items() if x.t.get('group_id') == uid]:
+            del self._records[rid]
         del self._groups[uid]
         self.done.add(uid)
 
     def _build(self, uid: str, g: _PendingGroup) -> GroupBatch:
         episodes = sorted((e for e, _ in g.episodes.values()), key=lambda e: (_js_order(e['rollout_id']), _js_order(e['attempt_id'])))
+        if self.rows == 'trajectories':
+            return self._build_trajectories(uid, episodes)
         names = ('uid', 'rollout_id', 'attempt_id', 'transition_id', 'seq', 'prompt_ids', 'response_ids', 'response_mask',
                  'token_level_scores', 'rollout_log_probs', 'reward', 'is_last', 'policy_version')
         batch: dict[str, list[Any]] = {n: [] for n in names}
         skipped = 0
         for e in episodes:
             for tid in e.get('transition_ids') or []:
-                t = self._transitions[tid].t
+                t = self._records[tid].t
                 prompt, response = t.get('prompt_token_ids'), t.get('response_token_ids')
                 if prompt is None or response is None:
                     skipped += 1
@@ -229,6 +302,54 @@ class GroupAssembler:
             'episodes': [_episode_entry(e) for e in episodes],
             'batch': batch,
             'skipped_no_token_ids': skipped,
+        }
+
+    def _build_trajectories(self, uid: str, episodes: list[Record]) -> GroupBatch:
+        """One row per trajectory: the first call's prompt, then everything after it as the response.
+
+        ``response_mask`` is the loss mask past the prompt (1 on sampled tokens only, 0 on tool
+        outputs and the prompt text added between turns); ``token_level_scores`` holds each token
+        reward at its position (AIR on a turn's last token, the final reward on the last sampled
+        one) and 0 elsewhere.
+        """
+        names = ('uid', 'rollout_id', 'attempt_id', 'trajectory_id', 'segment', 'turns', 'prompt_ids', 'response_ids', 'response_mask',
+                 'token_level_scores', 'rollout_log_probs', 'reward', 'is_last', 'policy_versions')
+        batch: dict[str, list[Any]] = {n: [] for n in names}
+        for e in episodes:
+            for tid in e['trajectory_ids']:
+                t = self._records[tid].t
+                p = t['prompt_length']
+                ids = t['token_ids']
+                scores: list[Any] = [0] * len(ids[p:])
+                for r in t.get('token_rewards') or []:
+                    # Token rewards sit on sampled tokens, all past the prompt; a position outside
+                    # the response (a malformed record) is skipped.
+                    i = r['position'] - p
+                    if 0 <= i < len(scores):
+                        scores[i] = r['value']
+                logprobs = t.get('logprobs')
+                batch['uid'].append(uid)
+                batch['rollout_id'].append(t.get('rollout_id'))
+                batch['attempt_id'].append(t.get('attempt_id'))
+                batch['trajectory_id'].append(tid)
+                batch['segment'].append(t.get('segment'))
+                batch['turns'].append(len(t.get('turns') or []))
+                batch['prompt_ids'].append(ids[:p])
+                batch['response_ids'].append(ids[p:])
+                batch['response_mask'].append(t['loss_mask'][p:])
+                batch['token_level_scores'].append(scores)
+                batch['rollout_log_probs'].append(logprobs[p:] if logprobs is not None else None)
+                batch['reward'].append(t.get('reward'))
+                batch['is_last'].append(t['segment'] == t['segments'] - 1)
+                batch['policy_versions'].append(t.get('policy_versions'))
+        return {
+            'schema': 'lightning.group.v1',
+            'uid': uid,
+            'group_size': self.group_size,
+            'rows': 'trajectories',
+            'episodes': [_episode_entry(e) for e in episodes],
+            'batch': batch,
+            'unmerged_calls': sum(len(e.get('unmerged_calls') or []) for e in episodes),
         }
 
 

@@ -1,4 +1,4 @@
-"""The transitions and episodes topics, read in a Kafka consumer group with confluent-kafka.
+"""The trajectories (or transitions) and episodes topics, read in a Kafka consumer group with confluent-kafka.
 
 Offsets are committed by hand and only below what is still pending (records of open groups,
 chunks of unfinished records, the start of an open episode's prompt-delta chain), so a restarted
@@ -13,11 +13,14 @@ from typing import Any, Callable, Optional, Sequence
 
 from .chunks import ChunkAssembler, ChunkError, DroppedRecord, is_chunk
 from .position import PartitionKey, Position
-from .records import DecodeError, decode_episode, decode_transition, encoding_of
-from .source import EPISODE, TRANSITION, Incoming, SourceEvent
+from .records import DecodeError, decode_episode, decode_trajectory, decode_transition, encoding_of
+from .source import EPISODE, TRAJECTORY, TRANSITION, Incoming, SourceEvent, record_kinds
 
 DEFAULT_TOPIC = 'lightning.transitions'
 DEFAULT_EPISODES_TOPIC = 'lightning.episodes'
+DEFAULT_TRAJECTORIES_TOPIC = 'lightning.trajectories'
+
+_DECODERS = {TRANSITION: decode_transition, TRAJECTORY: decode_trajectory, EPISODE: decode_episode}
 
 log = logging.getLogger('lightning_sidecar_client.kafka')
 
@@ -40,7 +43,9 @@ def _default_consumer(settings: dict[str, Any]) -> Any:
 
 
 class KafkaSource:
-    """Reads ``topic`` (transitions) and ``episodes_topic`` as consumer group ``group_id``.
+    """Reads the episodes topic and, per ``records``, the trajectories topic (``'trajectories'``,
+    the default), the transitions topic ``topic`` (``'transitions'``) or both, as consumer group
+    ``group_id``. Chunked records are put back together whichever topic they are on.
 
     ``settings`` are extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...);
     ``consumer_factory`` builds the consumer from the full settings (tests inject one).
@@ -53,6 +58,8 @@ class KafkaSource:
         *,
         topic: str = DEFAULT_TOPIC,
         episodes_topic: str = DEFAULT_EPISODES_TOPIC,
+        trajectories_topic: str = DEFAULT_TRAJECTORIES_TOPIC,
+        records: str = 'trajectories',
         settings: Optional[dict[str, Any]] = None,
         chunk_timeout_ms: float = 600_000,
         chunk_max_bytes: int = 256 * 1024 * 1024,
@@ -64,8 +71,17 @@ class KafkaSource:
         servers = brokers if isinstance(brokers, str) else ','.join(brokers)
         if not servers:
             raise ValueError('kafka: no brokers (pass brokers or set LIGHTNING_KAFKA_BROKERS)')
+        kinds = record_kinds(records)
         self.topic = topic
         self.episodes_topic = episodes_topic
+        self.trajectories_topic = trajectories_topic
+        self.records = records
+        # Which kind of record each subscribed topic carries.
+        read = [(t, k) for k, t in ((TRANSITION, topic), (TRAJECTORY, trajectories_topic), (EPISODE, episodes_topic)) if k in kinds or k == EPISODE]
+        self._kinds = dict(read)
+        if len(self._kinds) != len(read):
+            names = {TRANSITION: 'transitions', TRAJECTORY: 'trajectories', EPISODE: 'episodes'}
+            raise ValueError(f'kafka: each kind of record needs its own topic ({", ".join(f"{names[k]}: {t}" for t, k in read)})')
         self._max_batch = max_batch
         self._clock = clock
         self._chunks = ChunkAssembler(timeout_ms=chunk_timeout_ms, max_bytes=chunk_max_bytes)
@@ -91,7 +107,7 @@ class KafkaSource:
             **(settings or {}),
         }
         self._consumer = consumer_factory(full)
-        self._consumer.subscribe([topic, episodes_topic])
+        self._consumer.subscribe(list(self._kinds))
         self._closed = False
 
     def poll(self, timeout_s: float) -> tuple[list[Incoming], list[SourceEvent]]:
@@ -107,7 +123,7 @@ class KafkaSource:
                 continue
             self._reached = True
             pos = Position(msg.topic(), msg.partition(), msg.offset())
-            kind = EPISODE if pos.topic == self.episodes_topic else TRANSITION
+            kind = self._kinds[pos.topic]
             headers, value, record_pos = msg.headers(), msg.value() or b'', pos
             if is_chunk(headers):
                 try:
@@ -122,8 +138,7 @@ class KafkaSource:
                     continue
                 headers, value, record_pos = whole.headers, whole.value, whole.position
             try:
-                decode = decode_episode if kind == EPISODE else decode_transition
-                record = decode(value, encoding_of(headers))
+                record = _DECODERS[kind](value, encoding_of(headers))
             except DecodeError:
                 events.append(SourceEvent('undecodable', f'skipping an undecodable record at {_where(record_pos)}', record_pos))
                 items.append(Incoming(kind, None, pos))

@@ -10,16 +10,20 @@ from typing import Iterable, Optional
 from .deltas import PromptResolver
 from .groups import DeltaUnresolved, GroupAssembler, GroupEvent
 from .position import PartitionKey
-from .source import EPISODE, Incoming
+from .source import EPISODE, TRAJECTORY, Incoming
 
 PipelineEvent = GroupEvent
 
 
 class GroupPipeline:
-    """Records into a GroupAssembler (which also makes prompt deltas whole)."""
+    """Records into a GroupAssembler (which also makes prompt deltas whole).
 
-    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = ()) -> None:
-        self.groups = GroupAssembler(group_size, timeout_ms, done)
+    ``rows``: ``'trajectories'`` (one row per trajectory, the default) or ``'transitions'`` (one
+    per call); records of the other kind are not used.
+    """
+
+    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories') -> None:
+        self.groups = GroupAssembler(group_size, timeout_ms, done, rows=rows)
 
     @property
     def done(self) -> set[str]:
@@ -31,6 +35,8 @@ class GroupPipeline:
             return []
         if item.kind == EPISODE:
             return self.groups.add_episode(r, item.position, now_ms)
+        if item.kind == TRAJECTORY:
+            return self.groups.add_trajectory(r, item.position, now_ms)
         return self.groups.add_transition(r, item.position, now_ms)
 
     def tick(self, now_ms: float) -> list[PipelineEvent]:
@@ -60,7 +66,8 @@ class _Seen:
 class RecordPipeline:
     """Plain records for trainers that batch their own way: whole prompts, each record once.
 
-    Duplicates are recognised among the last ``remember`` transition ids and episode keys.
+    Duplicates are recognised among the last ``remember`` transition ids, trajectory ids and
+    episode keys. Trajectories pass as they are (they carry their whole token ids).
     """
 
     def __init__(self, timeout_ms: float = 600_000, remember: int = 200_000) -> None:
@@ -76,6 +83,8 @@ class RecordPipeline:
                 return None, []
             self.prompts.forget(r.get('rollout_id'), r.get('attempt_id'))
             return item, []
+        if item.kind == TRAJECTORY:
+            return (item if self._seen.add(('trajectory', r.get('trajectory_id'))) else None), []
         if not self._seen.add(r.get('transition_id')):
             return None, []
         t, error = self.prompts.resolve(r, item.position, now_ms)

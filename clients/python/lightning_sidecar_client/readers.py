@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 from .groups import GroupBatch, GroupIncomplete, GroupReady
 from .pipeline import GroupPipeline, PipelineEvent, RecordPipeline
-from .source import TRANSITION, Incoming, Source, SourceEvent
+from .source import TRAJECTORY, TRANSITION, Incoming, Source, SourceEvent, record_kinds
 from .state import load_done, remember
 
 Event = Union[PipelineEvent, SourceEvent]
@@ -42,10 +42,12 @@ class _Loop:
 class GroupReader(_Loop):
     """Complete GRPO groups (``lightning.group.v1`` dicts), each once.
 
-    ``state_path``: a file of done group ids (emitted or given up on), appended and fsync'd as they
-    happen and read back at start, so a restarted reader never yields a group twice. ``done``:
-    more ids to skip. Iterating yields groups; ``on_event`` sees everything else (incomplete, late,
-    ungrouped, orphaned, unresolved deltas, skipped messages). ``events()`` yields all of it.
+    ``rows``: ``'trajectories'`` (default: one row per trajectory record) or ``'transitions'``
+    (one row per call); the source must read that kind of record. ``state_path``: a file of done
+    group ids (emitted or given up on), appended and fsync'd as they happen and read back at start,
+    so a restarted reader never yields a group twice. ``done``: more ids to skip. Iterating yields
+    groups; ``on_event`` sees everything else (incomplete, late, ungrouped, not exported, orphaned,
+    unresolved deltas, skipped messages). ``events()`` yields all of it.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class GroupReader(_Loop):
         source: Source,
         group_size: int,
         *,
+        rows: str = 'trajectories',
         timeout_ms: float = 600_000,
         state_path: Union[str, os.PathLike[str], None] = None,
         done: Iterable[str] = (),
@@ -62,8 +65,9 @@ class GroupReader(_Loop):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(source, timeout_ms, idle_exit_ms, poll_s, clock)
+        self.pipeline = GroupPipeline(group_size, timeout_ms, set(done) | load_done([state_path]), rows=rows)
+        _check_reads(source, TRAJECTORY if rows == 'trajectories' else TRANSITION, f'GroupReader(rows={rows!r})')
         self.state_path = state_path
-        self.pipeline = GroupPipeline(group_size, timeout_ms, set(done) | load_done([state_path]))
         self._on_event = on_event
 
     def __iter__(self) -> Iterator[GroupBatch]:
@@ -115,11 +119,12 @@ class GroupReader(_Loop):
 
 
 class RecordReader(_Loop):
-    """Transitions (full prompt ids, each once) and episode summaries, in arrival order.
+    """Transitions (full prompt ids, each once), trajectories (each once) and episode summaries,
+    in arrival order, as the source reads them.
 
-    Iterating yields ``Incoming`` items (``kind`` is ``'transition'`` or ``'episode'``);
-    ``transitions()`` yields just the transition dicts. ``on_event`` sees skipped messages and
-    unresolved deltas.
+    Iterating yields ``Incoming`` items (``kind`` is ``'transition'``, ``'trajectory'`` or
+    ``'episode'``); ``transitions()`` and ``trajectories()`` yield just those dicts. ``on_event``
+    sees skipped messages and unresolved deltas.
     """
 
     def __init__(
@@ -165,11 +170,25 @@ class RecordReader(_Loop):
             src.commit(pipe.lowest_pending())
 
     def transitions(self) -> Iterator[dict]:
+        _check_reads(self.source, TRANSITION, 'RecordReader.transitions()')
         for item in self:
             if item.kind == TRANSITION:
+                yield item.record  # type: ignore[misc]
+
+    def trajectories(self) -> Iterator[dict]:
+        _check_reads(self.source, TRAJECTORY, 'RecordReader.trajectories()')
+        for item in self:
+            if item.kind == TRAJECTORY:
                 yield item.record  # type: ignore[misc]
 
     def _report(self, events: list) -> None:
         if self._on_event is not None:
             for ev in events:
                 self._on_event(ev)
+
+
+def _check_reads(source: Source, kind: str, what: str) -> None:
+    """Refuses a source that does not read the ``kind`` records ``what`` needs (it would wait forever)."""
+    records = getattr(source, 'records', None)
+    if records is not None and kind not in record_kinds(records):
+        raise ValueError(f'{what}: the source does not read {kind} records (records={records!r})')

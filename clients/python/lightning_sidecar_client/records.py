@@ -1,8 +1,15 @@
-"""Transition and episode records as dicts in their JSON shape, from either Kafka encoding.
+"""Transition, trajectory and episode records as dicts in their JSON shape, from either Kafka encoding.
 
 A protobuf record is turned into exactly the dict its JSON encoding parses to (``null`` for unset
-optional fields, free-form parts parsed from their ``*_json`` text), so everything downstream sees
-one shape.
+optional fields, free-form parts parsed from their ``*_json`` text), keys in the sidecar's order,
+so everything downstream sees one shape. Protobuf doubles come out as Python floats where the JSON
+may hold an integer (``1.0`` for ``1``): they compare equal, and ``js_json`` prints both as ``1``.
+
+Protobuf cannot tell an absent repeated field from an empty one. An episode's ``trajectory_ids``,
+``unmerged_calls`` and ``exported`` are therefore always lists when decoded from protobuf (empty
+from a sidecar older than them), while a JSON episode from such a sidecar lacks the three keys.
+A sidecar that writes ``exported`` names at least one record kind, so ``groups.GroupAssembler``
+reads an empty list as what an older sidecar wrote: transitions only.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ JSON = 'application/json'
 PROTOBUF = 'application/x-protobuf'
 TRANSITION_SCHEMA = 'lightning.transition.v1'
 EPISODE_SCHEMA = 'lightning.episode.v1'
+TRAJECTORY_SCHEMA = 'lightning.trajectory.v1'
 
 Record = dict[str, Any]
 
@@ -25,6 +33,13 @@ _TRANSITION_SCALARS = (
     'span_id', 'started_at', 'ended_at', 'latency_ms', 'ttft_ms',
 )
 _TOOL_CALL_FIELDS = ('id', 'name', 'status', 'reward', 'span_id', 'join')
+_TRAJECTORY_HEAD = (
+    'schema', 'trajectory_id', 'rollout_id', 'attempt_id', 'group_id', 'agent_name', 'segment', 'segments', 'start_reason',
+    'parent_trajectory_id', 'parent_rollout_id', 'parent_attempt_id', 'parent_transition_id', 'prompt_length',
+)
+_TRAJECTORY_TAIL = ('reward', 'final_reward', 'episode_status')
+_TURN_HEAD = ('transition_id', 'seq', 'choice_index', 'response_start', 'response_end', 'has_logprobs', 'finish_reason')
+_TURN_TAIL = ('intermediate_reward', 'reward', 'policy_version')
 
 
 class DecodeError(ValueError):
@@ -72,6 +87,19 @@ def decode_episode(value: bytes, encoding: str = JSON) -> Record:
         raise DecodeError(f'episode: cannot decode {encoding} ({e})') from e
 
 
+def decode_trajectory(value: bytes, encoding: str = JSON) -> Record:
+    try:
+        if encoding != PROTOBUF:
+            return _json_object(value)
+        m = records_pb2().Trajectory()
+        m.ParseFromString(value)
+        return _trajectory_from_proto(m)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f'trajectory: cannot decode {encoding} ({e})') from e
+
+
 def _json_object(value: bytes) -> Record:
     o = json.loads(value)
     if not isinstance(o, dict):
@@ -96,7 +124,7 @@ def _transition_from_proto(m: Any) -> Record:
     out['prompt_token_ids'] = list(m.prompt_token_ids) if m.has_prompt_token_ids else None
     out['response_token_ids'] = list(m.response_token_ids) if m.has_response_token_ids else None
     out['response_logprobs'] = list(m.response_logprobs) if m.has_response_logprobs else None
-    out['tool_calls'] = [{f: _opt(c, f) for f in _TOOL_CALL_FIELDS} for c in m.tool_calls]
+    out['tool_calls'] = _tool_calls(m.tool_calls)
     if m.bodies_dropped:
         out['bodies_dropped'] = True
     if 'prompt_token_ids_delta' in m.DESCRIPTOR.fields_by_name and m.HasField('prompt_token_ids_delta'):
@@ -121,8 +149,36 @@ def _episode_from_proto(m: Any) -> Record:
         'credit_mode': m.credit_mode,
         'transitions': m.transitions,
         'transition_ids': list(m.transition_ids),
+        'trajectory_ids': list(m.trajectory_ids),
+        'unmerged_calls': [{'transition_id': u.transition_id, 'reason': u.reason} for u in m.unmerged_calls],
+        'exported': list(m.exported),
         'policy_versions': list(m.policy_versions),
         'policy_version_lag': _opt(m, 'policy_version_lag'),
         'started_at': m.started_at,
         'ended_at': m.ended_at,
     }
+
+
+def _tool_calls(calls: Any) -> list[Record]:
+    return [{f: _opt(c, f) for f in _TOOL_CALL_FIELDS} for c in calls]
+
+
+def _trajectory_from_proto(m: Any) -> Record:
+    out: Record = {f: _opt(m, f) for f in _TRAJECTORY_HEAD}
+    out['token_ids'] = list(m.token_ids)
+    out['loss_mask'] = list(m.loss_mask)
+    out['logprobs'] = list(m.logprobs) if m.has_logprobs else None
+    out['turns'] = [_turn_from_proto(t) for t in m.turns]
+    out['token_rewards'] = [{'position': r.position, 'value': r.value} for r in m.token_rewards]
+    out.update((f, _opt(m, f)) for f in _TRAJECTORY_TAIL)
+    out['policy_versions'] = list(m.policy_versions)
+    out['started_at'] = m.started_at
+    out['ended_at'] = m.ended_at
+    return out
+
+
+def _turn_from_proto(t: Any) -> Record:
+    out: Record = {f: _opt(t, f) for f in _TURN_HEAD}
+    out['tool_calls'] = _tool_calls(t.tool_calls)
+    out.update((f, _opt(t, f)) for f in _TURN_TAIL)
+    return out

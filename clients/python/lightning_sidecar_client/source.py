@@ -7,14 +7,30 @@ from typing import Any, Optional, Protocol
 from .position import PartitionKey, Position
 
 TRANSITION = 'transition'
+TRAJECTORY = 'trajectory'
 EPISODE = 'episode'
+
+#: What a source reads besides episodes, as ``exporters.records`` names what the sidecar writes.
+RECORDS = ('trajectories', 'transitions', 'both')
+
+
+def record_kinds(records: str) -> tuple[str, ...]:
+    """The record kinds (``TRANSITION``, ``TRAJECTORY``) a source set to ``records`` reads besides episodes."""
+    if records == 'trajectories':
+        return (TRAJECTORY,)
+    if records == 'transitions':
+        return (TRANSITION,)
+    if records == 'both':
+        return (TRANSITION, TRAJECTORY)
+    raise ValueError(f"records must be 'trajectories', 'transitions' or 'both', not {records!r}")
 
 
 @dataclass(frozen=True)
 class Incoming:
     """One message read: a whole decoded record, or None (a chunk of a record not yet complete).
 
-    ``position`` is where the record begins (its first chunk), ``read_at`` the message just read.
+    ``kind`` is ``TRANSITION``, ``TRAJECTORY`` or ``EPISODE``. ``position`` is where the record
+    begins (its first chunk), ``read_at`` the message just read.
     """
 
     kind: str
@@ -38,6 +54,9 @@ class SourceEvent:
 
 
 class Source(Protocol):
+    #: ``'trajectories'``, ``'transitions'`` or ``'both'``: what is read besides episodes.
+    records: str
+
     def poll(self, timeout_s: float) -> tuple[list[Incoming], list[SourceEvent]]:
         """What arrived within ``timeout_s`` (possibly nothing)."""
 

@@ -37,14 +37,19 @@ def transition(rollout_id: str, seq: int, *, attempt_id: str = '0', group_id: Op
 
 
 def episode(rollout_id: str, transition_ids: list[str], *, attempt_id: str = '0', group_id: Optional[str] = None,
-            final_reward: Optional[float] = None, status: str = 'completed', lag: Optional[float] = None) -> dict[str, Any]:
-    return {
+            final_reward: Optional[float] = None, status: str = 'completed', lag: Optional[float] = None,
+            exported: Optional[list[str]] = None, trajectory_ids: list[str] = (), unmerged_calls: list[dict] = ()) -> dict[str, Any]:
+    """An episode; with ``exported`` it has the keys trajectories brought, else it is an older sidecar's."""
+    e = {
         'schema': 'lightning.episode.v1', 'rollout_id': rollout_id, 'attempt_id': attempt_id, 'group_id': group_id,
         'episode_status': status, 'final_reward': final_reward,
         'rewards': [] if final_reward is None else [{'name': 'final', 'value': final_reward, 'final': True}],
         'credit_mode': 'terminal', 'transitions': len(transition_ids), 'transition_ids': list(transition_ids),
-        'policy_versions': [], 'policy_version_lag': lag, 'started_at': '2025-01-01T00:00:00.000Z', 'ended_at': '2025-01-01T00:00:01.000Z',
     }
+    if exported is not None:
+        e.update(trajectory_ids=list(trajectory_ids), unmerged_calls=[dict(u) for u in unmerged_calls], exported=list(exported))
+    e.update({'policy_versions': [], 'policy_version_lag': lag, 'started_at': '2025-01-01T00:00:00.000Z', 'ended_at': '2025-01-01T00:00:01.000Z'})
+    return e
 
 
 def rollout(rollout_id: str, calls: int, *, group_id: Optional[str], final_reward: float, attempt_id: str = '0', base: int = 100) -> tuple[list[dict], dict]:
@@ -57,6 +62,83 @@ def rollout(rollout_id: str, calls: int, *, group_id: Optional[str], final_rewar
                              reward=final_reward if last else 0, is_last=last, final_reward=final_reward if last else None))
         prompt = prompt + response + [base + 10 * seq + 9]
     return ts, episode(rollout_id, [t['transition_id'] for t in ts], attempt_id=attempt_id, group_id=group_id, final_reward=final_reward)
+
+
+def trajectory(ts: list[dict], *, segment: int = 0, segments: int = 1, start_reason: str = 'first', final_reward: Optional[float] = None,
+               parent: Optional[dict] = None) -> dict[str, Any]:
+    """The trajectory record of calls ``ts`` (one segment), merged as the spec says.
+
+    Each call's prompt must start with the previous call's prompt and response. Sampled tokens get
+    loss mask 1 and their logprobs; each call's intermediate reward goes on its last token, and
+    ``final_reward`` (given for the attempt's last segment) on the last sampled token.
+    """
+    first, last = ts[0], ts[-1]
+    token_ids = list(last['prompt_token_ids']) + list(last['response_token_ids'])
+    loss_mask, logprobs = [0] * len(token_ids), [0] * len(token_ids)
+    turns, rewards = [], {}
+    for t in ts:
+        start = len(t['prompt_token_ids'])
+        end = start + len(t['response_token_ids'])
+        assert token_ids[:end] == list(t['prompt_token_ids']) + list(t['response_token_ids']), 'calls do not continue each other'
+        for i in range(start, end):
+            loss_mask[i] = 1
+            if t['response_logprobs'] is not None:
+                logprobs[i] = t['response_logprobs'][i - start]
+        turns.append({'transition_id': t['transition_id'], 'seq': t['seq'], 'choice_index': t['choice_index'], 'response_start': start,
+                      'response_end': end, 'has_logprobs': t['response_logprobs'] is not None, 'finish_reason': t['finish_reason'],
+                      'tool_calls': t['tool_calls'], 'intermediate_reward': t['intermediate_reward'], 'reward': t['reward'],
+                      'policy_version': t['policy_version']})
+        if t['intermediate_reward'] is not None:
+            rewards[end - 1] = rewards.get(end - 1, 0) + t['intermediate_reward']
+    if final_reward is not None and segment == segments - 1:
+        rewards[turns[-1]['response_end'] - 1] = rewards.get(turns[-1]['response_end'] - 1, 0) + final_reward
+    token_rewards = [{'position': p, 'value': v} for p, v in sorted(rewards.items())]
+    versions = list(dict.fromkeys(t['policy_version'] for t in ts if t['policy_version'] is not None))
+    return {
+        'schema': 'lightning.trajectory.v1', 'trajectory_id': f"{first['rollout_id']}/{first['attempt_id']}/s{segment}",
+        'rollout_id': first['rollout_id'], 'attempt_id': first['attempt_id'], 'group_id': first['group_id'], 'agent_name': first['agent_name'],
+        'segment': segment, 'segments': segments, 'start_reason': start_reason,
+        'parent_trajectory_id': parent['trajectory_id'] if parent else None, 'parent_rollout_id': parent['rollout_id'] if parent else None,
+        'parent_attempt_id': parent['attempt_id'] if parent else None, 'parent_transition_id': parent['turns'][-1]['transition_id'] if parent else None,
+        'prompt_length': len(first['prompt_token_ids']), 'token_ids': token_ids, 'loss_mask': loss_mask,
+        'logprobs': logprobs if any(t['response_logprobs'] is not None for t in ts) else None,
+        'turns': turns, 'token_rewards': token_rewards, 'reward': sum(r['value'] for r in token_rewards), 'final_reward': final_reward,
+        'episode_status': last['episode_status'], 'policy_versions': versions, 'started_at': first['started_at'], 'ended_at': last['ended_at'],
+    }
+
+
+def trajectory_rollout(rollout_id: str, calls: int, *, group_id: Optional[str], final_reward: float, attempt_id: str = '0',
+                       base: int = 100) -> tuple[list[dict], list[dict], dict]:
+    """``rollout``'s calls (one continuing segment), its trajectory and the episode a sidecar exporting both writes."""
+    ts, e = rollout(rollout_id, calls, group_id=group_id, final_reward=final_reward, attempt_id=attempt_id, base=base)
+    tr = trajectory(ts, final_reward=final_reward)
+    e = episode(rollout_id, e['transition_ids'], attempt_id=attempt_id, group_id=group_id, final_reward=final_reward,
+                exported=['transitions', 'trajectories'], trajectory_ids=[tr['trajectory_id']])
+    return ts, [tr], e
+
+
+def three_calls(rollout_id: str = 'r', *, group_id: Optional[str] = 'g', final_reward: float = 1) -> tuple[list[dict], dict, dict]:
+    """A 3-call rollout merged into one trajectory, and its episode (one more call, retried, left out).
+
+    token_ids   1 2 3 | 10 11 | 4 5 | 12 | 6 | 13 14      (prompt_length 3)
+    loss_mask   0 0 0 |  1  1 | 0 0 |  1 | 0 |  1  1
+    rewards             AIR -0.25 on 11, AIR 0.5 on 12, the final reward on 14
+    """
+    def call(seq, prompt, response, logprobs, air):
+        return transition(rollout_id, seq, group_id=group_id, prompt=prompt, response=response, logprobs=logprobs, policy_version='7',
+                          intermediate_reward=air, finish_reason='tool_calls' if seq < 2 else 'stop',
+                          tool_calls=[{'id': f'c{seq}', 'name': 'calc', 'status': 'ok' if air is None or air > 0 else 'error',
+                                       'reward': air, 'span_id': None, 'join': None}] if air is not None else [])
+    ts = [
+        call(0, [1, 2, 3], [10, 11], [-0.1, -0.2], -0.25),
+        call(1, [1, 2, 3, 10, 11, 4, 5], [12], [-0.3], 0.5),
+        call(2, [1, 2, 3, 10, 11, 4, 5, 12, 6], [13, 14], [-0.4, -0.5], None),
+    ]
+    tr = trajectory(ts, final_reward=final_reward)
+    retried = f'{rollout_id}/0/3'
+    e = episode(rollout_id, [t['transition_id'] for t in ts] + [retried], group_id=group_id, final_reward=final_reward,
+                exported=['trajectories'], trajectory_ids=[tr['trajectory_id']], unmerged_calls=[{'transition_id': retried, 'reason': 'not_ok'}])
+    return ts, tr, e
 
 
 def as_delta(t: dict, previous: dict) -> dict:
@@ -104,9 +186,35 @@ def encode_transition_pb(t: dict) -> bytes:
 def encode_episode_pb(e: dict) -> bytes:
     m = records_pb2().Episode()
     for k, v in _drop_nulls(e).items():
-        if k == 'rewards':
+        if k in ('rewards', 'unmerged_calls'):
             for r in v:
-                m.rewards.add(**r)
+                getattr(m, k).add(**r)
+        elif isinstance(v, list):
+            getattr(m, k).extend(v)
+        else:
+            setattr(m, k, v)
+    return m.SerializeToString()
+
+
+def encode_trajectory_pb(t: dict) -> bytes:
+    """The protobuf encoding, field for field, with the generated classes."""
+    m = records_pb2().Trajectory()
+    for k, v in _drop_nulls(t).items():
+        if k == 'logprobs':
+            m.logprobs.extend(v)
+            m.has_logprobs = True
+        elif k == 'turns':
+            for turn in v:
+                pt = m.turns.add()
+                for tk, tv in _drop_nulls(turn).items():
+                    if tk == 'tool_calls':
+                        for c in tv:
+                            pt.tool_calls.add(**_drop_nulls(c))
+                    else:
+                        setattr(pt, tk, tv)
+        elif k == 'token_rewards':
+            for r in v:
+                m.token_rewards.add(**r)
         elif isinstance(v, list):
             getattr(m, k).extend(v)
         else:
