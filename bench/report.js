@@ -309,12 +309,21 @@ function bars(r) {
     const peak = Math.max(...gc.targets.sidecar.rounds.map((x) => x.peak_rss_mib));
     row('Growing context: peak RSS ≤ 200 MiB with every episode open', `${f(peak, 0)} MiB`, peak <= 200);
     const v = gc.targets.sidecar.verify ?? [];
-    const wrong = v.reduce((n, x) => n + x.wrong + (x.expected - x.checked), 0);
-    row(
-      'Growing context: every transition’s ids equal what the server returned',
-      `${v.reduce((n, x) => n + x.checked, 0)} checked, ${wrong} wrong or missing`,
-      v.length > 0 && wrong === 0,
-    );
+    if (v.some((x) => x.trajectories !== undefined)) {
+      const wrong = v.reduce((n, x) => n + x.wrong, 0);
+      row(
+        'Growing context: every rollout one trajectory, its ids, mask and logprobs equal what the server returned',
+        `${v.reduce((n, x) => n + x.rollouts, 0)} rollouts checked, ${wrong} wrong or missing`,
+        wrong === 0,
+      );
+    } else {
+      const wrong = v.reduce((n, x) => n + x.wrong + (x.expected - x.checked), 0);
+      row(
+        'Growing context: every transition’s ids equal what the server returned',
+        `${v.reduce((n, x) => n + x.checked, 0)} checked, ${wrong} wrong or missing`,
+        v.length > 0 && wrong === 0,
+      );
+    }
   }
   const large = r.scenarios.large_1mib_c2;
   if (large?.sidecar && large['bare-pipe']) {
