@@ -4,7 +4,15 @@ import { kafkajs } from '../exporters/kafka/kafkajs-producer';
 import { ChunkReassembler, type IncompleteRecord } from '../trainer/chunk-reassembly';
 import { GroupAssembler, type GroupEvent, type Position } from '../trainer/groups';
 import { UsageError, type Command, type CommandSpec } from './command';
-import { decodeEpisodeRecord, decodeTrajectoryRecord, decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
+import {
+  coPartitionedAssigner,
+  decodeEpisodeRecord,
+  decodeTrajectoryRecord,
+  decodeTransitionRecord,
+  gaveUpMessage,
+  kafkaCommandConfig,
+  kafkaForCommand,
+} from './kafka-consumer';
 
 const spec: CommandSpec = {
   name: 'groups',
@@ -64,10 +72,15 @@ export const groupsCommand: Command = {
       episodes: config.exporters.kafka.episodes_topic,
     };
 
-    const assembler = new GroupAssembler({ groupSize, timeoutMs, rows }, loadDone(statePath, out));
     const chunks = new ChunkReassembler({ timeoutMs, maxBytes: 256 * 1024 * 1024 });
+    // A group is emitted only once nothing pending (chunks included) comes before it on its partitions.
+    const assembler = new GroupAssembler({ groupSize, timeoutMs, rows, blockers: () => chunks.lowestPending() }, loadDone(statePath, out));
     const { kafka } = kafkaForCommand(config, 'groups', io);
-    const consumer = kafka.consumer({ groupId: (values['group-id'] as string | undefined) ?? 'lightning-groups', maxWaitTimeInMs: 250 });
+    const consumer = kafka.consumer({
+      groupId: (values['group-id'] as string | undefined) ?? 'lightning-groups',
+      maxWaitTimeInMs: 250,
+      partitionAssigners: [coPartitionedAssigner],
+    });
     const producer: Producer | null = toTopic ? kafka.producer({ idempotent: true, createPartitioner: kafkajs().Partitioners.DefaultPartitioner }) : null;
     const lastSeen = new Map<string, Position>();
     let outFd: number | null = null;
@@ -135,6 +148,17 @@ export const groupsCommand: Command = {
     const stop = (): void => finish();
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);
+    // A rebalance: the consumer reads again from the committed offsets, below everything that was
+    // pending, so what it owns now is rebuilt from there.
+    consumer.on(consumer.events.GROUP_JOIN, (e) => {
+      assembler.reset();
+      chunks.reset();
+      lastSeen.clear();
+      const owned = Object.entries(e.payload.memberAssignment)
+        .map(([topic, partitions]) => `${topic} [${[...partitions].sort((x, y) => x - y).join(',')}]`)
+        .join(', ');
+      io.err.write(`groups: joined consumer group ${e.payload.groupId}: ${owned || 'no partitions'}\n`);
+    });
     consumer.on(consumer.events.CRASH, (e) => {
       if (e.payload.restart) return;
       failure = e.payload.error;

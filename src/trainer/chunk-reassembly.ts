@@ -144,6 +144,13 @@ export class ChunkReassembler {
   }
 
   /** Per `topic\0partition`, the lowest offset of a chunk of a record still being assembled. */
+  /** Forgets every record in chunks (a rebalance: they are read again from the committed offsets). */
+  reset(): void {
+    this.assemblies.clear();
+    this.heldBytes = 0;
+    this.evicted = [];
+  }
+
   lowestPending(): Map<string, number> {
     const low = new Map<string, number>();
     for (const a of this.assemblies.values()) {

@@ -100,21 +100,37 @@ interface PendingGroup {
 /**
  * The reference consumer's core: gathers trajectories (or transitions, with `rows:
  * 'transitions'`) and episodes, in any order, with duplicates, and yields a group when
- * `groupSize` episodes of one `group_id` are closed and all their records are present. Groups already done (`done`, e.g. from the state file) are never
- * yielded again; groups waiting longer than `timeoutMs` are reported incomplete and dropped.
- * Prompt deltas are made whole from the previous transition of the episode, which is held here
- * (same partition, read first) until the group is done.
+ * `groupSize` episodes of one `group_id` are closed and all their records are present. Groups
+ * already done (`done`, e.g. from the state file) are never yielded again; groups waiting longer
+ * than `timeoutMs` are reported incomplete and dropped. Prompt deltas are made whole from the
+ * previous transition of the episode, which is held here (same partition, read first) until the
+ * group is done.
+ *
+ * A complete group is yielded once no record still needed by a group being assembled (or by
+ * `blockers`, e.g. a record still in chunks) lies before its last record on any partition it
+ * has records on: complete groups whose records interleave go out together. So the offsets
+ * committed after a group is yielded (below what is still pending) are past all of its records,
+ * and a consumer that takes the partition over in a rebalance never reads them again: it cannot
+ * yield the group a second time (docs/kafka-records.md#consumer-groups).
  */
 export class GroupAssembler {
   /** Records held by id: transitions, or trajectories. */
   private transitions = new Map<string, { t: Transition; pos: Position; at: number }>();
   private trajectories = new Map<string, { t: Trajectory; pos: Position; at: number }>();
   private groups = new Map<string, PendingGroup>();
+  /** Groups with every record present, waiting for the groups before them on their partitions. */
+  private complete = new Set<string>();
   private seenEpisodes = new Set<string>();
   readonly rows: Rows;
 
   constructor(
-    private readonly options: { groupSize: number; timeoutMs: number; rows?: Rows },
+    private readonly options: {
+      groupSize: number;
+      timeoutMs: number;
+      rows?: Rows;
+      /** Per topic/partition, the lowest offset of records held elsewhere (chunks being reassembled). */
+      blockers?: () => Map<string, number>;
+    },
     /** uids already emitted or given up on. */
     readonly done: Set<string> = new Set(),
   ) {
@@ -164,11 +180,23 @@ export class GroupAssembler {
     return this.check(e.group_id);
   }
 
-  /** Gives up on groups (and stray transitions) older than the timeout. */
+  /**
+   * Forgets everything pending (the done set stays): after a rebalance the consumer reads again
+   * from the committed offsets, below every record that was pending, and rebuilds what it owns.
+   */
+  reset(): void {
+    this.transitions.clear();
+    this.trajectories.clear();
+    this.groups.clear();
+    this.complete.clear();
+    this.seenEpisodes.clear();
+  }
+
+  /** Gives up on groups (and stray transitions) older than the timeout; yields groups that waited for them. */
   tick(now: number): GroupEvent[] {
     const out: GroupEvent[] = [];
     for (const [uid, g] of this.groups) {
-      if (now - g.firstSeen < this.options.timeoutMs) continue;
+      if (this.complete.has(uid) || now - g.firstSeen < this.options.timeoutMs) continue;
       out.push({ kind: 'incomplete', uid, episodes: g.episodes.size, waitedMs: now - g.firstSeen });
       this.finish(uid, g);
     }
@@ -182,20 +210,63 @@ export class GroupAssembler {
       }
     }
     if (orphaned > 0) out.push({ kind: 'orphaned', records: orphaned });
+    out.push(...this.release());
     return out;
   }
 
   /** Per topic/partition, the lowest offset still needed (commit up to it, exclusive). */
   lowestPending(): Map<string, number> {
     const low = new Map<string, number>();
-    const note = (p: Position) => {
-      const k = `${p.topic}\u0000${p.partition}`;
-      low.set(k, Math.min(low.get(k) ?? Infinity, p.offset));
-    };
-    for (const x of this.transitions.values()) note(x.pos);
-    for (const x of this.trajectories.values()) note(x.pos);
-    for (const g of this.groups.values()) for (const e of g.episodes.values()) note(e.pos);
+    this.positions(() => true, (_, p) => lower(low, p));
     return low;
+  }
+
+  /** Calls `each` with the group (or null) and position of every pending record `which` accepts. */
+  private positions(which: (uid: string | null) => boolean, each: (uid: string | null, p: Position) => void): void {
+    for (const held of [this.transitions, this.trajectories] as Map<string, { t: { group_id: string | null }; pos: Position }>[])
+      for (const x of held.values()) if (which(x.t.group_id)) each(x.t.group_id, x.pos);
+    for (const [uid, g] of this.groups) if (which(uid)) for (const e of g.episodes.values()) each(uid, e.pos);
+  }
+
+  /**
+   * Yields the complete groups no pending record comes before: a complete group is held back
+   * while a record of a group still being assembled (or a blocker, or a group held back itself)
+   * lies at or before its last record on a partition they share.
+   */
+  private release(): GroupEvent[] {
+    if (this.complete.size === 0) return [];
+    const last = new Map<string, Map<string, number>>();
+    this.positions(
+      (uid) => uid !== null && this.complete.has(uid),
+      (uid, p) => {
+        const m = last.get(uid!) ?? last.set(uid!, new Map()).get(uid!)!;
+        const k = key(p);
+        m.set(k, Math.max(m.get(k) ?? -1, p.offset));
+      },
+    );
+    const low = new Map(this.options.blockers?.() ?? []);
+    this.positions((uid) => uid === null || !this.complete.has(uid), (_, p) => lower(low, p));
+    const held = new Set<string>();
+    for (let changed = true; changed; ) {
+      changed = false;
+      for (const uid of this.complete) {
+        if (held.has(uid)) continue;
+        const blocked = [...(last.get(uid) ?? [])].some(([k, offset]) => offset >= (low.get(k) ?? Infinity));
+        if (!blocked) continue;
+        held.add(uid);
+        changed = true;
+        this.positions((u) => u === uid, (_, p) => lower(low, p));
+      }
+    }
+    const out: GroupEvent[] = [];
+    for (const uid of [...this.complete]) {
+      if (held.has(uid)) continue;
+      const g = this.groups.get(uid)!;
+      const batch = this.rows === 'trajectories' ? this.buildTrajectoryRows(uid, g) : this.build(uid, g);
+      this.finish(uid, g);
+      out.push({ kind: 'group', batch });
+    }
+    return out;
   }
 
   get pendingGroups(): number {
@@ -211,12 +282,12 @@ export class GroupAssembler {
         for (const id of episode.trajectory_ids) if (!this.trajectories.has(id)) return [];
       } else for (const id of episode.transition_ids) if (!this.transitions.has(id)) return [];
     }
-    const batch = this.rows === 'trajectories' ? this.buildTrajectoryRows(uid, g) : this.build(uid, g);
-    this.finish(uid, g);
-    return [{ kind: 'group', batch }];
+    this.complete.add(uid);
+    return this.release();
   }
 
   private finish(uid: string, g: PendingGroup): void {
+    this.complete.delete(uid);
     for (const { episode } of g.episodes.values()) this.forget(episode);
     for (const [id, x] of this.transitions) if (x.t.group_id === uid) this.transitions.delete(id);
     for (const [id, x] of this.trajectories) if (x.t.group_id === uid) this.trajectories.delete(id);
@@ -335,6 +406,15 @@ export class GroupAssembler {
       skipped_no_token_ids: skipped,
     };
   }
+}
+
+function key(p: Position): string {
+  return `${p.topic}\u0000${p.partition}`;
+}
+
+function lower(low: Map<string, number>, p: Position): void {
+  const k = key(p);
+  low.set(k, Math.min(low.get(k) ?? Infinity, p.offset));
 }
 
 /** The group's episodes by rollout id, then attempt id. */

@@ -303,7 +303,8 @@ describe('groups and tail --kafka read chunked records and prompt deltas (docs/k
     const a0chunks = chunks(a0, 'c1-a/0/0', 4000);
     expect(a0chunks.length).toBeGreaterThanOrEqual(3);
     const zchunks = chunks(z0, 'z/0/0', 4000);
-    const transitions = [a0chunks[0], b0, a0chunks[1], a0chunks[0], ...a0chunks.slice(2), zchunks[0], a1];
+    // z's record (another group) begins after c1's last record: c1 is emitted while z stays in chunks.
+    const transitions = [a0chunks[0], b0, a0chunks[1], a0chunks[0], ...a0chunks.slice(2), a1, zchunks[0]];
     const episodeA = whole('c1-a', episode('c1-a', 2), 'lightning.episode.v1');
     const episodes = [...chunks(episodeA, 'episode:c1-a/0', 100), whole('c1-b', episode('c1-b', 1), 'lightning.episode.v1')];
 

@@ -64,7 +64,7 @@ describe('transitions of any size reach the trainer', () => {
       while (!broker.records('lightning.episodes').some((r) => r.value?.toString().includes('"huge-1"')) && Date.now() < until)
         await new Promise((r) => setTimeout(r, 50));
       for (const topic of ['lightning.transitions', 'lightning.trajectories']) {
-        const chunks = broker.records(topic).filter((r) => r.key?.toString() === 'huge-1');
+        const chunks = broker.records(topic).filter((r) => r.key?.toString() === 'g-huge');
         expect(chunks.length).toBeGreaterThan(1);
       }
       expect(existsSync(path.join(sidecar.dataDir, 'dead-letter'))).toBe(false);

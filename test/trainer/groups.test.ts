@@ -263,3 +263,58 @@ describe('GroupAssembler, trajectory rows (the default)', () => {
     expect(a.lowestPending().size).toBe(0);
   });
 });
+
+describe('GroupAssembler: groups leave in partition order', () => {
+  const groupOf = (events: GroupEvent[]) => events.filter((e) => e.kind === 'group').map((e) => ofTrajectories(e).uid);
+
+  it('holds a complete group back while a group still being assembled has a record before its last one, then yields it', () => {
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+    a.addTrajectory(trajectory('h1', 0, 'h'), pos(0), 0); // h: its episode is still to come
+    a.addTrajectory(trajectory('g1', 0, 'g'), pos(1), 0);
+    expect(groupOf(a.addEpisode(trajectoryEpisode('g1', 'g', 1), pos(0, 'e'), 0))).toEqual([]);
+    // Committing now would stop at h's record (offset 0), below g's: g waits.
+    expect(a.lowestPending().get('t\u00000')).toBe(0);
+    // Released together, in the order they completed.
+    expect(groupOf(a.addEpisode(trajectoryEpisode('h1', 'h', 1), pos(1, 'e'), 0))).toEqual(['g', 'h']);
+    expect(a.lowestPending().size).toBe(0);
+  });
+
+  it('yields a held group once the group before it is given up on', () => {
+    const a = new GroupAssembler({ groupSize: 2, timeoutMs: 1000 });
+    a.addTrajectory(trajectory('h1', 0, 'h'), pos(0), 0);
+    a.addEpisode(trajectoryEpisode('h1', 'h', 1), pos(0, 'e'), 0); // h needs a second episode
+    a.addTrajectory(trajectory('g1', 0, 'g'), pos(1), 10);
+    a.addTrajectory(trajectory('g2', 0, 'g'), pos(2), 10);
+    a.addEpisode(trajectoryEpisode('g1', 'g', 1), pos(1, 'e'), 10);
+    expect(groupOf(a.addEpisode(trajectoryEpisode('g2', 'g', 1), pos(2, 'e'), 10))).toEqual([]);
+    const events = a.tick(1000);
+    expect(events.map((e) => e.kind)).toEqual(['incomplete', 'group']);
+    expect(groupOf(events)).toEqual(['g']);
+  });
+
+  it('yields complete groups whose records interleave together, and a group before a pending one at once', () => {
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000 });
+    a.addTrajectory(trajectory('x1', 0, 'x'), pos(0), 0);
+    a.addTrajectory(trajectory('y1', 0, 'y'), pos(1), 0);
+    a.addTrajectory(trajectory('x1', 1, 'x', { segments: 2 }), pos(2), 0);
+    a.addTrajectory(trajectory('w1', 0, 'w'), pos(3), 0); // w's episode never comes here
+    expect(groupOf(a.addEpisode(trajectoryEpisode('x1', 'x', 2), pos(0, 'e'), 0))).toEqual([]); // y's record lies before x's last
+    expect(groupOf(a.addEpisode(trajectoryEpisode('y1', 'y', 1), pos(1, 'e'), 0))).toEqual(['x', 'y']);
+    expect(a.lowestPending().get('t\u00000')).toBe(3);
+  });
+
+  it('waits for records held elsewhere (chunks) before its last record, and starts over after a reset', () => {
+    let chunks = new Map([['t\u00000', 0]]);
+    const a = new GroupAssembler({ groupSize: 1, timeoutMs: 1000, blockers: () => chunks });
+    a.addTrajectory(trajectory('g1', 0, 'g'), pos(1), 0);
+    expect(groupOf(a.addEpisode(trajectoryEpisode('g1', 'g', 1), pos(0, 'e'), 0))).toEqual([]);
+    chunks = new Map();
+    expect(groupOf(a.tick(1))).toEqual(['g']);
+    // After a rebalance everything pending is forgotten; what is done stays done.
+    a.addTrajectory(trajectory('k1', 0, 'k'), pos(2), 0);
+    a.reset();
+    expect(a.lowestPending().size).toBe(0);
+    expect(a.done.has('g')).toBe(true);
+    expect(a.addTrajectory(trajectory('g1', 0, 'g'), pos(1), 0)).toEqual([]);
+  });
+});

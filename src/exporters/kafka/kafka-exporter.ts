@@ -213,7 +213,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
             const value = d ? d.value : encodeTransition(t, config.encoding, writer);
             const h = headers('lightning.transition.v1', t);
             if (d) h['lightning-prompt-ids'] = 'delta';
-            await send(transitions, 'transitions', t.rollout_id, value, h, t.transition_id, () => writer.materialize(t));
+            await send(transitions, 'transitions', keyOf(c), value, h, t.transition_id, () => writer.materialize(t));
           }
         }
         await transitions.flush();
@@ -223,7 +223,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         for (const c of batch) {
           for (const t of c.trajectories) {
             const value = encodeTrajectory(t, config.encoding, writer);
-            await send(trajectories, 'trajectories', t.rollout_id, value, headers('lightning.trajectory.v1', t), t.trajectory_id, () =>
+            await send(trajectories, 'trajectories', keyOf(c), value, headers('lightning.trajectory.v1', t), t.trajectory_id, () =>
               materializeTrajectory(writer, t),
             );
           }
@@ -234,7 +234,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       for (const c of batch) {
         const e = c.episode;
         await episodes.add(
-          messagesOf(e.rollout_id, encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e),
+          messagesOf(keyOf(c), encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e),
         );
       }
       await episodes.flush();
@@ -253,6 +253,15 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       return d ? { value: encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: d }) } : null;
     };
   }
+}
+
+/**
+ * The Kafka key of an episode's records: its GRPO group when it has one, so a group's records
+ * share a partition of each topic (a consumer in a group sees whole groups; docs/kafka-records.md),
+ * else its rollout. One key for all of an episode's records keeps them in order.
+ */
+export function keyOf(c: ClosedEpisode): string {
+  return c.episode.group_id ?? c.episode.rollout_id;
 }
 
 /** Deltas as bytes (JSON): the suffix copied from the model server's answer, no id parsed. */

@@ -318,11 +318,11 @@ export class KafkaTestBroker {
       case API.JoinGroup: {
         const groupId = r.string();
         const sessionTimeout = r.int32();
-        if (version >= 1) r.int32();
+        const rebalanceTimeout = version >= 1 ? r.int32() : sessionTimeout;
         const memberId = r.string();
         r.string();
         const protocols = r.array((x) => ({ name: x.string(), metadata: x.bytes() ?? Buffer.alloc(0) }));
-        const res = await this.group(groupId).join(memberId, clientId, sessionTimeout, protocols);
+        const res = await this.group(groupId).join(memberId, clientId, sessionTimeout, protocols, rebalanceTimeout);
         return w
           .int16(res.error)
           .int32(res.generationId)

@@ -12,6 +12,10 @@ interface Member {
   id: string;
   protocols: { name: string; metadata: Buffer }[];
   sessionTimeoutMs: number;
+  /** How long a rebalance waits for this member to rejoin (JoinGroup v1; the session timeout in v0). */
+  rebalanceTimeoutMs: number;
+  /** It was given an assignment in a generation: a rebalance waits for it to rejoin. */
+  established: boolean;
   lastSeen: number;
   assignment: Buffer;
 }
@@ -27,8 +31,11 @@ export interface JoinResult {
 
 /**
  * One consumer group, the classic (eager) protocol: every JoinGroup opens a rebalance that
- * completes when all known members have rejoined (or the join window ends); the leader's
- * SyncGroup hands out assignments; heartbeats say REBALANCE_IN_PROGRESS while one runs.
+ * completes when all known members have rejoined. As a Kafka broker does, it waits for the
+ * members of the current generation up to their rebalance timeout (a member whose session expires
+ * meanwhile is dropped), so no two members consume a partition at once; a group with no such
+ * member completes after a short join window that lets members starting together join together.
+ * The leader's SyncGroup hands out assignments; heartbeats say REBALANCE_IN_PROGRESS while one runs.
  */
 export class Group {
   private members = new Map<string, Member>();
@@ -43,22 +50,42 @@ export class Group {
 
   constructor(private readonly joinWindowMs = 300) {}
 
-  join(memberId: string, clientId: string, sessionTimeoutMs: number, protocols: { name: string; metadata: Buffer }[]): Promise<JoinResult> {
+  join(
+    memberId: string,
+    clientId: string,
+    sessionTimeoutMs: number,
+    protocols: { name: string; metadata: Buffer }[],
+    rebalanceTimeoutMs = sessionTimeoutMs,
+  ): Promise<JoinResult> {
     const id = memberId || `${clientId}-${randomUUID()}`;
     const existing = this.members.get(id);
-    this.members.set(id, { id, protocols, sessionTimeoutMs, lastSeen: Date.now(), assignment: existing?.assignment ?? Buffer.alloc(0) });
+    this.members.set(id, {
+      id,
+      protocols,
+      sessionTimeoutMs,
+      rebalanceTimeoutMs,
+      established: existing?.established ?? false,
+      lastSeen: Date.now(),
+      assignment: existing?.assignment ?? Buffer.alloc(0),
+    });
     this.synced = false;
     for (const [, respond] of this.syncing) respond(Buffer.alloc(0), E.REBALANCE_IN_PROGRESS);
     this.syncing.clear();
     return new Promise<JoinResult>((resolve) => {
       this.joining ??= new Map();
       this.joining.set(id, resolve);
-      if ([...this.members.keys()].every((m) => this.joining!.has(m))) this.completeJoin();
+      if (this.allJoined()) this.completeJoin();
       else if (!this.joinTimer) {
-        this.joinTimer = setTimeout(() => this.completeJoin(), this.joinWindowMs);
+        const established = [...this.members.values()].filter((m) => m.established);
+        const waitMs = established.length > 0 ? Math.max(...established.map((m) => m.rebalanceTimeoutMs)) : this.joinWindowMs;
+        this.joinTimer = setTimeout(() => this.completeJoin(), waitMs);
         this.joinTimer.unref();
       }
     });
+  }
+
+  private allJoined(): boolean {
+    return this.joining !== null && [...this.members.keys()].every((m) => this.joining!.has(m));
   }
 
   private completeJoin(): void {
@@ -68,6 +95,7 @@ export class Group {
     this.joining = null;
     if (!joined) return;
     for (const id of [...this.members.keys()]) if (!joined.has(id)) this.members.delete(id);
+    for (const m of this.members.values()) m.established = true;
     this.generation++;
     const ids = [...joined.keys()];
     this.leader = ids[0];
@@ -118,10 +146,14 @@ export class Group {
   leave(memberId: string): number {
     if (!this.members.delete(memberId)) return E.UNKNOWN_MEMBER_ID;
     if (this.members.size > 0) this.synced = false;
+    if (this.allJoined()) this.completeJoin();
     return E.NONE;
   }
 
-  /** Removes members whose session expired; the rest will rebalance on their next heartbeat. */
+  /**
+   * Removes members whose session expired; the rest will rebalance on their next heartbeat, and
+   * a rebalance that waited only for them completes.
+   */
   expire(now: number): void {
     for (const [id, m] of this.members) {
       if (now - m.lastSeen > m.sessionTimeoutMs && !this.joining?.has(id)) {
@@ -129,5 +161,6 @@ export class Group {
         this.synced = false;
       }
     }
+    if (this.allJoined()) this.completeJoin();
   }
 }
