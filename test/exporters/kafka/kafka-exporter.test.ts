@@ -96,7 +96,7 @@ describe('kafka exporter', () => {
       let offset = 0;
       for (const s of producer.sent.filter((x) => x.topic === 'lightning.trajectories'))
         for (const m of s.messages) {
-          expect([m.key, m.headers['lightning-schema']]).toEqual(['tr', 'lightning.trajectory.v1']);
+          expect([m.key, m.headers['lightning-schema'], m.headers['rollout-id']]).toEqual(['grp', 'lightning.trajectory.v1', 'tr']);
           const out = reassembler.add({ topic: s.topic, partition: 0, offset: offset++ }, m.headers, m.value, 0);
           if (out.kind === 'record') got.push(decodeTrajectory(out.record.value, encoding));
         }
@@ -109,12 +109,19 @@ describe('kafka exporter', () => {
     }
   });
 
-  it('sends transitions keyed by rollout id with schema headers, then episodes to their topic', async () => {
+  it('sends transitions keyed by their group (a rollout without one by its rollout id) with schema headers, then episodes to their topic', async () => {
     const { producer, exporter } = setup();
     await exporter.export([episode('r1', 2)]);
     expect(producer.sent.map((s) => s.topic)).toEqual(['lightning.transitions', 'lightning.episodes']);
     const [t0] = producer.sent[0].messages;
-    expect(t0.key).toBe('r1');
+    // Every record of a group shares a key, so a consumer in a consumer group sees whole groups.
+    expect(t0.key).toBe('grp');
+    expect(producer.sent[1].messages[0].key).toBe('grp');
+    const solo = episode('solo', 1);
+    solo.episode.group_id = null;
+    const other = setup();
+    await other.exporter.export([solo]);
+    expect(other.producer.sent.flatMap((s) => s.messages.map((m) => m.key))).toEqual(['solo', 'solo']);
     expect(t0.headers).toEqual({ 'content-type': 'application/json', 'lightning-schema': 'lightning.transition.v1', 'rollout-id': 'r1', 'group-id': 'grp' });
     expect(JSON.parse(t0.value.toString()).transition_id).toBe('r1/0/0');
     expect(producer.sent[1].messages[0].headers['lightning-schema']).toBe('lightning.episode.v1');
@@ -126,7 +133,7 @@ describe('kafka exporter', () => {
     await exporter.export([ep]);
     const messages = producer.sent.filter((s) => s.topic === 'lightning.transitions').flatMap((s) => s.messages);
     expect(messages.length).toBeGreaterThan(4);
-    expect(messages.every((m) => m.key === 'big' && m.value.length <= 3000)).toBe(true);
+    expect(messages.every((m) => m.key === 'grp' && m.value.length <= 3000)).toBe(true);
     // Chunks of one record are consecutive and in index order; each says what it belongs to.
     const first = messages.filter((m) => m.headers['lightning-record-id'] === 'big/0/0');
     expect(first.map((m) => m.headers['lightning-chunk-index'])).toEqual(first.map((_, i) => String(i)));
