@@ -138,23 +138,17 @@ async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery 
  * episode are the trajectory lines' (JSON).
  */
 function verifyTrajectories(dataDir, prefix, conversations) {
-  const dir = path.join(dataDir, 'trajectories');
   const byRollout = new Map();
   let bytes = 0;
   let arrayBytes = 0;
   let maxRatio = 0;
-  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir).sort() : []) {
-    for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
-      if (!line) continue;
-      const t = JSON.parse(line);
-      if (!t.rollout_id.startsWith(prefix)) continue;
-      bytes += line.length + 1;
-      const arrays = JSON.stringify(t.token_ids).length + JSON.stringify(t.loss_mask).length + JSON.stringify(t.logprobs).length;
-      arrayBytes += arrays;
-      maxRatio = Math.max(maxRatio, line.length / arrays);
-      (byRollout.get(t.rollout_id) ?? byRollout.set(t.rollout_id, []).get(t.rollout_id)).push(t);
-    }
-  }
+  eachRecord(path.join(dataDir, 'trajectories'), prefix, (t, line) => {
+    bytes += line.length + 1;
+    const arrays = JSON.stringify(t.token_ids).length + JSON.stringify(t.loss_mask).length + JSON.stringify(t.logprobs).length;
+    arrayBytes += arrays;
+    maxRatio = Math.max(maxRatio, line.length / arrays);
+    (byRollout.get(t.rollout_id) ?? byRollout.set(t.rollout_id, []).get(t.rollout_id)).push(t);
+  });
   let wrong = 0;
   let calls = 0;
   const problems = [];
@@ -221,37 +215,32 @@ function verifyTransitions(dataDir, prefix, expectCalls) {
   let bytes = 0;
   const problems = [];
   const held = new Map();
-  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir).sort() : []) {
-    for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
-      if (!line) continue;
-      const t = JSON.parse(line);
-      if (!t.rollout_id.startsWith(prefix)) continue;
-      bytes += line.length + 1;
-      checked++;
-      let prompt = t.prompt_token_ids;
-      const d = t.prompt_token_ids_delta;
-      if (d) {
-        deltas++;
-        const prev = held.get(d.previous_transition_id);
-        prompt = prev && prev.prompt.length + prev.response.length === d.prefix_length ? prev.prompt.concat(prev.response, d.suffix) : null;
-      }
-      if (Array.isArray(prompt) && Array.isArray(t.response_token_ids)) held.set(t.transition_id, { prompt, response: t.response_token_ids });
-      const wantPrompt = promptIds(t.request.messages);
-      const wantAnswer = answerIds(t.response.choices[0].message.content);
-      const ok =
-        same(prompt, wantPrompt) &&
-        same(t.response_token_ids, wantAnswer) &&
-        Array.isArray(t.response_logprobs) &&
-        t.response_logprobs.length === wantAnswer.length &&
-        !('prompt_token_ids' in t.response) &&
-        !('token_ids' in t.response.choices[0]);
-      if (!ok) {
-        wrong++;
-        if (problems.length < 3) problems.push(t.transition_id);
-      }
-      if (t.continues_previous) continues++;
+  eachRecord(dir, prefix, (t, line) => {
+    bytes += line.length + 1;
+    checked++;
+    let prompt = t.prompt_token_ids;
+    const d = t.prompt_token_ids_delta;
+    if (d) {
+      deltas++;
+      const prev = held.get(d.previous_transition_id);
+      prompt = prev && prev.prompt.length + prev.response.length === d.prefix_length ? prev.prompt.concat(prev.response, d.suffix) : null;
     }
-  }
+    if (Array.isArray(prompt) && Array.isArray(t.response_token_ids)) held.set(t.transition_id, { prompt, response: t.response_token_ids });
+    const wantPrompt = promptIds(t.request.messages);
+    const wantAnswer = answerIds(t.response.choices[0].message.content);
+    const ok =
+      same(prompt, wantPrompt) &&
+      same(t.response_token_ids, wantAnswer) &&
+      Array.isArray(t.response_logprobs) &&
+      t.response_logprobs.length === wantAnswer.length &&
+      !('prompt_token_ids' in t.response) &&
+      !('token_ids' in t.response.choices[0]);
+    if (!ok) {
+      wrong++;
+      if (problems.length < 3) problems.push(t.transition_id);
+    }
+    if (t.continues_previous) continues++;
+  });
   return {
     expected: expectCalls,
     checked,
@@ -261,6 +250,17 @@ function verifyTransitions(dataDir, prefix, expectCalls) {
     avg_transition_bytes: checked ? bytes / checked : 0,
     problems,
   };
+}
+
+/** Each record of the NDJSON files in `dir` (in file order) whose rollout id starts with `prefix`, with its line. */
+function eachRecord(dir, prefix, each) {
+  for (const f of fs.existsSync(dir) ? fs.readdirSync(dir).sort() : []) {
+    for (const line of fs.readFileSync(path.join(dir, f), 'utf8').split('\n')) {
+      if (!line) continue;
+      const t = JSON.parse(line);
+      if (t.rollout_id.startsWith(prefix)) each(t, line);
+    }
+  }
 }
 
 /** Bytes in the files of a directory. */

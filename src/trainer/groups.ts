@@ -11,6 +11,20 @@ export interface Position {
 /** What a group's rows are: one per trajectory segment (the default) or one per call and choice. */
 export type Rows = 'trajectories' | 'transitions';
 
+/** The columns both kinds of rows have (one entry per row). */
+interface RowColumns {
+  uid: string[];
+  rollout_id: string[];
+  attempt_id: string[];
+  prompt_ids: number[][];
+  response_ids: number[][];
+  response_mask: number[][];
+  token_level_scores: number[][];
+  rollout_log_probs: (number[] | null)[];
+  reward: number[];
+  is_last: boolean[];
+}
+
 interface GroupEpisode {
   rollout_id: string;
   attempt_id: string;
@@ -31,20 +45,10 @@ export interface TrajectoryGroupBatch {
   group_size: number;
   rows: 'trajectories';
   episodes: GroupEpisode[];
-  batch: {
-    uid: string[];
-    rollout_id: string[];
-    attempt_id: string[];
+  batch: RowColumns & {
     trajectory_id: string[];
     segment: number[];
     turns: number[];
-    prompt_ids: number[][];
-    response_ids: number[][];
-    response_mask: number[][];
-    token_level_scores: number[][];
-    rollout_log_probs: (number[] | null)[];
-    reward: number[];
-    is_last: boolean[];
     policy_versions: string[][];
   };
   /** Calls of the group's episodes that are in no trajectory (each episode's `unmerged_calls`). */
@@ -57,19 +61,9 @@ export interface GroupBatch {
   uid: string;
   group_size: number;
   episodes: GroupEpisode[];
-  batch: {
-    uid: string[];
-    rollout_id: string[];
-    attempt_id: string[];
+  batch: RowColumns & {
     transition_id: string[];
     seq: number[];
-    prompt_ids: number[][];
-    response_ids: number[][];
-    response_mask: number[][];
-    token_level_scores: number[][];
-    rollout_log_probs: (number[] | null)[];
-    reward: number[];
-    is_last: boolean[];
     policy_version: (string | null)[];
   };
   /** Transitions left out of `batch` (no token ids: an openai-flavor upstream or the Anthropic format). */
@@ -217,7 +211,10 @@ export class GroupAssembler {
   /** Per topic/partition, the lowest offset still needed (commit up to it, exclusive). */
   lowestPending(): Map<string, number> {
     const low = new Map<string, number>();
-    this.positions(() => true, (_, p) => lower(low, p));
+    this.positions(
+      () => true,
+      (_, p) => lower(low, p),
+    );
     return low;
   }
 
@@ -245,9 +242,12 @@ export class GroupAssembler {
       },
     );
     const low = new Map(this.options.blockers?.() ?? []);
-    this.positions((uid) => uid === null || !this.complete.has(uid), (_, p) => lower(low, p));
+    this.positions(
+      (uid) => uid === null || !this.complete.has(uid),
+      (_, p) => lower(low, p),
+    );
     const held = new Set<string>();
-    for (let changed = true; changed; ) {
+    for (let changed = true; changed;) {
       changed = false;
       for (const uid of this.complete) {
         if (held.has(uid)) continue;
@@ -255,7 +255,10 @@ export class GroupAssembler {
         if (!blocked) continue;
         held.add(uid);
         changed = true;
-        this.positions((u) => u === uid, (_, p) => lower(low, p));
+        this.positions(
+          (u) => u === uid,
+          (_, p) => lower(low, p),
+        );
       }
     }
     const out: GroupEvent[] = [];
