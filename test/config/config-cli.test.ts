@@ -39,6 +39,9 @@ describe('configuration', () => {
     expect(c.receivers.otlp.protocols.http.endpoint).toBe('127.0.0.1:4318');
     expect(c.service).toMatchObject({ exporter: 'file', data_dir: './data', telemetry: { endpoint: '0.0.0.0:9464' }, heap_headroom_mib: 32 });
     expect(c.exporters.kafka.topic).toBe('lightning.transitions');
+    // Trajectories are what a trainer trains on: exported by default, on their own topic.
+    expect(c.exporters.records).toBe('trajectories');
+    expect(c.exporters.kafka.trajectories_topic).toBe('lightning.trajectories');
     expect(c.processors.episodes).toMatchObject({ idle_timeout_ms: 120_000, tool_span_wait_ms: 5_000 });
   });
 
@@ -51,8 +54,11 @@ describe('configuration', () => {
         LIGHTNING_KAFKA_BROKERS: 'a:9092, b:9092',
         LIGHTNING_EXPORTER: 'kafka',
         LIGHTNING_TOOL_SPAN_WAIT_MS: '250',
+        LIGHTNING_EXPORT_RECORDS: 'both',
+        LIGHTNING_KAFKA_TRAJECTORIES_TOPIC: 'rl.trajectories',
       },
     });
+    expect([c.exporters.records, c.exporters.kafka.trajectories_topic]).toEqual(['both', 'rl.trajectories']);
     expect(c.receivers.llm_proxy.upstream_url).toBe('http://env:9000/v1');
     expect(c.receivers.llm_proxy.endpoint).toBe('127.0.0.1:5000');
     expect(c.exporters.kafka.brokers).toEqual(['a:9092', 'b:9092']);
@@ -63,7 +69,7 @@ describe('configuration', () => {
     const f = file('bad.yaml', 'receivers:\n  llm_proxy:\n    endpoint: nowhere\n    bogus: 1\nprocessors:\n  credit:\n    mode: everything\n');
     let problems: string[] = [];
     try {
-      loadConfig({ file: f, env: { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: 'soon', LIGHTNING_EXPORTER: 'kafka' } });
+      loadConfig({ file: f, env: { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: 'soon', LIGHTNING_EXPORTER: 'kafka', LIGHTNING_EXPORT_RECORDS: 'all' } });
     } catch (err) {
       problems = (err as ConfigError).problems;
     }
@@ -73,9 +79,10 @@ describe('configuration', () => {
         'receivers.llm_proxy.bogus: unknown key',
         expect.stringMatching(/^processors\.credit\.mode: invalid option/),
         expect.stringMatching(/^processors\.episodes\.idle_timeout_ms \(from LIGHTNING_EPISODE_IDLE_TIMEOUT_MS\): /),
+        expect.stringMatching(/^exporters\.records \(from LIGHTNING_EXPORT_RECORDS\): invalid option/),
       ]),
     );
-    expect(problems.length).toBeGreaterThanOrEqual(4);
+    expect(problems.length).toBeGreaterThanOrEqual(5);
   });
 
   it('takes a heap headroom from 0 (V8 decides) to 1024 MiB, and refuses others as path: message', () => {
