@@ -1,6 +1,8 @@
 'use strict';
 // Bench model server: answers like vLLM. JSON: ~1 KiB chat.completion after a fixed delay.
 // SSE (request has "stream":true): 50 chunks, 1 ms apart, then [DONE]. Prints {"port": N} when up.
+// GET /bench/requests answers how many requests it has read to their end (itself not counted):
+// the bench checks with it that a proxy's calls reached this server.
 const http = require('node:http');
 
 const delayMs = Number(process.argv[2] ?? 1);
@@ -31,13 +33,20 @@ const chunk = (i) =>
   );
 const CHUNK_BYTES = Array.from({ length: CHUNKS }, (_, i) => chunk(i));
 
+let requests = 0;
+
 const server = http.createServer((req, res) => {
+  if (req.method === 'GET' && req.url === '/bench/requests') {
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ requests }));
+    return;
+  }
   let streamed = false;
   let head = '';
   req.on('data', (c) => {
     if (head.length < 4096) head += c.toString('latin1', 0, Math.min(c.length, 4096));
   });
   req.on('end', () => {
+    requests++;
     streamed = /"stream"\s*:\s*true/.test(head);
     setTimeout(() => {
       if (!streamed) {

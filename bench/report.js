@@ -69,10 +69,10 @@ function markdown(r) {
     const s = r.scenarios[`json_c${conns}`];
     if (!s) continue;
     L.push(`## JSON (1 KiB response, 1 ms upstream), ${conns} connection${conns > 1 ? 's' : ''}`, '');
-    L.push('| target | req/s | p50 ms | p99 ms | added p50 vs direct, ms | CPU µs/request | errors |', '|---|---|---|---|---|---|---|');
+    L.push('| target | req/s | p50 ms | p99 ms | added p50 vs direct, ms | CPU µs/request | RSS MiB | errors |', '|---|---|---|---|---|---|---|---|');
     for (const [name, x] of Object.entries(s)) {
       L.push(
-        `| ${name} | ${range(x.rps, 0)} | ${range(x.p50_ms, 3)} | ${range(x.p99_ms, 3)} | ${f(x.p50_ms.median - s.direct.p50_ms.median, 3)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_req, 0)} | ${x.errors}/${x.requests} |`,
+        `| ${name} | ${range(x.rps, 0)} | ${range(x.p50_ms, 3)} | ${range(x.p99_ms, 3)} | ${f(x.p50_ms.median - s.direct.p50_ms.median, 3)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_req, 0)} | ${name === 'direct' ? '–' : range(x.rss_mib, 0)} | ${x.errors}/${x.requests} |`,
       );
     }
     L.push('');
@@ -81,14 +81,16 @@ function markdown(r) {
   if (sse) {
     L.push('## SSE (50 chunks, 1 ms apart), 4 connections', '');
     L.push(
-      '| target | TTFB p50 ms | TTFB p99 ms | added TTFB p50, ms | total p50 ms | added total p50, ms | CPU µs/chunk | errors |',
-      '|---|---|---|---|---|---|---|---|',
+      '| target | TTFB p50 ms | TTFB p99 ms | added TTFB p50, ms | total p50 ms | added total p50, ms | CPU µs/chunk | RSS MiB | errors |',
+      '|---|---|---|---|---|---|---|---|---|',
     );
     for (const [name, x] of Object.entries(sse)) {
       L.push(
-        `| ${name} | ${range(x.ttfb_p50_ms, 3)} | ${range(x.ttfb_p99_ms, 3)} | ${f(x.ttfb_p50_ms.median - sse.direct.ttfb_p50_ms.median, 3)} | ${range(x.total_p50_ms, 2)} | ${f(x.total_p50_ms.median - sse.direct.total_p50_ms.median, 2)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_chunk, 1)} | ${x.errors}/${x.requests} |`,
+        `| ${name} | ${range(x.ttfb_p50_ms, 3)} | ${range(x.ttfb_p99_ms, 3)} | ${f(x.ttfb_p50_ms.median - sse.direct.ttfb_p50_ms.median, 3)} | ${range(x.total_p50_ms, 2)} | ${f(x.total_p50_ms.median - sse.direct.total_p50_ms.median, 2)} | ${name === 'direct' ? '–' : range(x.cpu_us_per_chunk, 1)} | ${name === 'direct' ? '–' : range(x.rss_mib, 0)} | ${x.errors}/${x.requests} |`,
       );
     }
+    const skipped = sseSkipped(r);
+    if (skipped) L.push('', skipped);
     L.push('');
   }
   const large = r.scenarios.large_1mib_c2;
@@ -223,8 +225,9 @@ function persisting(r) {
   if (both(gc?.targets))
     add('Growing context: CPU per call (export included)', (t) => summarize(gc.targets[t].rounds.map((x) => x.cpu_us_per_call)).median, 0, ' µs');
   if (rows.length === 0) return L;
+  const pk = portkeyComparison(r);
   L.push(
-    '## Against a pipe that persists (reference, not a bar)',
+    `## Against a pipe that persists${pk ? ', and against Portkey' : ''} (${pk ? 'references, not bars' : 'reference, not a bar'})`,
     '',
     "`bare-persist` is the bare pipe plus one synchronous write per call of the request and response bytes, before the client has the whole answer: the least any proxy pays that keeps every answered call. The sidecar writes each body twice (journal, then the exporter's file), checksums, extracts and builds transitions on top of that.",
     '',
@@ -233,7 +236,92 @@ function persisting(r) {
     ...rows.map((x) => `| ${x.join(' | ')} |`),
     '',
   );
+  if (pk) {
+    L.push(
+      `### The sidecar against Portkey's AI gateway`,
+      '',
+      `\`portkey\` is \`@portkey-ai/gateway\`${r.portkey.version ? ` ${r.portkey.version}` : ''}, its own Node server (\`--headless\`, on 127.0.0.1), sent to the model server by its \`openai\` provider and a custom host: per call it validates its headers, parses the request and builds a new body from its table of OpenAI parameters, calls the model server with \`fetch\`, passes the answer on, and parses a JSON answer once more for its console's log. It keeps nothing; the sidecar keeps every call. The last column is the sidecar's figure over Portkey's.`,
+      '',
+    );
+    if (pk.rows.length > 0)
+      L.push('| measure | portkey | sidecar | sidecar vs portkey |', '|---|---|---|---|', ...pk.rows.map((x) => `| ${x.join(' | ')} |`), '');
+    for (const note of pk.notes) L.push(note, '');
+  }
   return L;
+}
+
+/** What a check of Portkey's gateway found wrong: its status and answer, and the first line it logged. */
+function unserved(check) {
+  const clean = (x) => String(x).split('\n')[0].replace(/[`|]/g, ' ').trim().slice(0, 160);
+  return `answered ${check.status}${check.answer ? ` \`${clean(check.answer)}\`` : ''}${check.log ? `, and logged \`${clean(check.log)}\`` : ''}`;
+}
+
+/** The SSE section's line on Portkey's gateway when its check stream failed and it was left out. */
+function sseSkipped(r) {
+  const check = r.portkey?.sse;
+  if (!r.scenarios.sse_c4 || r.scenarios.sse_c4.portkey || !check || check.status === 200) return null;
+  return `portkey is not in this table: it could not serve the stream. A streamed call through it ${unserved(check)}.`;
+}
+
+/**
+ * The sidecar against Portkey's gateway in the JSON and SSE scenarios: `rows` of [measure,
+ * portkey, sidecar, sidecar ÷ portkey] (medians over rounds), and `notes`: what its checks found,
+ * what was not measured and why, how many of its calls reached the model server, what it logged.
+ * Null for results from before Portkey was in the bench.
+ */
+function portkeyComparison(r) {
+  const pk = r.portkey;
+  if (!pk) return null;
+  if (pk.measured === false) return { rows: [], notes: [`Portkey's gateway was not measured: ${pk.reason}.`] };
+  const rows = [];
+  const notes = [];
+  const add = (measure, portkey, sidecar, digits, unit) =>
+    rows.push([measure, `${f(portkey, digits)}${unit}`, `${f(sidecar, digits)}${unit}`, portkey > 0 && sidecar > 0 ? `${f(sidecar / portkey)}×` : '–']);
+  const reached = [];
+  for (const conns of [1, 16]) {
+    const s = r.scenarios[`json_c${conns}`];
+    if (!s?.portkey || !s.sidecar) continue;
+    const added = (t) => s[t].p50_ms.median - s.direct.p50_ms.median;
+    if (conns === 16) add('JSON c=16: req/s', s.portkey.rps.median, s.sidecar.rps.median, 0, '');
+    add(`JSON c=${conns}: added p50 vs direct`, added('portkey'), added('sidecar'), 3, ' ms');
+    add(`JSON c=${conns}: p99`, s.portkey.p99_ms.median, s.sidecar.p99_ms.median, 3, ' ms');
+    add(`JSON c=${conns}: CPU per request`, s.portkey.cpu_us_per_req.median, s.sidecar.cpu_us_per_req.median, 0, ' µs');
+    if (s.portkey.rss_mib) add(`JSON c=${conns}: RSS`, s.portkey.rss_mib.median, s.sidecar.rss_mib.median, 0, ' MiB');
+    reached.push(`JSON c=${conns}: ${s.portkey.upstream_requests} of ${s.portkey.requests}`);
+  }
+  const sse = r.scenarios.sse_c4;
+  if (sse?.portkey && sse.sidecar) {
+    const added = (t, k) => sse[t][k].median - sse.direct[k].median;
+    add('SSE: added TTFB p50 vs direct', added('portkey', 'ttfb_p50_ms'), added('sidecar', 'ttfb_p50_ms'), 3, ' ms');
+    add('SSE: added total p50 vs direct', added('portkey', 'total_p50_ms'), added('sidecar', 'total_p50_ms'), 2, ' ms');
+    add('SSE: CPU per chunk', sse.portkey.cpu_us_per_chunk.median, sse.sidecar.cpu_us_per_chunk.median, 1, ' µs');
+    if (sse.portkey.rss_mib) add('SSE: RSS', sse.portkey.rss_mib.median, sse.sidecar.rss_mib.median, 0, ' MiB');
+    reached.push(`SSE: ${sse.portkey.upstream_requests} of ${sse.portkey.requests}`);
+  }
+  const checked = (what, c) =>
+    !c
+      ? null
+      : c.status === 200
+        ? `a ${what} through it was ${c.identical ? '' : '**not** '}byte for byte the model server's answer`
+        : `a ${what} through it ${unserved(c)}`;
+  const checks = [checked('JSON answer', pk.json), checked('stream', pk.sse)].filter(Boolean);
+  if (checks.length > 0) notes.push(`Checked before its rounds: ${checks.join('; ')}.`);
+  for (const [name, label, check] of [
+    ['json_c1', 'JSON', pk.json],
+    ['sse_c4', 'SSE', pk.sse],
+  ])
+    if (r.scenarios[name] && !r.scenarios[name].portkey && check && check.status !== 200)
+      notes.push(`**Portkey could not serve the ${label} scenario** and was not measured on it.`);
+  for (const name of ['json_c1', 'json_c16', 'sse_c4']) {
+    const x = r.scenarios[name]?.portkey;
+    if (x?.errors > 0) notes.push(`${name}: ${x.errors} of Portkey's ${x.requests} requests failed.`);
+  }
+  if (reached.length > 0) notes.push(`Its calls that reached the model server, of the requests it answered: ${reached.join('; ')}.`);
+  if (pk.logged_bytes_in_rounds !== undefined)
+    notes.push(
+      `It wrote ${pk.logged_bytes_in_rounds} bytes to its stdout and stderr from its warm-up to its last round, and tried ${pk.refused_connections} connection(s) to anything but loopback (refused by the bench).`,
+    );
+  return { rows, notes };
 }
 
 /** Every quality bar beside the value measured in this run. */
@@ -438,4 +526,4 @@ function whereTheTimeGoes(p) {
   return L;
 }
 
-module.exports = { markdown, whereTheTimeGoes };
+module.exports = { markdown, whereTheTimeGoes, portkeyComparison, sseSkipped };

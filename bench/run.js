@@ -1,12 +1,14 @@
 'use strict';
-// npm run bench [-- --quick]: the sidecar (dist/) against direct, a bare Node pipe and nginx (when
-// installed), in alternating rounds on 127.0.0.1. Writes results/latest.json and results/latest.md.
+// npm run bench [-- --quick]: the sidecar (dist/) against direct, a bare Node pipe, nginx (when
+// installed) and Portkey's AI gateway (when installed: npm @portkey-ai/gateway, a devDependency),
+// in alternating rounds on 127.0.0.1. Writes results/latest.json and results/latest.md.
 const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { proc, mainThreadTimes, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
 const { analyzeProfile, nowUs } = require('./profile');
+const { startPortkey, checkAnswer, upstreamRequests } = require('./portkey');
 
 const QUICK = process.argv.includes('--quick');
 // --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, profile).
@@ -142,6 +144,13 @@ async function rounds(targets, measure) {
 function summarize(samples, field) {
   const xs = samples.map((s) => s[field]).filter((x) => Number.isFinite(x));
   return { median: median(xs), min: Math.min(...xs), max: Math.max(...xs) };
+}
+
+/** Runs `fn` and adds `upstream` to its result: the requests the model server read meanwhile. */
+async function counted(modelPort, fn) {
+  const before = await upstreamRequests(modelPort);
+  const out = await fn();
+  return { ...out, upstream: (await upstreamRequests(modelPort)) - before };
 }
 
 async function withCpu(pid, fn) {
@@ -296,6 +305,21 @@ async function profileScenario(model) {
   };
 }
 
+/**
+ * Portkey's gateway before its rounds: one JSON and one streamed call through it, each against
+ * the model server's own answer (`checkAnswer`). A scenario it does not answer with 200 is left
+ * out of its rounds, and the report says so.
+ */
+async function portkeyChecks(pk, modelPort, startError) {
+  if (!pk)
+    return { measured: false, reason: startError ? `it did not start: ${startError}` : 'the package @portkey-ai/gateway is not installed (npm install)' };
+  const out = { version: pk.version, json: await checkAnswer(pk, modelPort, CHAT), sse: await checkAnswer(pk, modelPort, CHAT_STREAM) };
+  for (const k of ['json', 'sse'])
+    if (out[k].status !== 200) log(`portkey: its ${k} check answered ${out[k].status} (${out[k].answer}); it is not measured on ${k}`);
+  out.logged_bytes_before_rounds = pk.output().bytes;
+  return out;
+}
+
 async function main() {
   if (!fs.existsSync(path.join(ROOT, 'dist/main.js'))) throw new Error('dist/main.js is missing: run `npm run build` (npm run bench does)');
   results.memory_touch = memoryTouchCost();
@@ -307,14 +331,40 @@ async function main() {
   const persist = await startNodeChild(path.join(__dirname, 'bare-persist-proxy.js'), [String(model.port), fs.mkdtempSync(path.join(tmp, 'persist-'))]);
   children.push(persist.proc);
   const nginx = await startNginx(model.port);
+  // Portkey's gateway, measured on the JSON and SSE scenarios only.
+  let portkeyError = null;
+  const portkey =
+    want('json') || want('sse')
+      ? await startPortkey(model.port, { freePort, waitHttp }).catch((err) => {
+          portkeyError = err.message;
+          return null;
+        })
+      : null;
+  if (portkey) children.push(portkey.proc);
   const sidecar = await startSidecar(model.port);
-  log(`model :${model.port}  bare :${bare.port}  nginx ${nginx ? ':' + nginx.port : 'not installed'}  sidecar :${sidecar.port}`);
+  log(
+    `model :${model.port}  bare :${bare.port}  nginx ${nginx ? ':' + nginx.port : 'not installed'}  portkey ${portkey ? ':' + portkey.port : 'not started'}  sidecar :${sidecar.port}`,
+  );
+  if (want('json') || want('sse')) results.portkey = await portkeyChecks(portkey, model.port, portkeyError);
 
   const targets = [
     { name: 'direct', port: model.port, pid: null, path: '/v1/chat/completions' },
     { name: 'bare-pipe', port: bare.port, pid: bare.proc.pid, path: '/v1/chat/completions' },
     { name: 'bare-persist', port: persist.port, pid: persist.proc.pid, path: '/v1/chat/completions' },
     ...(nginx ? [{ name: 'nginx', port: nginx.port, pid: nginx.pid, path: '/v1/chat/completions' }] : []),
+    // Only where its check answered (results.portkey says why not), and with its routing headers.
+    ...(results.portkey?.json?.status === 200
+      ? [
+          {
+            name: 'portkey',
+            port: portkey.port,
+            pid: portkey.proc.pid,
+            path: '/v1/chat/completions',
+            headers: portkey.headers,
+            sse: results.portkey.sse.status === 200,
+          },
+        ]
+      : []),
     { name: 'sidecar', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/chat/completions' },
     // Same sidecar, a route it forwards without capture: the forwarding cost alone.
     { name: 'sidecar-nocapture', port: sidecar.port, pid: sidecar.proc.pid, path: '/v1/embeddings' },
@@ -393,9 +443,9 @@ async function main() {
     log('warm-up');
     for (const t of targets) {
       if (!t.pid) continue;
-      await closedLoop({ port: t.port, path: t.path, body: CHAT, conns: 16, durationMs: WARM_MS, maxRequests: 200_000 });
-      if (t.name !== 'sidecar-nocapture')
-        await closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: WARM_MS / 2, maxRequests: 20_000 });
+      await closedLoop({ port: t.port, path: t.path, headers: t.headers, body: CHAT, conns: 16, durationMs: WARM_MS, maxRequests: 200_000 });
+      if (t.name !== 'sidecar-nocapture' && t.sse !== false)
+        await closedLoop({ port: t.port, path: t.path, headers: t.headers, body: CHAT_STREAM, conns: 4, durationMs: WARM_MS / 2, maxRequests: 20_000 });
     }
   }
 
@@ -403,7 +453,9 @@ async function main() {
   for (const conns of want('json') ? [1, 16] : []) {
     log(`json c=${conns}`);
     const s = await rounds(targets, (t) =>
-      withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })),
+      counted(model.port, () =>
+        withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, headers: t.headers, body: CHAT, conns, durationMs: DUR, maxRequests: 200_000 })),
+      ),
     );
     results.scenarios[`json_c${conns}`] = Object.fromEntries(
       Object.entries(s).map(([name, xs]) => [
@@ -416,19 +468,26 @@ async function main() {
             xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })),
             'v',
           ),
+          rss_mib: summarize(
+            xs.map((x) => ({ v: x.rss / 2 ** 20 })),
+            'v',
+          ),
           errors: xs.reduce((n, x) => n + x.errors, 0),
           requests: xs.reduce((n, x) => n + x.requests, 0),
+          upstream_requests: xs.reduce((n, x) => n + x.upstream, 0),
         },
       ]),
     );
   }
 
   // 2. SSE, 50 chunks 1 ms apart.
-  const sseTargets = targets.filter((t) => t.name !== 'sidecar-nocapture');
+  const sseTargets = targets.filter((t) => t.name !== 'sidecar-nocapture' && t.sse !== false);
   if (want('sse')) {
     log('sse');
     const sse = await rounds(sseTargets, (t) =>
-      withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })),
+      counted(model.port, () =>
+        withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, headers: t.headers, body: CHAT_STREAM, conns: 4, durationMs: DUR, maxRequests: 50_000 })),
+      ),
     );
     results.scenarios.sse_c4 = Object.fromEntries(
       Object.entries(sse).map(([name, xs]) => [
@@ -441,18 +500,36 @@ async function main() {
             xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })),
             'v',
           ),
+          rss_mib: summarize(
+            xs.map((x) => ({ v: x.rss / 2 ** 20 })),
+            'v',
+          ),
           errors: xs.reduce((n, x) => n + x.errors, 0),
           requests: xs.reduce((n, x) => n + x.requests, 0),
+          upstream_requests: xs.reduce((n, x) => n + x.upstream, 0),
         },
       ]),
     );
+  }
+
+  // What Portkey's gateway wrote to its stdout and stderr from its warm-up on (nothing, when it
+  // answers), and the connections it tried to open to anything but loopback.
+  if (portkey && results.portkey) {
+    const out = portkey.output();
+    results.portkey.logged_bytes_in_rounds = out.bytes - results.portkey.logged_bytes_before_rounds;
+    results.portkey.refused_connections = portkey.refused();
+    if (results.portkey.logged_bytes_in_rounds > 0) log(`portkey wrote ${results.portkey.logged_bytes_in_rounds} bytes in its rounds`);
+    if (results.portkey.refused_connections > 0) log(`portkey tried ${results.portkey.refused_connections} connection(s) off loopback (refused)`);
+    await stop(portkey.proc);
   }
 
   // 3. 1 MiB prompts.
   if (want('large')) {
     log('large bodies');
     const big = Buffer.from(JSON.stringify({ model: 'bench-policy', messages: [{ role: 'user', content: 'y'.repeat(1024 * 1024) }] }));
-    const large = await rounds(sseTargets, async (t) => {
+    // Not Portkey's gateway: it is measured on the JSON and SSE scenarios only.
+    const largeTargets = sseTargets.filter((t) => t.name !== 'portkey');
+    const large = await rounds(largeTargets, async (t) => {
       let peak = t.pid ? proc(t.pid).rss : NaN;
       const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 50) : null;
       const r = await withCpu(t.pid, () => closedLoop({ port: t.port, path: t.path, body: big, conns: 2, durationMs: DUR, maxRequests: 2000 }));
