@@ -275,7 +275,8 @@ export interface TransitionToolCall {
   join: 'tool_call_id' | 'trace_and_name' | 'trace_and_arguments' | 'tool_result' | null;
 }
 
-export type EpisodeStatus = 'completed' | 'timed_out' | 'evicted';
+/** How an episode closed (docs/output-contract.md#episode-lightningepisodev1). */
+export type EpisodeStatus = 'completed' | 'timed_out' | 'evicted' | 'shutdown';
 
 export interface EpisodeSummary {
   schema: 'lightning.episode.v1';

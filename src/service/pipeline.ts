@@ -209,7 +209,8 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       const { rolloutId, attemptId } = c.facts;
       // Its calls are no base for a later episode's.
       bases.delete(keyOf(rolloutId, attemptId));
-      m.episodesClosed.inc({ status: c.status });
+      // A replayed close was counted by the process that closed it.
+      if (replayMarker === undefined) m.episodesClosed.inc({ status: c.status });
       if (replayMarker !== undefined || c.closedByRecord !== undefined) {
         // Replayed, or closed by its own record (which a replay closes again): no marker to journal.
         queued(c, c.closedByRecord ?? replayMarker!, Promise.resolve());

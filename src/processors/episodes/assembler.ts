@@ -232,7 +232,8 @@ export class EpisodeAssembler {
   /** Closes every open episode now (shutdown that nothing will resume). */
   drain(at: number): EpisodeClose[] {
     const closed: EpisodeClose[] = [];
-    for (const [key, ep] of this.open) closed.push(this.close(key, ep, ep.closeRequestedAt !== null ? 'completed' : 'timed_out', at));
+    // Still open when the sidecar stops: cut short, not idle (a final reward or `end` already asked for its close).
+    for (const [key, ep] of this.open) closed.push(this.close(key, ep, ep.closeRequestedAt !== null ? 'completed' : 'shutdown', at));
     return closed;
   }
 

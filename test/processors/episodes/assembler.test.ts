@@ -66,6 +66,18 @@ describe('episode assembler', () => {
     expect(closed.transitions[0]).toMatchObject({ final_reward: null, credit: null, reward: 0, episode_status: 'timed_out' });
   });
 
+  it('closes what is still open at shutdown as shutdown, and one whose close was asked for as completed', () => {
+    const a = make();
+    a.apply(call('r', 0, 10));
+    a.apply(call('s', 0, 10));
+    a.apply({ type: 'end', rolloutId: 's', attemptId: '0', at: 20 });
+    const drained = a.drain(30).map((c) => a.build(c).episode);
+    expect(drained.map((e) => [e.rollout_id, e.episode_status])).toEqual([
+      ['r', 'shutdown'],
+      ['s', 'completed'],
+    ]);
+  });
+
   it('does not time out while a call is in flight', () => {
     const a = make();
     a.apply({ type: 'call_start', correlation: corr('r'), seq: 0, traceId: null, at: 0 });
