@@ -155,7 +155,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         ttft_ms: call.ttftMs,
         injected: call.injected,
         translation: call.translation ? { upstream_api: call.translation.upstreamApi, notes: call.translation.notes } : null,
-        token_ids_missing: promptIds === null && responseIds === null ? (call.tokenIdsMissing ?? null) : null,
+        token_ids_missing: promptIds === null || responseIds === null ? missingIdsReason(call, promptIds === null) : null,
       };
       if (call.bodies) t.source = call.bodies;
       transitions.push(t);
@@ -215,6 +215,18 @@ function agentOf(call: CallRecord, spans: readonly AgentSpanRecord[]): string | 
     if (!best || s.startedAt > best.startedAt) best = s;
   }
   return best?.agentName ?? null;
+}
+
+/** Why a transition has no prompt or response ids (docs/output-contract.md: `token_ids_missing`). */
+function missingIdsReason(call: CallFacts, prompt: boolean): string {
+  if (call.tokenIdsMissing) return call.tokenIdsMissing;
+  if (call.status !== 'ok') return `the call ended ${call.status}${call.httpStatus !== null ? ` (HTTP ${call.httpStatus})` : ''}`;
+  if (call.truncated) return 'the capture was truncated';
+  const which = prompt ? 'prompt' : 'response';
+  // The sidecar asks vLLM and SGLang for ids; nothing injected means it did not (flavor openai).
+  return call.injected.length === 0
+    ? `the model server's answer has no ${which} ids, and the sidecar did not ask for them (an upstream of flavor openai)`
+    : `the model server's answer has no ${which} ids`;
 }
 
 /** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */
