@@ -1,6 +1,13 @@
 #!/usr/bin/env node
 import { runProgram } from './cli/program';
 
+// A reader that goes away (`tail … | head -1`) is not an error of ours: stop quietly.
+for (const stream of [process.stdout, process.stderr])
+  stream.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit(0);
+    throw err;
+  });
+
 runProgram(process.argv.slice(2), { env: process.env, out: process.stdout, err: process.stderr }).then(
   (code) => {
     process.exitCode = code;

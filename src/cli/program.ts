@@ -23,7 +23,7 @@ export function programHelp(): string {
     '',
     'options:',
     "  -h, --help     print this help; `COMMAND --help` prints a command's help",
-    '      --version  print the version',
+    '  -V, --version  print the version',
     '',
     'exit codes: 0 done, 1 failed while running, 2 bad command line or configuration',
     '',
@@ -37,8 +37,8 @@ export function programHelp(): string {
  */
 export async function runProgram(argv: string[], io: CliIo): Promise<number> {
   const [first, ...rest] = argv;
-  if (first === '--version') {
-    if (rest.length > 0) return usageError(io, new UsageError(`unexpected argument '${rest[0]}' after --version`, null));
+  if (first === '--version' || first === '-V') {
+    if (rest.length > 0) return usageError(io, new UsageError(`unexpected argument '${rest[0]}' after ${first}`, null));
     io.out.write(`${PROGRAM} ${packageVersion()}\n`);
     return 0;
   }
@@ -56,6 +56,7 @@ export async function runProgram(argv: string[], io: CliIo): Promise<number> {
   // No command word: `lightning-sidecar --config FILE` runs the sidecar, as container images expect.
   const [command, args] = first === undefined || first.startsWith('-') ? [runCommand, argv] : [COMMANDS.find((c) => c.spec.name === first), rest];
   if (!command) return usageError(io, new UsageError(`unknown command '${first}'`, null));
+  const implicit = command === runCommand && first !== 'run';
   try {
     const parsed = parseCommand(command.spec, args);
     if (parsed.help) {
@@ -64,6 +65,9 @@ export async function runProgram(argv: string[], io: CliIo): Promise<number> {
     }
     return await command.run(parsed, io);
   } catch (err) {
+    // No command word: an option the run command does not know was meant for a command, or mistyped.
+    if (err instanceof UsageError && implicit)
+      return usageError(io, new UsageError(`${err.message.replace(/^run: /, '')} (no command given: run takes only --config)`, null));
     if (err instanceof UsageError) return usageError(io, err);
     if (err instanceof ConfigError) {
       io.err.write(err.problems.join('\n') + '\n');

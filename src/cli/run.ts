@@ -18,7 +18,16 @@ const spec: CommandSpec = {
       description: 'YAML config file (default: $LIGHTNING_CONFIG); LIGHTNING_* env vars override it, then defaults apply',
     },
   },
-  notes: ['Stops on SIGTERM or SIGINT after draining (a second signal exits at once). Logs are JSON lines on stderr.'],
+  notes: [
+    'What a first run needs (environment; every setting: docs/configuration.md):',
+    '  LIGHTNING_UPSTREAM_URL    the model server, e.g. http://vllm:8000/v1 (default http://127.0.0.1:8000/v1)',
+    '  LIGHTNING_UPSTREAM_FLAVOR vllm, sglang or openai (default auto: found from the server)',
+    '  LIGHTNING_DATA_DIR        journal and file exports (default ./data)',
+    '  LIGHTNING_EXPORTER        file (default) or kafka, with LIGHTNING_KAFKA_BROKERS host:port,...',
+    '  LIGHTNING_EXPORT_RECORDS  trajectories (default), transitions or both',
+    'Agents set OPENAI_BASE_URL=http://127.0.0.1:4000/rollout/<rollout-id>/v1 (LIGHTNING_PROXY_ADDR moves the port).',
+    'Stops on SIGTERM or SIGINT after draining (a second signal exits at once). Logs are JSON lines on stderr.',
+  ],
 };
 
 export const runCommand: Command = {

@@ -1,5 +1,5 @@
-import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -52,6 +52,7 @@ describe('lightning-sidecar command line', () => {
     [['groups', '--help'], /^usage: lightning-sidecar groups /],
     [['run', '--bogus', '--help'], /^usage: lightning-sidecar run /],
     [['--version'], /^lightning-sidecar \d+\.\d+\.\d+\n$/],
+    [['-V'], /^lightning-sidecar \d+\.\d+\.\d+\n$/],
   ])('%j prints to stdout and exits 0 without starting anything or creating ./data', async (args, pattern) => {
     const r = await cli(args);
     expect(r).toMatchObject({ code: 0, stderr: '' });
@@ -78,8 +79,9 @@ describe('lightning-sidecar command line', () => {
   });
 
   it.each([
-    [['--bogus'], 'run', "unknown option '--bogus'"],
-    [['run', '--bogus'], 'run', "unknown option '--bogus'"],
+    // No command word: the option was meant for a command, or mistyped; not a run option.
+    [['--bogus'], '<command>', "unknown option '--bogus' (no command given: run takes only --config)"],
+    [['run', '--bogus'], 'run', "run: unknown option '--bogus'"],
     [['run', '--config'], 'run', "option '--config' wants a value"],
     [['run', 'extra'], 'run', "unexpected argument 'extra'"],
     [['validate', '--bogus'], 'validate', "unknown option '--bogus'"],
@@ -101,6 +103,52 @@ describe('lightning-sidecar command line', () => {
     expect(r.stderr).toContain(message);
     expect(r.stderr).toContain(`usage: lightning-sidecar ${command} `);
     expect(existsSync(path.join(r.cwd, 'data'))).toBe(false);
+  });
+
+  it("names in run's help the settings a first run needs", async () => {
+    const r = await cli(['run', '--help']);
+    for (const name of [
+      'LIGHTNING_UPSTREAM_URL',
+      'LIGHTNING_UPSTREAM_FLAVOR',
+      'LIGHTNING_DATA_DIR',
+      'LIGHTNING_EXPORTER',
+      'LIGHTNING_KAFKA_BROKERS',
+      'OPENAI_BASE_URL',
+    ])
+      expect(r.stdout).toContain(name);
+  });
+
+  it('stops quietly, exit 0, when its reader closes the pipe (tail … | head -1)', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-pipe-'));
+    mkdirSync(path.join(dir, 'transitions'));
+    const t = {
+      transition_id: 'r/0/0',
+      rollout_id: 'r',
+      api: 'chat.completions',
+      model: 'm',
+      status: 'ok',
+      prompt_token_ids: [1],
+      response_token_ids: [2],
+      tool_calls: [],
+      reward: 1,
+      final_reward: 1,
+      finish_reason: 'stop',
+      streamed: false,
+    };
+    // Far more than a pipe holds, so the writer meets the closed pipe.
+    writeFileSync(
+      path.join(dir, 'transitions', 'transitions-0.ndjson'),
+      Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ ...t, transition_id: `r/0/${i}` })).join('\n') + '\n',
+    );
+    const tail = spawn(process.execPath, [MAIN, 'tail', '--data-dir', dir], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    tail.stderr.on('data', (c: Buffer) => (stderr += c));
+    // The reader takes the first lines and goes away.
+    const first = await new Promise<string>((resolve) => tail.stdout.once('data', (c: Buffer) => resolve(c.toString())));
+    tail.stdout.destroy();
+    const code = await new Promise<number | null>((resolve) => tail.once('exit', resolve));
+    expect(first).toMatch(/^r\/0\/0 /);
+    expect([code, stderr]).toEqual([0, '']);
   });
 
   it('answers an unknown command with the list of commands, exit 2', async () => {
