@@ -154,10 +154,17 @@ export const groupsCommand: Command = {
       assembler.reset();
       chunks.reset();
       lastSeen.clear();
-      const owned = Object.entries(e.payload.memberAssignment)
-        .map(([topic, partitions]) => `${topic} [${[...partitions].sort((x, y) => x - y).join(',')}]`)
-        .join(', ');
+      const assigned = Object.entries(e.payload.memberAssignment)
+        .map(([topic, partitions]) => [topic, [...partitions].sort((x, y) => x - y)] as const)
+        .sort(([a], [b]) => (a < b ? -1 : 1));
+      const owned = assigned.map(([topic, partitions]) => `${topic} [${partitions.join(',')}]`).join(', ');
       io.err.write(`groups: joined consumer group ${e.payload.groupId}: ${owned || 'no partitions'}\n`);
+      // Partition p of one topic without partition p of the other: those groups can never complete here.
+      const coPartitioned = assigned.length === 0 || (assigned.length === 2 && assigned[0][1].join(',') === assigned[1][1].join(','));
+      if (!coPartitioned)
+        io.err.write(
+          `groups: this consumer owns ${owned}, not the same partitions of each topic: a group whose records are split between consumers never completes (give the topics as many partitions each, and every consumer of the group this command)\n`,
+        );
     });
     consumer.on(consumer.events.CRASH, (e) => {
       if (e.payload.restart) return;

@@ -1,8 +1,8 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { Partitioners } from 'kafkajs';
+import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import OpenAI from 'openai';
 import type { TrajectoryGroupBatch } from '../../src/trainer/groups';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
@@ -17,6 +17,10 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
  */
 
 const MAIN = path.join(__dirname, '../../dist/main.js');
+const ROOT = path.join(__dirname, '../..');
+/** A python3 with confluent-kafka (the Python client's consumers), or null. */
+const python =
+  ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['-c', 'import confluent_kafka, google.protobuf'], { stdio: 'ignore' }).status === 0) ?? null;
 const GROUP_SIZE = 3;
 const PARTITIONS = 6;
 
@@ -54,6 +58,8 @@ describe('groups consumers in one consumer group (6 partitions, 2 sidecars)', ()
   const pods: TestSidecar[] = [];
   const consumers: Consumer[] = [];
   const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-scale-out-'));
+  /** The groups the sidecars wrote (for the Python consumers). */
+  const allGroups: string[] = [];
 
   beforeAll(async () => {
     broker = await startKafkaTestBroker({ defaultPartitions: PARTITIONS });
@@ -164,5 +170,76 @@ describe('groups consumers in one consumer group (6 partitions, 2 sidecars)', ()
     expect(uidsOf(a)).not.toContain(mid);
     for (const c of consumers) expect(c.stderr).not.toMatch(/gave up on|ignored episode/);
     expect(b.proc.exitCode).toBeNull();
+    allGroups.push(...groups.map((g) => g.uid));
   }, 150_000);
+
+  it('warns when a consumer owns a partition of one topic but not of the other (topics of unequal partition counts)', async () => {
+    const admin = new Kafka({ brokers: broker.brokers, logLevel: logLevel.NOTHING }).admin();
+    await admin.connect();
+    await admin.createTopics({
+      topics: [
+        { topic: 'skew.trajectories', numPartitions: 2 },
+        { topic: 'skew.episodes', numPartitions: 1 },
+      ],
+    });
+    await admin.disconnect();
+    // Not spawnSync: the test broker runs in this process and must keep answering.
+    const p = spawn(
+      process.execPath,
+      [MAIN, 'groups', '--group-size', '2', '--brokers', broker.brokers.join(','), '--group-id', 'skew', '--idle-exit-ms', '1500'],
+      {
+        env: { PATH: process.env.PATH ?? '', LIGHTNING_KAFKA_TRAJECTORIES_TOPIC: 'skew.trajectories', LIGHTNING_KAFKA_EPISODES_TOPIC: 'skew.episodes' },
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
+    const r = { stderr: '', status: null as number | null };
+    p.stderr.on('data', (c: Buffer) => (r.stderr += c.toString()));
+    const kill = setTimeout(() => p.kill('SIGKILL'), 30_000);
+    r.status = await new Promise<number | null>((resolve) => p.once('exit', resolve));
+    clearTimeout(kill);
+    expect(r.status).toBe(0);
+    expect(r.stderr).toContain('groups: joined consumer group skew: skew.episodes [0], skew.trajectories [0,1]');
+    expect(r.stderr).toContain('not the same partitions of each topic');
+  });
+
+  // The Python client's consumers on the same records (copied to fresh topics in two waves by the
+  // script, which kills one of its consumers and adds one between them).
+  (python || process.env.CI === 'true' ? it : it.skip)(
+    'the Python client: every group once across consumers that join, crash and join again',
+    async () => {
+      expect(python).not.toBeNull();
+      expect(allGroups.length).toBe(2 * PARTITIONS + 1);
+      const spec = path.join(dir, 'spec.json');
+      writeFileSync(
+        spec,
+        JSON.stringify({
+          brokers: broker.brokers.join(','),
+          group_size: GROUP_SIZE,
+          scale_out: {
+            partitions: PARTITIONS,
+            consumers: 2,
+            rows: 'trajectories',
+            source: { records_topic: 'lightning.trajectories', episodes_topic: 'lightning.episodes', groups: allGroups, incomplete: [] },
+          },
+        }),
+      );
+      const r = await new Promise<{ code: number | null; out: string }>((resolve) => {
+        const p = spawn(python!, [path.join(ROOT, 'clients/python/tests/scale_out.py'), spec], {
+          env: { PATH: process.env.PATH ?? '', PYTHONPATH: path.join(ROOT, 'clients/python') },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        p.stdout.on('data', (c: Buffer) => (out += c));
+        p.stderr.on('data', (c: Buffer) => (out += c));
+        const kill = setTimeout(() => p.kill('SIGKILL'), 150_000);
+        p.once('exit', (code) => {
+          clearTimeout(kill);
+          resolve({ code, out });
+        });
+      });
+      if (r.code !== 0) throw new Error(`scale_out.py exited ${r.code}:\n${r.out}`);
+      expect(r.out).toMatch(new RegExp(`${allGroups.length} groups, ${allGroups.length} emitted; twice: \\[\\]; missing: \\[\\]`));
+    },
+    180_000,
+  );
 });

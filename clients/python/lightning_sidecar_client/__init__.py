@@ -86,7 +86,9 @@ def iter_groups(
 
     ``rows``: ``'trajectories'`` (one row per trajectory) or ``'transitions'`` (one per call).
     ``source`` arguments go to ``open_source`` (which reads the records ``rows`` needs unless
-    ``records`` says otherwise). A group counts as done when it is handed out.
+    ``records`` says otherwise). A group counts as done when it is handed out. Readers sharing a
+    ``consumer_group`` split the partitions and each group goes to one of them
+    (docs/trainer-python.md, several consumers in one consumer group).
     """
     src = open_source(**{'chunk_timeout_ms': timeout_ms, 'records': rows, **source})
     try:

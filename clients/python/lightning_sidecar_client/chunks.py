@@ -89,8 +89,8 @@ def _items(headers: Headers) -> list[tuple[str, Optional[bytes]]]:
 
 class ChunkAssembler:
     def __init__(self, timeout_ms: float = 600_000, max_bytes: int = 256 * 1024 * 1024, remember_completed: int = 10_000) -> None:
-        self._timeout_ms = timeout_ms
-        self._max_bytes = max_bytes
+        self.timeout_ms = timeout_ms
+        self.max_bytes = max_bytes
         self._remember = remember_completed
         self._pending: OrderedDict[tuple[str, int, str, str], _Assembly] = OrderedDict()
         self._completed: OrderedDict[tuple[str, int, str, str], None] = OrderedDict()
@@ -155,7 +155,7 @@ class ChunkAssembler:
         """Drops records whose first chunk came ``timeout_ms`` or more ago."""
         out = []
         for key, a in list(self._pending.items()):
-            if now_ms - a.first_seen_ms >= self._timeout_ms:
+            if now_ms - a.first_seen_ms >= self.timeout_ms:
                 self._remove(key)
                 out.append(self._describe(a, 'timeout', now_ms))
         return out
@@ -175,7 +175,7 @@ class ChunkAssembler:
     def _evict_beyond_cap(self, keep: tuple[str, int, str, str], now_ms: float) -> list[DroppedRecord]:
         out = []
         for key, a in list(self._pending.items()):
-            if self._held <= self._max_bytes:
+            if self._held <= self.max_bytes:
                 break
             if key == keep:
                 continue

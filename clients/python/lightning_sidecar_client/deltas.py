@@ -59,7 +59,7 @@ def rebuild_prompt(delta: dict[str, Any], previous: Optional[tuple[Optional[list
 
 class PromptResolver:
     def __init__(self, timeout_ms: float = 600_000) -> None:
-        self._timeout_ms = timeout_ms
+        self.timeout_ms = timeout_ms
         self._episodes: dict[tuple[str, str], _Episode] = {}
 
     def resolve(self, t: Record, pos: Position | None, now_ms: float) -> tuple[Record, UnresolvedDeltaError | None]:
@@ -92,13 +92,18 @@ class PromptResolver:
         ep.last_seen_ms = now_ms
         return t, error
 
+    def holds(self, t: Record) -> bool:
+        """Whether ``t`` (by ``transition_id``) is among the calls kept for its episode."""
+        ep = self._episodes.get((t.get('rollout_id'), t.get('attempt_id')))
+        return ep is not None and any(t.get('transition_id') in c for c in ep.calls.values())
+
     def forget(self, rollout_id: str, attempt_id: str) -> None:
         """The episode is closed: no later delta refers to its transitions."""
         self._episodes.pop((rollout_id, attempt_id), None)
 
     def tick(self, now_ms: float) -> int:
         """Forgets episodes idle longer than the timeout; returns how many."""
-        stale = [k for k, e in self._episodes.items() if now_ms - e.last_seen_ms >= self._timeout_ms]
+        stale = [k for k, e in self._episodes.items() if now_ms - e.last_seen_ms >= self.timeout_ms]
         for k in stale:
             del self._episodes[k]
         return len(stale)

@@ -10,11 +10,19 @@ reported incomplete and dropped; an episode arriving for a done or full group is
 an episode whose sidecar did not export the row kind is reported once and not used. Prompt deltas
 (transition rows) are made whole from the previous transition of the episode, held here (same
 partition, read first) until the group is done.
+
+A complete group is yielded once no record still needed (by a group being assembled, a stray
+record, or ``blockers``: records the source still holds, such as chunks being reassembled) lies
+at or before its last record on any topic-partition it has records on; complete groups whose
+records interleave go out together, in the order they completed. So offsets committed below what
+is still pending are past every record of a yielded group, and a consumer that takes a partition
+over in a rebalance never reads one of them again. This is the Node ``GroupAssembler``
+(src/trainer/groups.ts), step for step: the same stream gives the same events in the same order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from .deltas import rebuild_prompt
 from .position import PartitionKey, Position, lowest
@@ -111,7 +119,10 @@ class GroupAssembler:
     ``rows='transitions'`` the reverse, with lines exactly as before trajectories existed.
     """
 
-    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories') -> None:
+    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories',
+                 blockers: Optional[Callable[[], dict[PartitionKey, int]]] = None) -> None:
+        """``blockers``: per (topic, partition), the lowest offset of records held elsewhere (a record
+        still in chunks): a complete group with a record at or after it on that partition waits."""
         if not isinstance(group_size, int) or group_size < 1:
             raise ValueError('groups: group_size must be a positive integer')
         if rows not in ROWS:
@@ -124,7 +135,11 @@ class GroupAssembler:
         # Trajectories or transitions (per `rows`) by id.
         self._records: dict[str, _Held] = {}
         self._groups: dict[str, _PendingGroup] = {}
+        # Groups with every record present, waiting for the records before them on their
+        # partitions; in the order they completed (a dict as an ordered set).
+        self._complete: dict[str, None] = {}
         self._seen_episodes: set[tuple[str, str]] = set()
+        self._blockers = blockers
 
     def has_transition(self, transition_id: str) -> bool:
         return self.rows == 'transitions' and transition_id in self._records
@@ -195,11 +210,20 @@ class GroupAssembler:
             g.episodes[key] = (e, pos)
         return self._check(gid)
 
+    def reset(self) -> None:
+        """Forgets everything pending (the done set stays): after a rebalance the consumer reads again
+        from the committed offsets, below every record that was pending, and rebuilds what it owns."""
+        self._records.clear()
+        self._groups.clear()
+        self._complete.clear()
+        self._seen_episodes.clear()
+
     def tick(self, now_ms: float) -> list[GroupEvent]:
-        """Gives up on groups (and stray records) older than the timeout."""
+        """Gives up on groups (and stray records) older than the timeout; yields the complete groups that
+        waited for them. A complete group is never given up on."""
         out: list[GroupEvent] = []
         for uid, g in list(self._groups.items()):
-            if now_ms - g.first_seen < self.timeout_ms:
+            if uid in self._complete or now_ms - g.first_seen < self.timeout_ms:
                 continue
             out.append(GroupIncomplete(uid, len(g.episodes), now_ms - g.first_seen))
             self._finish(uid, g)
@@ -211,12 +235,63 @@ class GroupAssembler:
                 orphaned += 1
         if orphaned > 0:
             out.append(TransitionsOrphaned(orphaned, self.rows))
+        out += self._release()
         return out
 
     def lowest_pending(self) -> dict[PartitionKey, int]:
         """Per (topic, partition), the lowest offset still needed (commit up to it, exclusive)."""
-        low = lowest(x.pos for x in self._records.values() if x.pos is not None)
-        return lowest((p for g in self._groups.values() for _, p in g.episodes.values() if p is not None), low)
+        return lowest(p for _, p in self._positions(lambda uid: True))
+
+    def _positions(self, which: Callable[[Optional[str]], bool]) -> Iterable[tuple[Optional[str], Position]]:
+        """The group (or None) and position of every pending record whose group ``which`` accepts."""
+        for x in self._records.values():
+            gid = x.t.get('group_id')
+            if x.pos is not None and which(gid):
+                yield gid, x.pos
+        for uid, g in self._groups.items():
+            if which(uid):
+                for _, p in g.episodes.values():
+                    if p is not None:
+                        yield uid, p
+
+    def _release(self) -> list[GroupEvent]:
+        """Yields the complete groups no pending record comes before.
+
+        A complete group is held back while a record of a group still being assembled (or a stray
+        record, or a blocker, or a record of a complete group held back itself) lies at or before its
+        last record on a partition it has records on. The groups not held back go out in the order
+        they completed.
+        """
+        if not self._complete:
+            return []
+        last: dict[str, dict[PartitionKey, int]] = {}
+        for uid, p in self._positions(lambda u: u in self._complete):
+            m = last.setdefault(uid or '', {})
+            k = (p.topic, p.partition)
+            m[k] = max(m.get(k, -1), p.offset)
+        low = dict(self._blockers() if self._blockers is not None else {})
+        lowest((p for _, p in self._positions(lambda u: u is None or u not in self._complete)), low)
+        held: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for uid in self._complete:
+                if uid in held:
+                    continue
+                if not any(k in low and offset >= low[k] for k, offset in last.get(uid, {}).items()):
+                    continue
+                held.add(uid)
+                changed = True
+                lowest((p for _, p in self._positions(lambda u, uid=uid: u == uid)), low)
+        out: list[GroupEvent] = []
+        for uid in list(self._complete):
+            if uid in held:
+                continue
+            g = self._groups[uid]
+            batch = self._build(uid, g)
+            self._finish(uid, g)
+            out.append(GroupReady(batch))
+        return out
 
     @property
     def pending_groups(self) -> int:
@@ -251,11 +326,11 @@ class GroupAssembler:
             for rid in self._ids(e):
                 if rid not in self._records:
                     return []
-        batch = self._build(uid, g)
-        self._finish(uid, g)
-        return [GroupReady(batch)]
+        self._complete[uid] = None
+        return self._release()
 
     def _finish(self, uid: str, g: _PendingGroup) -> None:
+        self._complete.pop(uid, None)
         for e, _ in g.episodes.values():
             for rid in self._ids(e):
                 self._records.pop(rid, None)

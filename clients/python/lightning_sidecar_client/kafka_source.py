@@ -1,18 +1,27 @@
 """The trajectories (or transitions) and episodes topics, read in a Kafka consumer group with confluent-kafka.
 
 Offsets are committed by hand and only below what is still pending (records of open groups,
-chunks of unfinished records, the start of an open episode's prompt-delta chain), so a restarted
-consumer reads again everything it had not finished with.
+chunks of unfinished records, records handed out but not yet processed, the start of an open
+episode's prompt-delta chain), so a restarted consumer reads again everything it had not finished
+with.
+
+Several consumers in one consumer group: the sidecar keys all of a group's records by its group
+id, so they share a partition number in each topic (the topics must have as many partitions each),
+and librdkafka's ``range`` assignor (the default here) gives partition ``p`` of every subscribed
+topic to the same member. A rebalance (eager: every partition is revoked, then the new assignment
+given) commits what is safe, forgets everything pending here and in the reader, and reads again
+from the committed offsets.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
 from .chunks import ChunkAssembler, ChunkError, DroppedRecord, is_chunk
-from .position import PartitionKey, Position
+from .position import PartitionKey, Position, lowest
 from .records import DecodeError, decode_episode, decode_trajectory, decode_transition, encoding_of
 from .source import EPISODE, TRAJECTORY, TRANSITION, Incoming, SourceEvent, record_kinds
 
@@ -27,6 +36,11 @@ log = logging.getLogger('lightning_sidecar_client.kafka')
 
 class KafkaUnavailableError(RuntimeError):
     code = 'KAFKA_CLIENT_MISSING'
+
+
+#: librdkafka's assignor giving partition p of every subscribed topic (of equal partition counts)
+#: to the same member. Node's ``groups`` uses an assignor of its own: the two must not share a group.
+DEFAULT_ASSIGNMENT_STRATEGY = 'range'
 
 
 def brokers_from_env(env: Optional[dict[str, str]] = None) -> list[str]:
@@ -47,8 +61,13 @@ class KafkaSource:
     the default), the transitions topic ``topic`` (``'transitions'``) or both, as consumer group
     ``group_id``. Chunked records are put back together whichever topic they are on.
 
-    ``settings`` are extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...);
+    ``settings`` are extra librdkafka properties (security.protocol, sasl.*, ssl.*, ...; they
+    override the defaults, ``partition.assignment.strategy=range`` among them, but a cooperative
+    assignor is refused: a rebalance must read every partition again from its committed offset);
     ``consumer_factory`` builds the consumer from the full settings (tests inject one).
+
+    Readers call ``bind``: at a revocation the source commits below what the reader still needs,
+    then has the reader forget everything pending.
     """
 
     def __init__(
@@ -88,6 +107,7 @@ class KafkaSource:
         # Giving up on brokers never reached (as the Node consumers do): after `give_up_s` with
         # broker errors and no message, poll reports `kafka_unreachable`.
         self._servers = servers
+        self._group_id = group_id
         self._give_up_s = give_up_s
         self._started = clock()
         self._reached = False
@@ -95,6 +115,13 @@ class KafkaSource:
         self._gave_up = False
         self._last: dict[PartitionKey, int] = {}
         self._committed: dict[PartitionKey, int] = {}
+        # Items handed out by poll and not yet processed, in order: what they hold is still needed.
+        self._handed: deque[Incoming] = deque()
+        # The reader's pending offsets and its reset, once bound; a rebalance during poll.
+        self._pending: Optional[Callable[[], dict[PartitionKey, int]]] = None
+        self._reset: Optional[Callable[[], None]] = None
+        self._rebalanced = False
+        self._rebalance_events: list[SourceEvent] = []
         full = {
             'bootstrap.servers': servers,
             'group.id': group_id,
@@ -102,18 +129,45 @@ class KafkaSource:
             'enable.auto.offset.store': False,
             'auto.offset.reset': 'earliest',
             'fetch.wait.max.ms': 250,
+            'partition.assignment.strategy': DEFAULT_ASSIGNMENT_STRATEGY,
             'logger': log,
             'error_cb': self._on_error,
             **(settings or {}),
         }
+        if 'cooperative' in str(full['partition.assignment.strategy']):
+            raise ValueError(f"kafka: partition.assignment.strategy {full['partition.assignment.strategy']} is not supported: a rebalance must "
+                             'read every partition again from its committed offset, as the eager assignors do (use range, the default)')
         self._consumer = consumer_factory(full)
-        self._consumer.subscribe(list(self._kinds))
+        self._consumer.subscribe(list(self._kinds), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._closed = False
 
+    def bind(self, pending: Callable[[], dict[PartitionKey, int]], reset: Callable[[], None]) -> None:
+        """The reader's side of a rebalance: ``pending()`` (per partition, the lowest offset it still
+        needs) bounds the commit made at a revocation; ``reset()`` then forgets what it holds."""
+        self._pending, self._reset = pending, reset
+
     def poll(self, timeout_s: float) -> tuple[list[Incoming], list[SourceEvent]]:
+        """What arrived within ``timeout_s``, up to ``max_batch`` messages.
+
+        One message per ``Consumer.poll`` call, so a rebalance callback (served inside it) falls
+        between two messages: the items read before a revocation are dropped (the partitions are
+        read again from their committed offsets, or now belong to another consumer); a message
+        returned after the callback is from the new assignment, librdkafka discarding the ones
+        fetched before it (their fetch version is outdated).
+        """
         items: list[Incoming] = []
         events: list[SourceEvent] = []
-        for msg in self._consumer.consume(num_messages=self._max_batch, timeout=timeout_s):
+        wait = timeout_s
+        while len(items) < self._max_batch:
+            msg = self._consumer.poll(wait)
+            wait = 0
+            if self._rebalanced:
+                self._rebalanced = False
+                items = []
+            events += self._rebalance_events
+            self._rebalance_events = []
+            if msg is None:
+                break
             err = msg.error()
             if err is not None:
                 if err.code() != _partition_eof():
@@ -145,6 +199,7 @@ class KafkaSource:
                 continue
             # The record counts from its first chunk, so commits stay below all of it until done.
             items.append(Incoming(kind, record, record_pos, pos))
+        self._handed.extend(items)
         if not self._reached and self._consumer_assigned():
             self._reached = True
         waited = self._clock() - self._started
@@ -163,16 +218,70 @@ class KafkaSource:
         except Exception:
             return False
 
+    def _on_revoke(self, consumer: Any, partitions: list) -> None:
+        """Commits below what is still pending, then forgets everything read (an eager rebalance
+        revokes every partition; the new assignment is read again from the committed offsets)."""
+        if self._pending is not None:
+            self.commit(self._pending())
+        self._forget(partitions)
+
+    def _on_lost(self, consumer: Any, partitions: list) -> None:
+        """As a revocation, without the commit: the partitions already belong to another member."""
+        self._forget(partitions)
+
+    def _on_assign(self, consumer: Any, partitions: list) -> None:
+        # librdkafka starts each assigned partition at its committed offset (the assignment's
+        # offsets are OFFSET_INVALID, read as "stored"): nothing read before is kept.
+        self._forget([])
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        numbers = {t: sorted(ps) for t, ps in by_topic.items()}
+        owned = ', '.join(f'{t} [{",".join(map(str, ps))}]' for t, ps in sorted(numbers.items()))
+        self._rebalance_events.append(SourceEvent('assigned', f'joined consumer group {self._group_id}: {owned or "no partitions"}'))
+        # Each subscribed topic with the same partition numbers, or none at all.
+        same = not numbers or (len(numbers) == len(self._kinds) and len({tuple(ps) for ps in numbers.values()}) == 1)
+        if not same:
+            self._rebalance_events.append(SourceEvent(
+                'not_co_partitioned',
+                f'kafka: this consumer was assigned {owned}, not the same partitions of {", ".join(sorted(self._kinds))}: a group whose '
+                'records are split between consumers is never complete (give the topics as many partitions each, and every consumer '
+                'of the group the same topics and assignor)'))
+
+    def _forget(self, partitions: list) -> None:
+        """Drops what was read and not finished with, in this source and (``reset``) in the reader."""
+        self._rebalanced = True
+        self._chunks = ChunkAssembler(timeout_ms=self._chunks.timeout_ms, max_bytes=self._chunks.max_bytes)
+        self._handed.clear()
+        for tp in partitions:
+            self._last.pop((tp.topic, tp.partition), None)
+            self._committed.pop((tp.topic, tp.partition), None)
+        if self._reset is not None:
+            self._reset()
+
+    def held(self) -> dict[PartitionKey, int]:
+        """Per partition, the lowest offset of what this source holds that the reader has not
+        processed: records still in chunks, and items handed out by ``poll`` not yet processed."""
+        return lowest((p for p in (x.position or x.read_at for x in self._handed) if p is not None), self._chunks.lowest_pending())
+
     def processed(self, item: Incoming) -> None:
+        """``item`` is taken over by the reader (no longer held here): offsets may move past it."""
+        if self._handed and self._handed[0] is item:
+            self._handed.popleft()
+        else:
+            for i, x in enumerate(self._handed):
+                if x is item:
+                    del self._handed[i]
+                    break
         pos = item.read_at or item.position
         if pos is not None:
             self._last[(pos.topic, pos.partition)] = pos.offset
 
     def commit(self, pending: dict[PartitionKey, int]) -> None:
-        chunks = self._chunks.lowest_pending()
+        held = self.held()
         offsets = {}
         for k, last in self._last.items():
-            offsets[k] = min(last + 1, pending.get(k, last + 1), chunks.get(k, last + 1))
+            offsets[k] = min(last + 1, pending.get(k, last + 1), held.get(k, last + 1))
         changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
         if not changed:
             return

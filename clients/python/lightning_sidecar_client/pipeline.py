@@ -5,7 +5,7 @@ Pure (no I/O, time passed in), so it is tested without Kafka.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .deltas import PromptResolver
 from .groups import DeltaUnresolved, GroupAssembler, GroupEvent
@@ -19,11 +19,13 @@ class GroupPipeline:
     """Records into a GroupAssembler (which also makes prompt deltas whole).
 
     ``rows``: ``'trajectories'`` (one row per trajectory, the default) or ``'transitions'`` (one
-    per call); records of the other kind are not used.
+    per call); records of the other kind are not used. ``blockers``: per partition, the lowest
+    offset of what the source still holds (a record in chunks): complete groups wait for it.
     """
 
-    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories') -> None:
-        self.groups = GroupAssembler(group_size, timeout_ms, done, rows=rows)
+    def __init__(self, group_size: int, timeout_ms: float = 600_000, done: Iterable[str] = (), rows: str = 'trajectories',
+                 blockers: Optional[Callable[[], dict[PartitionKey, int]]] = None) -> None:
+        self.groups = GroupAssembler(group_size, timeout_ms, done, rows=rows, blockers=blockers)
 
     @property
     def done(self) -> set[str]:
@@ -45,6 +47,10 @@ class GroupPipeline:
     def lowest_pending(self) -> dict[PartitionKey, int]:
         return self.groups.lowest_pending()
 
+    def reset(self) -> None:
+        """Forgets everything pending (after a rebalance); the done set stays."""
+        self.groups.reset()
+
 
 class _Seen:
     """A bounded set: the oldest keys are forgotten first."""
@@ -61,6 +67,9 @@ class _Seen:
         if len(self._keys) > self._limit:
             self._keys.popitem(last=False)
         return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
 
 
 class RecordPipeline:
@@ -86,6 +95,11 @@ class RecordPipeline:
         if item.kind == TRAJECTORY:
             return (item if self._seen.add(('trajectory', r.get('trajectory_id'))) else None), []
         if not self._seen.add(r.get('transition_id')):
+            # Not handed out again. After a rebalance the resolver starts empty and an open episode's
+            # delta chain is read again from its first transition: the resolver takes it back.
+            episode = ('episode', r.get('rollout_id'), r.get('attempt_id'))
+            if episode not in self._seen and not self.prompts.holds(r):
+                self.prompts.resolve(r, item.position, now_ms)
             return None, []
         t, error = self.prompts.resolve(r, item.position, now_ms)
         events: list[PipelineEvent] = []
@@ -99,3 +113,8 @@ class RecordPipeline:
 
     def lowest_pending(self) -> dict[PartitionKey, int]:
         return self.prompts.lowest_pending()
+
+    def reset(self) -> None:
+        """Forgets the open prompt-delta chains (after a rebalance); the records already handed out
+        stay known, so the ones read again are not handed out twice."""
+        self.prompts = PromptResolver(self.prompts.timeout_ms)

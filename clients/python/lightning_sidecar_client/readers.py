@@ -65,8 +65,11 @@ class GroupReader(_Loop):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(source, timeout_ms, idle_exit_ms, poll_s, clock)
-        self.pipeline = GroupPipeline(group_size, timeout_ms, set(done) | load_done([state_path]), rows=rows)
+        # Complete groups wait for what the source still holds before them: records in chunks, or
+        # read and not yet processed (KafkaSource.held).
+        self.pipeline = GroupPipeline(group_size, timeout_ms, set(done) | load_done([state_path]), rows=rows, blockers=getattr(source, 'held', None))
         _check_reads(source, TRAJECTORY if rows == 'trajectories' else TRANSITION, f'GroupReader(rows={rows!r})')
+        _bind(source, self.pipeline)
         self.state_path = state_path
         self._on_event = on_event
 
@@ -88,11 +91,13 @@ class GroupReader(_Loop):
                 if items:
                     last_activity = now
                 for item in items:
+                    # Taken before it is added: the source no longer holds it, so it does not hold
+                    # back the groups it completes.
+                    src.processed(item)
                     emitted = False
                     for ev in pipe.add(item, now):
                         yield from self._note(ev)
                         emitted = emitted or isinstance(ev, GroupReady)
-                    src.processed(item)
                     if emitted:
                         src.commit(pipe.lowest_pending())
                     if self._stopped:
@@ -140,6 +145,7 @@ class RecordReader(_Loop):
         super().__init__(source, timeout_ms, idle_exit_ms, poll_s, clock)
         self.pipeline = RecordPipeline(timeout_ms)
         self._on_event = on_event
+        _bind(source, self.pipeline)
 
     def __iter__(self) -> Iterator[Incoming]:
         src, pipe = self.source, self.pipeline
@@ -185,6 +191,13 @@ class RecordReader(_Loop):
         if self._on_event is not None:
             for ev in events:
                 self._on_event(ev)
+
+
+def _bind(source: Source, pipeline: Union[GroupPipeline, RecordPipeline]) -> None:
+    """Lets a source that rebalances (Kafka) commit below what the pipeline needs and then reset it."""
+    bind = getattr(source, 'bind', None)
+    if bind is not None:
+        bind(pipeline.lowest_pending, pipeline.reset)
 
 
 def _check_reads(source: Source, kind: str, what: str) -> None:

@@ -45,7 +45,9 @@ class SourceEvent:
 
     ``undecodable`` (a message that is not a record), ``invalid_chunk`` (a chunk that cannot be
     used, or a reassembled record of the wrong size or digest), ``chunks_dropped`` (a chunked
-    record timed out or evicted by the byte bound), ``kafka_error``.
+    record timed out or evicted by the byte bound), ``kafka_error``, ``kafka_unreachable``;
+    ``assigned`` (the partitions this consumer owns after a rebalance) and ``not_co_partitioned``
+    (they are not the same partition numbers of each topic).
     """
 
     kind: str
@@ -61,7 +63,8 @@ class Source(Protocol):
         """What arrived within ``timeout_s`` (possibly nothing)."""
 
     def processed(self, item: Incoming) -> None:
-        """``item`` has been handed on: offsets may move past it (subject to ``commit``'s bound)."""
+        """``item`` has been taken over by the pipeline: offsets may move past it (subject to
+        ``commit``'s bound). Items are processed in the order ``poll`` returned them."""
 
     def commit(self, pending: dict[PartitionKey, int]) -> None:
         """Stores progress: per partition, up to the lowest offset still ``pending`` (exclusive)."""
@@ -73,3 +76,10 @@ class Source(Protocol):
         """True when nothing more can arrive (a finished file read); Kafka never is."""
 
     def close(self) -> None: ...
+
+    # Optional (KafkaSource has them; readers use them when present):
+    #   held() -> dict[PartitionKey, int]: per partition, the lowest offset of what the source holds
+    #     and the pipeline has not taken (records in chunks, items polled and not yet processed);
+    #     complete groups wait for it.
+    #   bind(pending, reset): at a rebalance the source commits below ``pending()`` and calls
+    #     ``reset()`` so the pipeline forgets what it holds.

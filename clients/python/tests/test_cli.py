@@ -139,3 +139,6 @@ def test_rows_and_topic_options_are_checked():
     assert code == 2 and err.startswith("groups: --rows must be trajectories or transitions, not 'calls'")
     code, _, err = run(['--group-size', '2', '--brokers', 'b:1', '--trajectories-topic', 'lightning.episodes'])
     assert code == 2 and err == 'groups: kafka: each kind of record needs its own topic (trajectories: lightning.episodes, episodes: lightning.episodes)\n'
+    # Several consumers in one group need an eager assignor (range by default).
+    code, _, err = run(['--group-size', '2', '--brokers', 'b:1', '-X', 'partition.assignment.strategy=cooperative-sticky'])
+    assert code == 2 and err.startswith('groups: kafka: partition.assignment.strategy cooperative-sticky is not supported: a rebalance must read')

@@ -176,7 +176,7 @@ def test_groups_from_the_sidecars_stream_carry_the_model_servers_exact_token_ids
     groups = groups_of(stream, rows, timeout_ms=1000, idle_exit_ms=2500, on_event=events.append)
     check_groups(stream, groups, rows)
     assert sorted(ev.uid for ev in events if ev.kind == 'incomplete') == sorted(stream['incomplete'])
-    assert [ev for ev in events if ev.kind not in ('incomplete', 'orphaned')] == []
+    assert [ev for ev in events if ev.kind not in ('incomplete', 'orphaned', 'assigned')] == []
 
 
 @pytest.mark.parametrize('name', [n for n, s in STREAMS.items() if 'transitions' in rows_of(s)])
@@ -369,3 +369,12 @@ def test_the_cli_reports_episodes_whose_sidecar_did_not_export_the_rows_asked_fo
     for rid in stream['calls']:
         line = (f'groups: episode {rid}/0 has no exported {other} (exporters.records is {have}); use --rows {have} or export {other}\n')
         assert done.stderr.count(line) == 1, done.stderr
+
+
+@pytest.mark.skipif('scale_out' not in SPEC, reason='the spec has no scale_out object: no several-consumer scenario asked for')
+def test_consumers_sharing_a_group_emit_each_group_once_across_a_killed_and_an_added_consumer(tmp_path):
+    """scale_out.py's scenario (several `groups` processes in one consumer group, one killed, one added)."""
+    import scale_out
+
+    lines: list[str] = []
+    assert scale_out.run(SPEC, tmp_path, log=lines.append), '\n'.join(lines)

@@ -36,28 +36,80 @@ class Msg:
         return self._v
 
 
-class FakeConsumer:
-    """A consumer over a fixed log: hands out messages from the committed offsets on, records commits."""
+class TP:
+    def __init__(self, topic, partition, offset=-1001):
+        self.topic, self.partition, self.offset = topic, partition, offset
 
-    def __init__(self, log, committed=None):
+
+class FakeConsumer:
+    """A consumer over a fixed log: hands out messages from the committed offsets on, one per poll,
+    partition after partition, and records commits.
+
+    ``committed`` is shared, not copied (consumers of one group). ``owned``: the partitions
+    assigned (default: all of the subscribed topics). ``rebalance(assigned)`` makes the next poll
+    revoke every partition and assign ``assigned`` ('all' for all), as librdkafka's eager protocol
+    does, before it returns a message; reading then starts again from the committed offsets.
+    ``script[n]`` runs at the start of the n-th poll (from 1), ``on_idle`` actions one by one when
+    there is nothing to hand out. ``now`` is a clock for the reader (``clock=consumer.clock``) that
+    moves ``idle_s`` at each poll with nothing to hand out, and stands still otherwise. ``order``:
+    the partitions the first messages come from, one each, before partition after partition.
+    """
+
+    def __init__(self, log, committed=None, owned=None, script=None, on_idle=(), idle_s=0.001, order=()):
         self.log = log  # {(topic, partition): [(headers, value)]}
-        self.committed = dict(committed or {})
+        self.committed = committed if committed is not None else {}
         self.next = dict(self.committed)
         self.commits = []
         self.closed = False
+        self.owned = owned
+        self.script = dict(script or {})
+        self.on_idle = list(on_idle)
+        self._rebalance = None
+        self.polls = 0
+        self.handed = 0
+        self.now = 0.0
+        self.idle_s = idle_s
+        self.order = list(order)
 
-    def subscribe(self, topics):
+    def clock(self):
+        return self.now
+
+    def subscribe(self, topics, on_assign=None, on_revoke=None, on_lost=None):
         self.topics = topics
+        self.on_assign, self.on_revoke = on_assign, on_revoke
 
-    def consume(self, num_messages, timeout):
-        out = []
-        for (t, p), msgs in self.log.items():
-            if t not in self.topics:
-                continue
+    def partitions(self):
+        return [k for k in self.log if k[0] in self.topics and (self.owned is None or k in self.owned)]
+
+    def rebalance(self, assigned='all'):
+        self._rebalance = assigned
+
+    def poll(self, timeout):
+        self.polls += 1
+        if self.polls in self.script:
+            self.script.pop(self.polls)(self)
+        if self._rebalance is not None:
+            assigned, self._rebalance = self._rebalance, None
+            self.on_revoke(self, [TP(t, p) for t, p in self.partitions()])
+            self.owned = None if assigned == 'all' else assigned
+            self.next = dict(self.committed)
+            self.on_assign(self, [TP(t, p) for t, p in self.partitions()])
+        while self.order and self.next.get(self.order[0], 0) >= len(self.log[self.order[0]]):
+            self.order.pop(0)
+        for t, p in self.order[:1] + self.partitions():
+            msgs = self.log[(t, p)]
             i = self.next.get((t, p), 0)
-            out += [Msg(t, p, j, h, v) for j, (h, v) in enumerate(msgs[i:], start=i)]
-            self.next[(t, p)] = len(msgs)
-        return out[:num_messages]
+            if i < len(msgs):
+                self.next[(t, p)] = i + 1
+                self.handed += 1
+                if self.order:
+                    self.order.pop(0)
+                return Msg(t, p, i, *msgs[i])
+        if self.on_idle:
+            self.on_idle.pop(0)(self)
+            return self.poll(timeout)
+        self.now += self.idle_s
+        return None
 
     def commit(self, offsets, asynchronous):
         assert asynchronous is False
@@ -69,8 +121,12 @@ class FakeConsumer:
         self.closed = True
 
 
-def source(consumer, records='transitions'):
-    return KafkaSource(['broker:9092'], 'trainer', records=records, consumer_factory=lambda settings: consumer)
+def source(consumer, records='transitions', **kw):
+    return KafkaSource(['broker:9092'], 'trainer', records=records, consumer_factory=lambda settings: consumer, **kw)
+
+
+def enc(records):
+    return [(JSON_HEADERS, json.dumps(r).encode()) for r in records]
 
 
 def stream():
@@ -84,37 +140,43 @@ def stream():
 def test_groups_from_json_protobuf_and_chunked_records_with_commits_below_what_is_still_pending(tmp_path):
     a, b, c, ea, eb, ec = stream()
     big = json.dumps(a[2]).encode()
-    transitions = [(JSON_HEADERS, json.dumps(c[0]).encode()), (JSON_HEADERS, json.dumps(a[0]).encode()), (PROTO_HEADERS, encode_transition_pb(a[1]))]
+    transitions = [(JSON_HEADERS, json.dumps(a[0]).encode()), (PROTO_HEADERS, encode_transition_pb(a[1]))]
     transitions += chunk(a[2]['transition_id'], big, 300)
-    transitions += [(JSON_HEADERS, json.dumps(b[0]).encode()), (JSON_HEADERS, json.dumps(c[1]).encode())]
-    episodes = [(PROTO_HEADERS, encode_episode_pb(ea)), (JSON_HEADERS, json.dumps(ec).encode()), (JSON_HEADERS, json.dumps(eb).encode())]
-    consumer = FakeConsumer({(T, 0): transitions, (E, 0): episodes})
+    transitions += [(JSON_HEADERS, json.dumps(b[0]).encode())]
+    episodes = [(PROTO_HEADERS, encode_episode_pb(ea)), (JSON_HEADERS, json.dumps(eb).encode())]
+    # h on partition 1 of both topics (the sidecar keys a group's records by its id).
+    log = {(T, 0): transitions, (T, 1): [(JSON_HEADERS, json.dumps(t).encode()) for t in c], (E, 0): episodes, (E, 1): [(JSON_HEADERS, json.dumps(ec).encode())]}
+    consumer = FakeConsumer(log)
     reader = GroupReader(source(consumer), 2, rows='transitions', state_path=tmp_path / 'state', idle_exit_ms=0, poll_s=0)
     [g] = list(reader)
     assert g['uid'] == 'g'
     assert g['batch']['prompt_ids'] == [t['prompt_token_ids'] for t in a + b]
-    # h's records (c at offset 0 of transitions, its episode at 1) are still needed.
-    assert consumer.committed == {(T, 0): 0, (E, 0): 1}
+    # h's records (its transitions and episode, each from offset 0 of partition 1) are still needed.
+    assert consumer.committed == {(T, 0): len(transitions), (T, 1): 0, (E, 0): 2, (E, 1): 0}
     assert [json.loads(line)['uid'] for line in open(tmp_path / 'state')] == ['g']
 
 
 def test_a_restarted_reader_emits_nothing_twice_and_completes_what_was_pending(tmp_path):
     a, b, c, ea, eb, ec = stream()
     d, ed = rollout('d', 1, group_id='h', final_reward=1)
-    log = {(T, 0): [(JSON_HEADERS, json.dumps(t).encode()) for t in c + a + b], (E, 0): [(JSON_HEADERS, json.dumps(e).encode()) for e in (ea, ec, eb)]}
+    # h's records first on partition 0, g's on partition 1.
+    log = {(T, 0): enc(c), (T, 1): enc(a + b), (E, 0): enc([ec]), (E, 1): enc([ea, eb])}
     first = FakeConsumer(log)
     assert [g['uid'] for g in GroupReader(source(first), 2, rows='transitions', state_path=tmp_path / 'state', idle_exit_ms=0, poll_s=0)] == ['g']
+    assert first.committed == {(T, 0): 0, (T, 1): 4, (E, 0): 0, (E, 1): 2}
     # Redelivered g records and h's second episode arrive while the reader is down.
-    log[(T, 0)] += [(JSON_HEADERS, json.dumps(t).encode()) for t in a + d]
-    log[(E, 0)] += [(JSON_HEADERS, json.dumps(e).encode()) for e in (ea, ed)]
+    log[(T, 1)] += enc(a)
+    log[(T, 0)] += enc(d)
+    log[(E, 1)] += enc([ea, eb])
+    log[(E, 0)] += enc([ed])
     second = FakeConsumer(log, committed=first.committed)
     late = []
     groups = list(GroupReader(source(second), 2, rows='transitions', state_path=tmp_path / 'state', idle_exit_ms=0, poll_s=0, on_event=late.append))
     assert [g['uid'] for g in groups] == ['h']
     assert [g['rollout_id'] for g in groups[0]['episodes']] == ['c', 'd']
-    # b's episode (read again: it came after h's pending one) and a's redelivered one.
-    assert [(ev.kind, ev.uid, ev.rollout_id) for ev in late] == [('late', 'g', 'b'), ('late', 'g', 'a')]
-    assert second.committed == {(T, 0): len(log[(T, 0)]), (E, 0): len(log[(E, 0)])}
+    # g's redelivered episodes; its records before the committed offsets are not read again.
+    assert [(ev.kind, ev.uid, ev.rollout_id) for ev in late] == [('late', 'g', 'a'), ('late', 'g', 'b')]
+    assert second.committed == {k: len(msgs) for k, msgs in log.items()}
 
 
 def test_offsets_stay_below_the_first_chunk_of_a_record_still_in_pieces():
@@ -169,20 +231,36 @@ def as_json(records):
 def test_trajectory_groups_from_json_protobuf_and_chunked_records_without_reading_transitions(tmp_path):
     (a_ts, [a], ea), (b_ts, [b], eb), (c_ts, [c], ec) = trajectory_stream()
     big = encode_trajectory_pb(a)
-    trajectories = as_json([c]) + chunk(a['trajectory_id'], big, 40, PROTO_HEADERS) + [(PROTO_HEADERS, encode_trajectory_pb(b))]
-    episodes = [(PROTO_HEADERS, encode_episode_pb(ea)), (JSON_HEADERS, json.dumps(ec).encode()), (JSON_HEADERS, json.dumps(eb).encode())]
+    trajectories = chunk(a['trajectory_id'], big, 40, PROTO_HEADERS) + [(PROTO_HEADERS, encode_trajectory_pb(b))]
+    episodes = [(PROTO_HEADERS, encode_episode_pb(ea)), (JSON_HEADERS, json.dumps(eb).encode())]
     assert len(chunk(a['trajectory_id'], big, 40)) > 2
-    consumer = FakeConsumer({(T, 0): as_json(a_ts + b_ts + c_ts), (J, 0): trajectories, (E, 0): episodes})
+    # h (c) on partition 1 of both topics.
+    consumer = FakeConsumer({(T, 0): as_json(a_ts + b_ts + c_ts), (J, 0): trajectories, (J, 1): as_json([c]), (E, 0): episodes, (E, 1): as_json([ec])})
     reader = GroupReader(source(consumer, 'trajectories'), 2, state_path=tmp_path / 'state', idle_exit_ms=0, poll_s=0)
     [g] = list(reader)
     assert consumer.topics == [J, E]
     assert g['rows'] == 'trajectories' and g['batch']['trajectory_id'] == ['a/0/s0', 'b/0/s0']
     # The same line as from the JSON records.
     plain = FakeConsumer({(J, 0): as_json([c, a, b]), (E, 0): as_json([ea, ec, eb])})
-    assert js_json.dumps(g) == js_json.dumps(next(iter(GroupReader(source(plain, 'trajectories'), 2, idle_exit_ms=0, poll_s=0))))
+    plain_groups = GroupReader(source(plain, 'trajectories'), 2, timeout_ms=1000, idle_exit_ms=0, poll_s=0, clock=iter(range(0, 10**6, 2)).__next__)
+    assert [js_json.dumps(x) for x in plain_groups] == [js_json.dumps(g)]
     assert g['batch']['response_ids'][0] == a['token_ids'][a['prompt_length']:]
-    # h's trajectory (offset 0) and episode (offset 1) are still needed; the transitions topic was never read.
-    assert consumer.committed == {(J, 0): 0, (E, 0): 1}
+    # h's trajectory and episode (each at offset 0 of partition 1) are still needed; the transitions topic was never read.
+    assert consumer.committed == {(J, 0): len(trajectories), (J, 1): 0, (E, 0): 2, (E, 1): 0}
+
+
+def test_a_group_waits_for_a_record_whose_chunks_began_before_it_though_its_last_chunk_is_read_in_the_same_poll():
+    """As the Node command, where that record is still in chunks when the group completes: the
+    source holds the record, whole but not yet processed, so the group waits for it (here until
+    it is dropped as an orphan), and no commit passes its first chunk before."""
+    (_, [a], ea), _, (_, [c], _) = trajectory_stream()
+    pieces = chunk(c['trajectory_id'], json.dumps(c).encode(), (len(json.dumps(c)) + 1) // 2)
+    assert len(pieces) == 2
+    log = {(J, 0): [pieces[0]] + as_json([a]) + [pieces[1]], (E, 0): as_json([ea])}
+    consumer = FakeConsumer(log, order=[(J, 0), (J, 0), (E, 0), (J, 0)], idle_s=0.3)
+    events = list(GroupReader(source(consumer, 'trajectories'), 1, timeout_ms=1000, idle_exit_ms=3000, poll_s=0, clock=consumer.clock).events())
+    assert [ev.kind for ev in events] == ['orphaned', 'group']
+    assert [c_[(J, 0)] for c_ in consumer.commits if (J, 0) in c_] == [0, 3]
 
 
 def test_offsets_stay_below_the_first_chunk_of_a_trajectory_still_in_pieces():
@@ -213,3 +291,97 @@ def test_both_kinds_can_be_read_and_a_reader_refuses_a_source_without_its_record
         next(RecordReader(source(FakeConsumer({}), 'transitions')).trajectories())
     with pytest.raises(ValueError, match=r'own topic \(trajectories: lightning.episodes, episodes: lightning.episodes\)'):
         KafkaSource(['b:1'], 'x', trajectories_topic=E, consumer_factory=lambda s: FakeConsumer({}))
+
+
+# --- several consumers in one group: rebalances ---
+
+
+def test_a_consumer_taking_a_partition_over_never_emits_a_group_the_first_one_emitted():
+    """g completes on partition 0 behind h's records; the first consumer holds it back, so when
+    partition 0 moves to a second consumer, that one reads g again from the committed offsets and
+    is the only one to emit it."""
+    a, b, c, ea, eb, ec = stream()
+    d, ed = rollout('d', 1, group_id='h', final_reward=1)
+    e, ee = rollout('e', 1, group_id='k', final_reward=1)
+    f, ef = rollout('f', 2, group_id='k', final_reward=0)
+    log = {(T, 0): enc(c[:1] + a + b), (E, 0): enc([ec, ea, eb]), (T, 1): enc(e + f), (E, 1): enc([ee, ef])}
+    committed = {}
+    P0, P1 = [(T, 0), (E, 0)], [(T, 1), (E, 1)]
+    # Idle polls move the clock 0.3 s: had the first consumer kept h and g, h would time out there
+    # and g go out behind it.
+    first = FakeConsumer(log, committed, on_idle=[lambda c_: c_.rebalance(P1)], idle_s=0.3)
+    events = []
+    reader = GroupReader(source(first, max_batch=1), 2, rows='transitions', timeout_ms=1000, idle_exit_ms=5000, poll_s=0, clock=first.clock,
+                         on_event=events.append)
+    assert [g['uid'] for g in reader] == ['k']
+    # The revocation committed below h's records; g was forgotten, so h never timed out here.
+    assert committed == {(T, 0): 0, (E, 0): 0, (T, 1): 3, (E, 1): 2}
+    assert [ev.kind for ev in events] == ['assigned']
+    log[(T, 0)] += enc(c[1:] + d)
+    log[(E, 0)] += enc([ed])
+    second = FakeConsumer(log, committed, owned=P0)
+    assert [g['uid'] for g in GroupReader(source(second), 2, rows='transitions', idle_exit_ms=0, poll_s=0, clock=second.clock)] == ['g', 'h']
+    assert committed == {k: len(msgs) for k, msgs in log.items()}
+
+
+def test_messages_read_before_a_revocation_in_the_same_poll_are_dropped():
+    (x, ex), (y, ey) = rollout('x', 1, group_id='gx', final_reward=1), rollout('y', 1, group_id='gy', final_reward=1)
+    log = {(T, 0): enc(x), (E, 0): enc([ex]), (T, 1): enc(y), (E, 1): enc([ey])}
+    committed = {}
+    # Partition 0's two messages are read in the poll that then loses partition 0.
+    first = FakeConsumer(log, committed, script={3: lambda c_: c_.rebalance([(T, 1), (E, 1)])})
+    assert [g['uid'] for g in GroupReader(source(first), 1, rows='transitions', idle_exit_ms=0, poll_s=0, clock=first.clock)] == ['gy']
+    assert first.handed == 4 and committed == {(T, 1): 1, (E, 1): 1}
+    second = FakeConsumer(log, committed, owned=[(T, 0), (E, 0)])
+    assert [g['uid'] for g in GroupReader(source(second), 1, rows='transitions', idle_exit_ms=0, poll_s=0, clock=second.clock)] == ['gx']
+
+
+def test_a_rebalance_mid_record_reads_again_from_the_committed_offsets_and_emits_the_group_once():
+    a, _, _, ea, _, _ = stream()
+    first = chunk(a[0]['transition_id'], json.dumps(a[0]).encode(), 300)
+    third = chunk(a[2]['transition_id'], json.dumps(a[2]).encode(), 300)
+    log = {(T, 0): first + enc(a[1:2]) + third, (E, 0): enc([ea])}
+    # The rebalance comes after a's first transition (whole from its chunks), its second one and
+    # the first chunk of its third: all of them are read again, the first one put together again.
+    consumer = FakeConsumer(log, script={len(first) + 3: lambda c_: c_.rebalance()})
+    src = source(consumer, max_batch=1)
+    events = []
+    groups = list(GroupReader(src, 1, rows='transitions', idle_exit_ms=0, poll_s=0, clock=consumer.clock, on_event=events.append))
+    assert [g['batch']['transition_id'] for g in groups] == [[t['transition_id'] for t in a]]
+    assert consumer.handed == len(first) + 2 + len(log[(T, 0)]) + 1
+    assert [ev.message for ev in events] == ['joined consumer group trainer: lightning.episodes [0], lightning.transitions [0]']
+    assert consumer.committed == {(T, 0): len(log[(T, 0)]), (E, 0): 1}
+
+
+def test_the_plain_reader_makes_delta_prompts_whole_after_a_rebalance_in_the_middle_of_a_chain():
+    a, _, _, ea, _, _ = stream()
+    wire = [a[0], as_delta(a[1], a[0]), as_delta(a[2], a[1])]
+    log = {(T, 0): enc(wire), (E, 0): enc([ea])}
+    consumer = FakeConsumer(log, script={3: lambda c_: c_.rebalance()})  # after the first delta
+    events = []
+    reader = RecordReader(source(consumer, max_batch=1), idle_exit_ms=0, poll_s=0, clock=consumer.clock, on_event=events.append)
+    assert list(reader.transitions()) == a
+    assert [ev.kind for ev in events] == ['assigned']
+    assert consumer.committed == {(T, 0): 3, (E, 0): 1}
+
+
+def test_partition_assignment_is_range_unless_set_and_cooperative_assignors_are_refused():
+    seen = []
+    KafkaSource(['b:1'], 'x', consumer_factory=lambda s: seen.append(s) or FakeConsumer({}))
+    KafkaSource(['b:1'], 'x', settings={'partition.assignment.strategy': 'roundrobin'}, consumer_factory=lambda s: seen.append(s) or FakeConsumer({}))
+    assert [s['partition.assignment.strategy'] for s in seen] == ['range', 'roundrobin']
+    with pytest.raises(ValueError, match='cooperative-sticky is not supported'):
+        KafkaSource(['b:1'], 'x', settings={'partition.assignment.strategy': 'cooperative-sticky'}, consumer_factory=lambda s: FakeConsumer({}))
+
+
+def test_an_assignment_without_the_same_partitions_of_each_topic_is_reported():
+    log = {(J, 0): [], (J, 1): [], (E, 0): []}
+    consumer = FakeConsumer(log)
+    src = source(consumer, 'trajectories')
+    consumer.rebalance([(J, 0), (J, 1), (E, 0)])
+    _, events = src.poll(0)
+    assert [ev.kind for ev in events] == ['assigned', 'not_co_partitioned']
+    assert events[0].message == 'joined consumer group trainer: lightning.episodes [0], lightning.trajectories [0,1]'
+    assert events[1].message.startswith('kafka: this consumer was assigned lightning.episodes [0], lightning.trajectories [0,1], not the same partitions')
+    consumer.rebalance([])
+    assert [ev.message for ev in src.poll(0)[1]] == ['joined consumer group trainer: no partitions']
