@@ -314,6 +314,11 @@ export const configSchema = z
          */
         max_export_backlog: positiveInt.default(300_000),
         /**
+         * Records closed episodes waiting for the exporter keep in memory; beyond it they wait on disk
+         * (`{data_dir}/spill`, a copy of what the journal holds) and are read back when exported.
+         */
+        export_backlog_memory_records: positiveInt.default(20_000),
+        /**
          * Room for the heap's old generation to grow past what the last full collection left live
          * before the next one starts (MiB); 0 leaves it to V8 (see src/service/heap.ts).
          */

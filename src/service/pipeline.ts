@@ -5,6 +5,7 @@ import type { Exporter } from '../exporters/exporter';
 import { isBodyPayload, readBodyHeader } from '../journal/frame';
 import { Journal, type RecoveryReport } from '../journal/journal';
 import { BaseStore, BodyWriter } from '../journal/repeats';
+import { Spill, type SpillRef } from '../journal/spill';
 import { EpisodeAssembler, keyOf, type EpisodeClose } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -38,7 +39,12 @@ const EXPORT_LINGER_MS = 20;
 const MAX_BASE_BYTES = 32 * 1024 * 1024;
 
 interface Queued {
-  close: EpisodeClose;
+  /** What closed; null while it waits on disk (`spilled`). */
+  close: EpisodeClose | null;
+  /** Where it waits on disk, when the backlog in memory is full (`export_backlog_memory_records`). */
+  spilled: SpillRef | null;
+  /** Lowest journal offset among its records (what must be kept until delivery). */
+  firstOffset: number;
   /** Its transitions, built when its batch is first exported. */
   built: ClosedEpisode | null;
   /** It could not be built: left out of the export. */
@@ -46,7 +52,7 @@ interface Queued {
   /** Offset of its close marker; set once the marker is appended. */
   marker: number;
   durable: Promise<unknown>;
-  /** Records it holds in memory (see `max_export_backlog`). */
+  /** Records it holds (see `max_export_backlog`), in memory unless spilled. */
   weight: number;
 }
 
@@ -98,6 +104,14 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
    */
   let backlog = 0;
   const maxBacklog = config.service.max_export_backlog;
+  /**
+   * Past this many records in memory, closed episodes wait for the exporter on disk (a copy of
+   * their facts, which the journal holds too) and are read back when their batch is built: an
+   * exporter outage costs disk, not memory. The first batches due stay in memory.
+   */
+  let inMemory = 0;
+  const maxInMemory = config.service.export_backlog_memory_records;
+  const spill = new Spill(path.join(dataDir, 'spill'));
   let pumping: Promise<void> | null = null;
   let timer: NodeJS.Timeout | null = null;
   let backoffMs = 0;
@@ -192,15 +206,39 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   function queued(close: EpisodeClose, marker: number, durable: Promise<unknown>): void {
     const f = close.facts;
     const weight = f.calls.length + f.toolSpans.length + f.rewards.length + (f.agentSpans?.length ?? 0);
-    queue.push({ close, built: null, marker, durable, weight });
+    const q: Queued = { close, spilled: null, firstOffset: close.firstOffset, built: null, marker, durable, weight };
+    if (inMemory + weight > maxInMemory && queue.length >= 2 * EXPORT_BATCH) {
+      try {
+        q.spilled = spill.write(close);
+        q.close = null;
+      } catch (err) {
+        log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(dataDir, 'spill') });
+      }
+    }
+    if (q.close) inMemory += weight;
+    queue.push(q);
     backlog += weight;
-    m.exportBacklog.set(backlog);
+    updateBacklogMetrics();
   }
 
   /** The first `n` queued episodes are delivered. */
   function dequeue(n: number): void {
-    for (const q of queue.splice(0, n)) backlog -= q.weight;
+    for (const q of queue.splice(0, n)) {
+      backlog -= q.weight;
+      if (q.spilled) spill.release(q.spilled);
+      else inMemory -= q.weight;
+    }
+    updateBacklogMetrics();
+  }
+
+  function updateBacklogMetrics(): void {
     m.exportBacklog.set(backlog);
+    m.exportBacklogSpilled.set(backlog - inMemory);
+  }
+
+  /** What closed, read back from disk when it waited there. */
+  function closeOf(q: Queued): EpisodeClose {
+    return q.close ?? (spill.read(q.spilled!) as EpisodeClose);
   }
 
   /** Journals close markers for what the rules closed (live), queues them for export. */
@@ -238,12 +276,16 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   function built(q: Queued): ClosedEpisode | null {
     if (q.built !== null || q.quarantined) return q.built;
     let c: ClosedEpisode;
+    let close: EpisodeClose | null = null;
     try {
-      c = q.built = assembler.build(q.close);
+      close = closeOf(q);
+      c = q.built = assembler.build(close);
     } catch (err) {
       q.quarantined = true;
-      const { rolloutId, attemptId } = q.close.facts;
-      quarantine(q.marker, { episode: { rolloutId, attemptId, status: q.close.status, calls: q.close.facts.calls.map((call) => call.callId) } }, err);
+      const episode = close
+        ? { rolloutId: close.facts.rolloutId, attemptId: close.facts.attemptId, status: close.status, calls: close.facts.calls.map((call) => call.callId) }
+        : { spilled: q.spilled };
+      quarantine(q.marker, { episode }, err);
       return null;
     }
     m.trajectorySegments.observe(c.trajectories.length);
@@ -326,7 +368,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       if (upTo >= 0) {
         // Until the marker is written a replay exports these episodes again, reading their bodies:
         // what they need stays in the journal until then (a later marker, covering these, does too).
-        unmarked.push({ upTo, floor: Math.min(...batch.map((q) => q.close.firstOffset)) });
+        unmarked.push({ upTo, floor: Math.min(...batch.map((q) => q.firstOffset)) });
         try {
           // Lazy: it goes with the next write (within a few ms); the release waits for it.
           const { durable } = journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true, true);
@@ -352,7 +394,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
       assembler.minOffset(),
       router.minParkedOffset(),
       writingFloor(),
-      ...queue.map((q) => q.close.firstOffset),
+      ...queue.map((q) => q.firstOffset),
       ...unmarked.map((u) => u.floor),
       journal.next,
     );
@@ -670,6 +712,7 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         await pumping;
       }
       await journal.close();
+      spill.close();
     }),
   };
 }

@@ -173,7 +173,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     exportBacklog: new Gauge({
       name: 'lightning_sidecar_export_backlog_records',
-      help: 'Records (calls, spans, rewards) that closed episodes waiting for the exporter hold in memory; intake is refused at service.max_export_backlog.',
+      help: 'Records (calls, spans, rewards) that closed episodes waiting for the exporter hold, in memory or on disk; intake is refused at service.max_export_backlog.',
+      registers: [registry],
+    }),
+    exportBacklogSpilled: new Gauge({
+      name: 'lightning_sidecar_export_backlog_spilled_records',
+      help: 'Of the records closed episodes waiting for the exporter hold, those waiting on disk (past service.export_backlog_memory_records in memory).',
       registers: [registry],
     }),
     episodesClosed: new Counter({

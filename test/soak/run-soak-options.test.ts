@@ -7,6 +7,7 @@ describe('npm run soak options', () => {
       numbers: { agents: 16, kills: 5, 'context-kib': 32 },
     });
     expect(soakOptions(['--minutes=0.5']).numbers.minutes).toBe(0.5);
+    expect(soakOptions(['--outage-minutes', '10']).numbers['outage-minutes']).toBe(10);
     expect(soakOptions(['--help']).help).toBe(true);
   });
 
