@@ -308,11 +308,11 @@ export const configSchema = z
         /** On SIGTERM, close open episodes and export them (a pod going away takes its emptyDir with it). */
         drain_on_shutdown: z.boolean().default(true),
         /**
-         * Records (calls, tool spans, rewards) that closed episodes waiting for the exporter hold in
-         * memory (1.5–2 KB each). Above it new captures and spans are refused as when the journal is
-         * full, so an exporter outage cannot outgrow the container's memory whatever the journal's cap.
+         * Records (calls, tool spans, rewards) closed episodes waiting for the exporter may hold, in
+         * memory or on disk (see export_backlog_memory_records). Above it new captures and spans are
+         * refused as when the journal is full. An episode waiting on disk keeps a small entry in memory.
          */
-        max_export_backlog: positiveInt.default(300_000),
+        max_export_backlog: positiveInt.default(1_000_000),
         /**
          * Records closed episodes waiting for the exporter keep in memory; beyond it they wait on disk
          * (`{data_dir}/spill`, a copy of what the journal holds) and are read back when exported.
