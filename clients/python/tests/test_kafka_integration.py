@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not SPEC_PATH, reason='LIGHTNING_TEST_KAFKA_SPEC
 if SPEC_PATH:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-from lightning_sidecar_client import iter_groups, iter_trajectories, iter_transitions, js_json
+from lightning_sidecar_client import iter_groups, iter_trajectories, iter_transitions, js_json, to_verl_batch
 from lightning_sidecar_client.records import decode_episode, decode_trajectory, decode_transition, encoding_of
 from factories import as_delta, chunk, encode_episode_pb, encode_trajectory_pb, encode_transition_pb
 
@@ -177,6 +177,44 @@ def test_groups_from_the_sidecars_stream_carry_the_model_servers_exact_token_ids
     check_groups(stream, groups, rows)
     assert sorted(ev.uid for ev in events if ev.kind == 'incomplete') == sorted(stream['incomplete'])
     assert [ev for ev in events if ev.kind not in ('incomplete', 'orphaned', 'assigned')] == []
+
+
+@pytest.mark.parametrize('name', [n for n, s in STREAMS.items() if 'trajectories' in rows_of(s)])
+def test_verl_tensors_of_the_sidecars_trajectory_groups_match_the_model_servers_answers(name):
+    """Trains nothing: every tensor to_verl_batch makes of a real group, against the calls behind it."""
+    np = pytest.importorskip('numpy')
+    stream = STREAMS[name]
+    groups = groups_of(stream, 'trajectories', timeout_ms=1000, idle_exit_ms=2500)
+    assert groups
+    for g in groups:
+        t = to_verl_batch(g, pad_token_id=-1)
+        rollouts = sorted(stream['groups'][g['uid']])
+        rows = [(rid, seqs) for rid in rollouts for seqs in segments(stream['calls'][rid])]
+        final = {e['rollout_id']: e['final_reward'] for e in g['episodes']}
+        width_p, width_r = t['prompts'].shape[1], t['responses'].shape[1]
+        assert t['input_ids'].shape == (len(rows), width_p + width_r)
+        for i, (rid, seqs) in enumerate(rows):
+            calls = stream['calls'][rid]
+            first, last = calls[seqs[0]], calls[seqs[-1]]
+            ids = last['prompt'] + last['response']
+            p = len(first['prompt'])
+            # Prompt left-padded, response right-padded; the real tokens are exactly the last call's prompt and answer.
+            real = t['attention_mask'][i] == 1
+            assert t['input_ids'][i][real].tolist() == ids
+            assert t['input_ids'][i][:width_p - p].tolist() == [-1] * (width_p - p)
+            # Sampled positions, relative to the response's start: each call's answer, and nothing else.
+            sampled = {len(calls[s]['prompt']) - p + k: lp for s in seqs for k, lp in enumerate(calls[s]['logprobs'])}
+            assert int(t['response_mask'][i].sum()) == sum(len(calls[s]['response']) for s in seqs) == len(sampled)
+            assert np.flatnonzero(t['response_mask'][i]).tolist() == sorted(sampled)
+            assert t['old_log_probs'][i].tolist() == pytest.approx([sampled.get(j, 0.0) for j in range(width_r)], abs=1e-6)
+            assert bool(t['has_old_log_probs'][i])
+            # The final reward on the segment's last sampled token (no tool calls here, so no AIR).
+            scores = np.flatnonzero(t['token_level_scores'][i]).tolist()
+            if final[rid]:
+                assert scores == [len(ids) - p - 1] == [max(sampled)]
+                assert float(t['token_level_scores'][i][scores[0]]) == pytest.approx(final[rid])
+            else:
+                assert scores == []
 
 
 @pytest.mark.parametrize('name', [n for n, s in STREAMS.items() if 'transitions' in rows_of(s)])
