@@ -29,7 +29,7 @@ set without a chart change.
 */}}
 {{- define "lightning-sidecar.config" -}}
 {{- $v := .Values -}}
-{{- $kafka := dict "brokers" $v.kafka.brokers "topic" $v.kafka.topic "episodes_topic" $v.kafka.episodesTopic "encoding" $v.kafka.encoding -}}
+{{- $kafka := dict "brokers" $v.kafka.brokers "topic" $v.kafka.topic "trajectories_topic" $v.kafka.trajectoriesTopic "episodes_topic" $v.kafka.episodesTopic "encoding" $v.kafka.encoding -}}
 {{- if $v.kafka.sasl.enabled -}}
 {{- $_ := set $kafka "sasl" (dict "mechanism" $v.kafka.sasl.mechanism) -}}
 {{- end -}}
@@ -42,7 +42,7 @@ set without a chart change.
     "otlp" (dict "protocols" (dict
       "grpc" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.otlpGrpc)))
       "http" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.otlpHttp))))))
-  "exporters" (dict "kafka" $kafka)
+  "exporters" (dict "records" $v.records "kafka" $kafka)
   "service" (dict
     "exporter" $v.exporter
     "data_dir" "/var/lib/lightning-sidecar"
@@ -51,7 +51,7 @@ set without a chart change.
     "telemetry" (dict "endpoint" (printf "0.0.0.0:%d" (int $v.ports.metrics))))
 -}}
 {{- if eq $v.exporter "file" -}}
-{{- $_ := unset $cfg "exporters" -}}
+{{- $_ := unset $cfg.exporters "kafka" -}}
 {{- end -}}
 {{- toYaml (mustMergeOverwrite $cfg (deepCopy $v.config)) -}}
 {{- end -}}
