@@ -313,7 +313,9 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
           await dropsOfThisLife();
           await sidecar.kill('SIGKILL');
           log('fault: sidecar SIGKILLed');
-          sidecar = await startChildSidecar(env);
+          // A restart replays the journal: with a long outage's backlog that takes a while (it is
+          // ready once replayed), so it gets more than a cold start's time.
+          sidecar = await startChildSidecar(env, [], 180_000);
           endLife();
           report.faults.kills++;
           restarting = null;

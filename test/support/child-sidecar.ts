@@ -35,17 +35,17 @@ export function freePort(): Promise<number> {
  * 200. A free port can be taken by someone else's outgoing connection before the child binds it:
  * then it starts again on new ports (a few times).
  */
-export async function startChildSidecar(env: Record<string, string>, args: string[] = []): Promise<ChildSidecar> {
+export async function startChildSidecar(env: Record<string, string>, args: string[] = [], readyTimeoutMs = 15_000): Promise<ChildSidecar> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await startOnce(env, args);
+      return await startOnce(env, args, readyTimeoutMs);
     } catch (err) {
       if (attempt >= 3 || !/EADDRINUSE/.test((err as Error).message)) throw err;
     }
   }
 }
 
-async function startOnce(env: Record<string, string>, args: string[]): Promise<ChildSidecar> {
+async function startOnce(env: Record<string, string>, args: string[], readyTimeoutMs: number): Promise<ChildSidecar> {
   const [proxy, telemetry, grpc, http] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const proc = spawn(process.execPath, [MAIN, 'run', ...args], {
     env: {
@@ -82,7 +82,7 @@ async function startOnce(env: Record<string, string>, args: string[]): Promise<C
       return exited;
     },
   };
-  const until = Date.now() + 15_000;
+  const until = Date.now() + readyTimeoutMs;
   let done = false;
   void exited.then(() => (done = true));
   for (;;) {
@@ -97,7 +97,7 @@ async function startOnce(env: Record<string, string>, args: string[]): Promise<C
     }
     if (Date.now() > until) {
       proc.kill('SIGKILL');
-      throw new Error(`sidecar not ready after 15 s: ${stderr.join('')}`);
+      throw new Error(`sidecar not ready after ${readyTimeoutMs / 1000} s: ${stderr.join('')}`);
     }
     await new Promise((r) => setTimeout(r, 50));
   }
