@@ -390,14 +390,11 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
   }
 
   async function release(): Promise<void> {
-    const low = Math.min(
-      assembler.minOffset(),
-      router.minParkedOffset(),
-      writingFloor(),
-      ...queue.map((q) => q.firstOffset),
-      ...unmarked.map((u) => u.floor),
-      journal.next,
-    );
+    // A loop, not a spread: the queue can hold hundreds of thousands of episodes after a long
+    // outage, more arguments than a call can take.
+    let low = Math.min(assembler.minOffset(), router.minParkedOffset(), writingFloor(), journal.next);
+    for (const q of queue) if (q.firstOffset < low) low = q.firstOffset;
+    for (const u of unmarked) if (u.floor < low) low = u.floor;
     const removed = await journal.release(low).catch((err) => {
       log.once('release', 'error', 'journal: could not delete delivered segments', { err });
       return 0;
