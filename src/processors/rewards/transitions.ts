@@ -75,11 +75,12 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   const all: CallFacts[] = [];
   const continues = new Set<number>();
   let previous: Ids | null = null;
-  const segmenter = new Segmenter();
+  // Segments are found only when trajectories are exported (the work is per call, on the bodies).
+  const segmenter = (options.exported ?? ['trajectories']).includes('trajectories') ? new Segmenter() : null;
   const scratch = [options.scratch?.[0], options.scratch?.[1]];
   for (const call of sorted) {
     // A scratch buffer that holds neither body still compared with (or none: a fresh one).
-    const pinned = [previous?.body, segmenter.pinned];
+    const pinned = [previous?.body, segmenter?.pinned];
     const free = scratch.find((b) => b !== undefined && !pinned.some((p) => p && p.buffer === b.buffer));
     const { facts: f, responseBytes } = extractFacts(call, read, free);
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
@@ -91,7 +92,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     const current: Ids = { body: responseBytes, prompt: first?.promptTokenIds ?? f.promptTokenIds, response: first?.responseTokenIds ?? null };
     if (previous !== null && continuesFrom(current, previous)) continues.add(f.seq);
     previous = current.prompt !== null && current.response !== null ? current : null;
-    segmenter.add(f, responseBytes);
+    segmenter?.add(f, responseBytes);
   }
   const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));
   // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
@@ -161,7 +162,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
       transitions.push(t);
     });
   });
-  const plan = segmenter.finish();
+  const plan = segmenter?.finish() ?? { segments: [], unmerged: [] };
   const bySeqChoice = new Map(transitions.map((t) => [`${t.seq}.${t.choice_index}`, t]));
   const trajectories = buildTrajectories(plan, {
     rolloutId: facts.rolloutId,

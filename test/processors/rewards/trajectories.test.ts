@@ -192,6 +192,26 @@ describe('trajectories: how calls become segments', () => {
     expect(some.trajectories[0].turns.map((t) => t.has_logprobs)).toEqual([false, true]);
   });
 
+  it('finds no segments when only transitions are exported', () => {
+    const closed = buildEpisode(
+      {
+        rolloutId: 'r',
+        attemptId: '0',
+        groupId: 'g',
+        calls: [call(0, [1], [[10]]), call(1, [1, 10, 2], [[11]])],
+        toolSpans: [],
+        rewards: [],
+        finalReward: 1,
+        startedAt: 0,
+        endedAt: 1,
+      },
+      'completed',
+      { ...options, exported: ['transitions'] },
+    );
+    expect([closed.trajectories, closed.episode.trajectory_ids, closed.episode.unmerged_calls, closed.episode.exported]).toEqual([[], [], [], ['transitions']]);
+    expect(closed.transitions).toHaveLength(2);
+  });
+
   it('encodes the same record as JSON (ids spliced as text) and as protobuf', () => {
     const { closed, trajectories } = build([call(0, [1, 2], [[10]]), call(1, [1, 2, 10, 3], [[11, 12]]), call(2, [9], [[13]])]);
     closed.trajectories.forEach((t, i) => {
