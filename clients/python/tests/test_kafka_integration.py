@@ -268,6 +268,20 @@ def interleaved(pending: list[list]) -> list:
     return [m for pair in zip(a, b) for m in pair] + a[len(b):] + b[len(a):]
 
 
+def chunked_pairs(records, size: int, content_type: bytes) -> list:
+    """(partition, key, record) in order, each record chunked above ``size`` bytes and the chunks of two
+    records at a time interleaved, as a reader may see them."""
+    out, pending = [], []
+    for partition, key, record in records:
+        hs = [('content-type', content_type)]
+        pieces = chunk(f'r-{len(pending)}-{len(out)}', record, size, hs) if len(record) > size else [(hs, record)]
+        pending.append([(partition, key, h, v) for h, v in pieces])
+        if len(pending) == 2:
+            out += interleaved(pending)
+            pending = []
+    return out + [m for p in pending for m in p]
+
+
 def encoder(encoding: str):
     def encode(kind, record):
         if encoding == 'json':
@@ -291,25 +305,22 @@ def test_prompt_deltas_in_interleaved_chunks_give_the_same_group_lines_as_the_pl
     def rewrite(msgs, kind):
         if kind == 'trajectories':
             return msgs
-        out, previous, pending = [], {}, []
-        for partition, key, headers, value in msgs:
-            if kind == 'episodes':
-                record = encode(kind, decode_episode(value, encoding_of(headers)))
-            else:
+        previous: dict = {}
+
+        def records():
+            for partition, key, headers, value in msgs:
+                if kind == 'episodes':
+                    yield partition, key, encode(kind, decode_episode(value, encoding_of(headers)))
+                    continue
                 t = decode_transition(value, encoding_of(headers))
                 prev = previous.get((t['rollout_id'], t['seq'] - 1))
                 previous[(t['rollout_id'], t['seq'])] = t
                 if t['continues_previous'] and prev:
                     t = as_delta(t, prev)
                     deltas.append(t['transition_id'])
-                record = encode(kind, t)
-            hs = [('content-type', content_type)]
-            pieces = chunk(f'{kind}-{len(pending)}-{len(out)}', record, 97, hs) if len(record) > 97 else [(hs, record)]
-            pending.append([(partition, key, h, v) for h, v in pieces])
-            if len(pending) == 2:
-                out += interleaved(pending)
-                pending = []
-        return out + [m for p in pending for m in p]
+                yield partition, key, encode(kind, t)
+
+        return chunked_pairs(records(), 97, content_type)
 
     copy = copy_stream(stream, rewrite)
     assert deltas and any(dict(h).get('lightning-chunk') for _, _, h, _ in read_topic(copy['topic']))
@@ -327,16 +338,7 @@ def test_trajectories_in_interleaved_chunks_give_the_same_group_lines_as_the_pla
     def rewrite(msgs, kind):
         if kind == 'transitions':
             return msgs
-        out, pending = [], []
-        for partition, key, headers, value in msgs:
-            record = encode(kind, decode[kind](value, encoding_of(headers)))
-            hs = [('content-type', content_type)]
-            pieces = chunk(f'{kind}-{len(pending)}-{len(out)}', record, 61, hs) if len(record) > 61 else [(hs, record)]
-            pending.append([(partition, key, h, v) for h, v in pieces])
-            if len(pending) == 2:
-                out += interleaved(pending)
-                pending = []
-        return out + [m for p in pending for m in p]
+        return chunked_pairs(((p, k, encode(kind, decode[kind](v, encoding_of(h)))) for p, k, h, v in msgs), 61, content_type)
 
     copy = copy_stream(stream, rewrite)
     assert any(dict(h).get('lightning-chunk') for _, _, h, _ in read_topic(copy['trajectories_topic']))
