@@ -350,20 +350,21 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
         continue;
       }
       backoffMs = 0;
+      const delivered = ready(batch);
       dequeue(batch.length);
-      const exported = config.exporters.records;
-      if (exported !== 'trajectories')
+      const records = config.exporters.records;
+      if (records !== 'trajectories')
         m.transitionsExported.inc(
           { exporter: deps.exporter.name },
-          ready(batch).reduce((n, c) => n + c.transitions.length, 0),
+          delivered.reduce((n, c) => n + c.transitions.length, 0),
         );
-      if (exported !== 'transitions')
+      if (records !== 'transitions')
         m.trajectoriesExported.inc(
           { exporter: deps.exporter.name },
-          ready(batch).reduce((n, c) => n + c.trajectories.length, 0),
+          delivered.reduce((n, c) => n + c.trajectories.length, 0),
         );
       const deliveredAt = Date.now();
-      for (const c of ready(batch)) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+      for (const c of delivered) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
       const upTo = Math.max(...batch.map((q) => q.marker));
       if (upTo >= 0) {
         // Until the marker is written a replay exports these episodes again, reading their bodies:

@@ -232,13 +232,17 @@ export class GroupAssembler {
    */
   private release(): GroupEvent[] {
     if (this.complete.size === 0) return [];
-    const last = new Map<string, Map<string, number>>();
+    // Per complete group and topic/partition: its first and last record.
+    const extent = new Map<string, Map<string, { first: number; last: number }>>();
     this.positions(
       (uid) => uid !== null && this.complete.has(uid),
       (uid, p) => {
-        const m = last.get(uid!) ?? last.set(uid!, new Map()).get(uid!)!;
-        const k = key(p);
-        m.set(k, Math.max(m.get(k) ?? -1, p.offset));
+        const m = extent.get(uid!) ?? extent.set(uid!, new Map()).get(uid!)!;
+        const e = m.get(key(p));
+        if (e) {
+          e.first = Math.min(e.first, p.offset);
+          e.last = Math.max(e.last, p.offset);
+        } else m.set(key(p), { first: p.offset, last: p.offset });
       },
     );
     const low = new Map(this.options.blockers?.() ?? []);
@@ -251,14 +255,11 @@ export class GroupAssembler {
       changed = false;
       for (const uid of this.complete) {
         if (held.has(uid)) continue;
-        const blocked = [...(last.get(uid) ?? [])].some(([k, offset]) => offset >= (low.get(k) ?? Infinity));
-        if (!blocked) continue;
+        const ranges = [...(extent.get(uid) ?? [])];
+        if (!ranges.some(([k, { last }]) => last >= (low.get(k) ?? Infinity))) continue;
         held.add(uid);
         changed = true;
-        this.positions(
-          (u) => u === uid,
-          (_, p) => lower(low, p),
-        );
+        for (const [k, { first }] of ranges) low.set(k, Math.min(low.get(k) ?? Infinity, first));
       }
     }
     const out: GroupEvent[] = [];
