@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Image smoke test: builds deploy/Dockerfile with buildah and runs the image the way a pod would,
 # as the image's own user with a data volume: /healthz and /readyz answer, one call is proxied to a
-# fake model server on 127.0.0.1, a final reward closes the rollout, and its transition appears in
+# fake model server on 127.0.0.1, a final reward closes the rollout, and its trajectory appears in
 # the volume. Ends with one line: "image-smoke: PASS ..." or "image-smoke: FAIL ...".
 #
 # No container registry is reachable where CI runs, so the Dockerfile's base (node:N-SUITE-slim,
@@ -279,4 +279,4 @@ run_pid=""
 echo "check: ok   SIGTERM: the sidecar exited with status 0"
 step_done run
 
-say "PASS: $IMAGE built from deploy/Dockerfile on $base_tag; probes, a proxied call, a final reward and its transition in the data volume, as uid $uid ($((SECONDS - started)) s in all${timings})"
+say "PASS: $IMAGE built from deploy/Dockerfile on $base_tag; probes, a proxied call, a final reward and its trajectory in the data volume, as uid $uid ($((SECONDS - started)) s in all${timings})"

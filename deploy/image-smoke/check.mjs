@@ -67,22 +67,28 @@ const reward = await request(`${PROXY_ORIGIN}/lightning/v1/rollouts/${rolloutId}
 if (reward.status !== 202) fail(`final reward: HTTP ${reward.status} ${(await reward.text()).slice(0, 300)}`);
 pass(`POST /lightning/v1/rollouts/${rolloutId}/reward 202`);
 
-const dir = path.join(DATA_DIR, 'transitions');
-const { transition, file } = await until(`a transition of ${rolloutId} in ${dir}`, async () => {
+// The product's default record: one trajectory per segment of the rollout (docs/output-contract.md).
+const dir = path.join(DATA_DIR, 'trajectories');
+const { trajectory, file } = await until(`a trajectory of ${rolloutId} in ${dir}`, async () => {
   for (const name of readdirSync(dir).filter((f) => f.endsWith('.ndjson'))) {
     for (const line of readFileSync(path.join(dir, name), 'utf8').split('\n')) {
       if (!line.includes(rolloutId)) continue;
       const t = JSON.parse(line);
-      if (t.rollout_id === rolloutId) return { ok: true, transition: t, file: name };
+      if (t.rollout_id === rolloutId) return { ok: true, trajectory: t, file: name };
     }
   }
   return { ok: false, last: `no line for ${rolloutId} yet` };
 });
 const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
-if (!same(transition.prompt_token_ids, REPLY.promptIds) || !same(transition.response_token_ids, REPLY.responseIds)) {
-  fail(`transition: token ids differ from the model's (${JSON.stringify([transition.prompt_token_ids, transition.response_token_ids])})`);
+const ids = [...REPLY.promptIds, ...REPLY.responseIds];
+const mask = [...REPLY.promptIds.map(() => 0), ...REPLY.responseIds.map(() => 1)];
+if (!same(trajectory.token_ids, ids) || !same(trajectory.loss_mask, mask) || trajectory.prompt_length !== REPLY.promptIds.length) {
+  fail(
+    `trajectory: token ids or loss mask differ from the model's (${JSON.stringify([trajectory.token_ids, trajectory.loss_mask, trajectory.prompt_length])})`,
+  );
 }
-if (transition.final_reward !== 1 || transition.group_id !== 'image-smoke') {
-  fail(`transition: final_reward ${transition.final_reward}, group_id ${transition.group_id}`);
+const last = ids.length - 1;
+if (trajectory.final_reward !== 1 || trajectory.group_id !== 'image-smoke' || !same(trajectory.token_rewards, [{ position: last, value: 1 }])) {
+  fail(`trajectory: final_reward ${trajectory.final_reward}, group_id ${trajectory.group_id}, token_rewards ${JSON.stringify(trajectory.token_rewards)}`);
 }
-pass(`transition ${transition.transition_id} in transitions/${file}: the model's token ids, final_reward 1`);
+pass(`trajectory ${trajectory.trajectory_id} in trajectories/${file}: the model's token ids, loss mask, final_reward 1 on the last sampled id`);

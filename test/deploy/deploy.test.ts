@@ -467,7 +467,8 @@ describe("the image smoke test's checks (deploy/image-smoke/), against the built
     const [line] = (await once(upstream.stdout!, 'data')) as [Buffer];
     const { port } = JSON.parse(line.toString('utf8'));
     dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-image-checks-'));
-    sidecar = await startChildSidecar({ LIGHTNING_DATA_DIR: dataDir, LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${port}/v1` });
+    // The image runs with the product's default records (trajectories), so the checks do too.
+    sidecar = await startChildSidecar({ LIGHTNING_DATA_DIR: dataDir, LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${port}/v1`, LIGHTNING_EXPORT_RECORDS: '' });
   });
   afterAll(async () => {
     await sidecar?.kill();
@@ -482,17 +483,20 @@ describe("the image smoke test's checks (deploy/image-smoke/), against the built
     });
   }
 
-  it('pass on a working sidecar: probes, a proxied call, a final reward, its transition in the data directory', async () => {
+  it('pass on a working sidecar: probes, a proxied call, a final reward, its trajectory in the data directory', async () => {
     const { code, out } = await check({ PROXY_ORIGIN: sidecar.origin, TELEMETRY_ORIGIN: sidecar.telemetryOrigin, DATA_DIR: dataDir, TIMEOUT_MS: '20000' });
-    expect({ code, out }).toEqual({ code: 0, out: expect.stringMatching(/check: ok {3}transition image-smoke-\d+\/0\/0 .*final_reward 1\n$/) });
+    expect({ code, out }).toEqual({
+      code: 0,
+      out: expect.stringMatching(/check: ok {3}trajectory image-smoke-\d+\/0\/s0 .*final_reward 1 on the last sampled id\n$/),
+    });
     expect(out.match(/^check: ok/gm)).toHaveLength(5);
   });
 
-  it('fail, within their deadline, when the transition never reaches the data directory', async () => {
+  it('fail, within their deadline, when the trajectory never reaches the data directory', async () => {
     const elsewhere = mkdtempSync(path.join(os.tmpdir(), 'lightning-image-checks-empty-'));
-    mkdirSync(path.join(elsewhere, 'transitions'));
+    mkdirSync(path.join(elsewhere, 'trajectories'));
     const { code, out } = await check({ PROXY_ORIGIN: sidecar.origin, TELEMETRY_ORIGIN: sidecar.telemetryOrigin, DATA_DIR: elsewhere, TIMEOUT_MS: '1500' });
     expect(code).toBe(1);
-    expect(out).toMatch(/check: FAIL a transition of image-smoke-\d+ in .*: timed out/);
+    expect(out).toMatch(/check: FAIL a trajectory of image-smoke-\d+ in .*: timed out/);
   });
 });
