@@ -79,6 +79,8 @@ export const episodesSchema = z
     idle_timeout_ms: positiveInt.default(120_000),
     tool_span_wait_ms: z.number().int().nonnegative().default(5_000),
     max_open_episodes: positiveInt.default(10_000),
+    /** Closed episodes remembered to answer a reward, end or span that comes after the close. */
+    closed_window: positiveInt.default(50_000),
     tick_interval_ms: positiveInt.default(250),
   })
   .strict();

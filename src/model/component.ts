@@ -22,9 +22,29 @@ export class RefusedError extends Error {
   }
 }
 
+/**
+ * Raised when a record can never reach an episode: a reward, end or tool span for an episode that
+ * already closed (`episode_closed`), or a reward or end for a rollout attempt the sidecar has no
+ * episode of (`unknown_rollout`). Not retryable: the rollout API answers 409 / 404, the OTLP
+ * receiver rejects the span in a partial success.
+ */
+export class RejectedError extends Error {
+  readonly retryable = false;
+  constructor(
+    readonly code: 'episode_closed' | 'unknown_rollout',
+    message: string,
+  ) {
+    super(message);
+  }
+
+  get status(): 404 | 409 {
+    return this.code === 'episode_closed' ? 409 : 404;
+  }
+}
+
 /** The data-plane interface from receivers into the pipeline. */
 export interface RecordSink {
-  /** Resolves once the record is durably journaled; rejects with RefusedError. */
+  /** Resolves once the record is durably journaled; rejects with RefusedError or RejectedError. */
   submit(record: RewardRecord | EndRecord): Promise<unknown>;
 }
 

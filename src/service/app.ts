@@ -19,7 +19,7 @@ import { createRolloutApi } from '../receivers/rollout-api/rollout-api';
 import type { Logger } from '../telemetry/logger';
 import { createMetrics, type Metrics } from '../telemetry/metrics';
 import { createTelemetryServer } from '../telemetry/telemetry-server';
-import { once, RefusedError } from '../model/component';
+import { once, RefusedError, RejectedError } from '../model/component';
 import { createPipeline } from './pipeline';
 import { SequenceCounter } from '../model/sequence';
 
@@ -121,14 +121,21 @@ export function createApp(config: Config, deps: AppDeps) {
   async function acceptSpans(spans: Span[]): Promise<SpanSinkResult> {
     const { observations, other } = observeSpans(spans, (deps.now ?? Date.now)(), config.processors.spans.max_payload_chars);
     if (other > 0) metrics.spansClassified.inc({ kind: 'other', result: 'dropped' }, other);
-    try {
-      await Promise.all(observations.map((o) => pipeline.submit(o)));
-      for (const o of observations) metrics.spansClassified.inc({ kind: o.what.kind, result: 'recorded' });
-      return { status: 'accepted' };
-    } catch (err) {
-      if (err instanceof RefusedError) return { status: 'refused', retryAfterMs: err.retryAfterMs, reason: err.code };
-      throw err;
+    const outcomes = await Promise.allSettled(observations.map((o) => pipeline.submit(o)));
+    const rejected: RejectedError[] = [];
+    for (const [i, r] of outcomes.entries()) {
+      if (r.status === 'fulfilled') metrics.spansClassified.inc({ kind: observations[i].what.kind, result: 'recorded' });
+      else if (r.reason instanceof RefusedError) return { status: 'refused', retryAfterMs: r.reason.retryAfterMs, reason: r.reason.code };
+      else if (r.reason instanceof RejectedError) {
+        metrics.spansClassified.inc({ kind: observations[i].what.kind, result: 'rejected' });
+        rejected.push(r.reason);
+      } else throw r.reason;
     }
+    if (rejected.length === 0) return { status: 'accepted' };
+    // A span that can never apply (late, or a reward for no known rollout) is rejected in the
+    // response's partial success, which OTLP clients log and do not retry.
+    const more = rejected.length > 1 ? ` (and ${rejected.length - 1} more)` : '';
+    return { status: 'accepted', rejected: rejected.length, message: `${rejected[0].message}${more}` };
   }
 
   let proxyUp = false;

@@ -9,7 +9,7 @@ import { Spill, type SpillRef } from '../journal/spill';
 import { EpisodeAssembler, keyOf, type EpisodeClose } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
-import { once, RefusedError, type CaptureSink } from '../model/component';
+import { once, RefusedError, RejectedError, type CaptureSink } from '../model/component';
 import type { CallRecord, CallStartRecord, ClosedEpisode, EpisodeStatus, PipelineRecord } from '../model/records';
 import type { SequenceCounter } from '../model/sequence';
 import { spanRecords, TraceRouter, type SpanObservation } from './span-router';
@@ -94,7 +94,30 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     capture: config.processors.capture,
     read,
     records: config.exporters.records,
+    onLate: (kind, rolloutId, attemptId) => {
+      const outcome = kind === 'call' ? 'new_episode' : 'dropped';
+      m.lateRecords.inc({ kind, outcome });
+      warnLimited(
+        `late_${kind}`,
+        kind === 'call'
+          ? 'a call came after its episode closed; it starts a new episode with the same rollout and attempt ids'
+          : `a ${kind.replace('_', ' ')} came after its episode closed (it was in flight or waited for its trace); dropped`,
+        { rollout_id: rolloutId, attempt_id: attemptId },
+      );
+    },
   });
+  /** Last warning per key and how many were held back since: at most one line per key each 10 s. */
+  const warned = new Map<string, { at: number; suppressed: number }>();
+  function warnLimited(key: string, msg: string, fields: object): void {
+    const at = Date.now();
+    const last = warned.get(key);
+    if (last && at - last.at < 10_000) {
+      last.suppressed++;
+      return;
+    }
+    log.warn(msg, last?.suppressed ? { ...fields, suppressed_since_last: last.suppressed } : fields);
+    warned.set(key, { at, suppressed: 0 });
+  }
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
   const queue: Queued[] = [];
   /**
@@ -438,6 +461,66 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     return { offset, durable };
   }
 
+  /**
+   * Why a reward, end or tool span cannot reach an episode, or null when it can: its episode
+   * closed (within the last `closed_window` closes), or, for a reward or end, no episode of its
+   * rollout attempt exists. Checked against the assembler's state where the record would apply
+   * (call ends not yet applied go first), so what is accepted is applied.
+   */
+  function rejection(record: JournalRecord): { error: RejectedError; kind: 'reward' | 'end' | 'tool_span'; source: string } | null {
+    let rollout: { rolloutId: string; attemptId: string } | null;
+    let kind: 'reward' | 'end' | 'tool_span';
+    let source: string;
+    if (record.type === 'reward' || record.type === 'end') {
+      rollout = record;
+      kind = record.type;
+      source = record.type === 'reward' ? record.source : 'rollout_api';
+    } else if (record.type === 'span' && record.what.kind !== 'agent') {
+      rollout = router.rolloutOf(record);
+      kind = record.what.kind === 'reward' ? 'reward' : 'tool_span';
+      source = 'span';
+    } else return null;
+    if (!rollout) return null;
+    applyDeferred();
+    const s = assembler.standing(rollout.rolloutId, rollout.attemptId);
+    if (s.state === 'open') return null;
+    const what = kind === 'tool_span' ? 'a tool span' : kind === 'end' ? 'an end' : 'a reward';
+    const who = `rollout '${rollout.rolloutId}' attempt '${rollout.attemptId}'`;
+    if (s.state === 'closed') {
+      const closed = `${s.status} at ${new Date(s.at).toISOString()}, final_reward ${s.finalReward}`;
+      return {
+        error: new RejectedError('episode_closed', `${what} for ${who} came after its episode closed (${closed}) and cannot be applied; ${lateHint(s.status)}`),
+        kind,
+        source,
+      };
+    }
+    // A tool span may come before anything else of its rollout (an agent that traces tools only).
+    if (kind === 'tool_span') return null;
+    const window = config.processors.episodes.closed_window;
+    return {
+      error: new RejectedError(
+        'unknown_rollout',
+        `${what} for ${who}, but no call of that rollout attempt went through this sidecar (or its episode closed more than ${window} closes ago): name the rollout and attempt_id of the calls it rewards`,
+      ),
+      kind,
+      source,
+    };
+  }
+
+  function lateHint(status: EpisodeStatus): string {
+    const e = config.processors.episodes;
+    switch (status) {
+      case 'timed_out':
+        return `it had been idle for processors.episodes.idle_timeout_ms (${e.idle_timeout_ms} ms): raise it if rewards take longer`;
+      case 'completed':
+        return `a final reward or end closed it (after processors.episodes.tool_span_wait_ms, ${e.tool_span_wait_ms} ms): send other rewards before the final one`;
+      case 'evicted':
+        return `more than processors.episodes.max_open_episodes (${e.max_open_episodes}) episodes were open`;
+      case 'shutdown':
+        return 'the sidecar stopped while it was open';
+    }
+  }
+
   /** Call end records appended but not yet applied, in offset order. */
   let deferred: { record: JournalRecord; offset: number }[] = [];
 
@@ -640,10 +723,26 @@ export function createPipeline(config: Config, deps: PipelineDeps) {
     capture,
     assembler,
     journal,
-    /** Intake for the rollout API and OTLP: resolves when durable; rejects with RefusedError. */
+    /**
+     * Intake for the rollout API and OTLP: resolves when durable; rejects with RefusedError (full,
+     * retry later) or RejectedError (can never apply: late, or for no known rollout).
+     */
     submit(record: JournalRecord): Promise<unknown> {
       try {
-        return submit(record);
+        const rejected = rejection(record);
+        if (rejected) {
+          const { error, kind, source } = rejected;
+          if (kind === 'tool_span') m.lateRecords.inc({ kind, outcome: 'rejected' });
+          else m.rewards.inc({ source, kind, outcome: error.code });
+          warnLimited(`rejected_${kind}_${error.code}`, error.message, { code: error.code });
+          return Promise.reject(error);
+        }
+        const durable = submit(record);
+        if (record.type === 'reward' || record.type === 'end')
+          m.rewards.inc({ source: record.type === 'reward' ? record.source : 'rollout_api', kind: record.type, outcome: 'applied' });
+        else if (record.type === 'span' && record.what.kind === 'reward' && router.rolloutOf(record))
+          m.rewards.inc({ source: 'span', kind: 'reward', outcome: 'applied' });
+        return durable;
       } catch (err) {
         return Promise.reject(err instanceof Error ? err : new Error(String(err)));
       }

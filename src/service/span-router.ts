@@ -116,6 +116,11 @@ export class TraceRouter {
     return min;
   }
 
+  /** The rollout a span belongs to, when it names one or its trace is known; no side effects. */
+  rolloutOf(o: SpanObservation): { rolloutId: string; attemptId: string } | null {
+    return o.rollout ?? this.traces.get(o.traceId) ?? null;
+  }
+
   /** Returns the rollout, 'parked', or 'dropped' when the parking lot is full. */
   route(o: SpanObservation, offset: number): { rolloutId: string; attemptId: string } | 'parked' | 'dropped' {
     const known = o.rollout ?? this.traces.get(o.traceId);

@@ -78,7 +78,7 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
     }),
     spansClassified: new Counter({
       name: 'lightning_sidecar_spans_classified_total',
-      help: 'Accepted spans by kind (tool, reward, other) and what became of them (recorded, pending, dropped).',
+      help: 'Accepted spans by kind (tool, reward, other) and what became of them (recorded, rejected as late or for no known rollout, unattributed, dropped).',
       labelNames: ['kind', 'result'] as const,
       registers: [registry],
     }),
@@ -164,6 +164,18 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       name: 'lightning_sidecar_rollout_api_requests_total',
       help: 'Rollout API requests by route and outcome.',
       labelNames: ['route', 'outcome'] as const,
+      registers: [registry],
+    }),
+    rewards: new Counter({
+      name: 'lightning_sidecar_rewards_total',
+      help: 'Rewards and ends by source and outcome: applied to an open episode, or rejected (episode_closed, unknown_rollout).',
+      labelNames: ['source', 'kind', 'outcome'] as const,
+      registers: [registry],
+    }),
+    lateRecords: new Counter({
+      name: 'lightning_sidecar_late_records_total',
+      help: 'Calls and spans that came after their episode closed, by what happened to them.',
+      labelNames: ['kind', 'outcome'] as const,
       registers: [registry],
     }),
     openEpisodes: new Gauge({

@@ -44,6 +44,13 @@ describe('the optional API token (service.api_token)', () => {
   });
 
   it('guards the rollout API (Bearer or x-api-key), with an OpenAI-shaped 401', async () => {
+    // A call of the rollout first: a reward for a rollout that made none is a 404.
+    const call = await fetch(`${sidecar.origin}/rollout/auth-r/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'policy', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    expect(call.status).toBe(200);
     const post = (headers: Record<string, string>) =>
       fetch(`${sidecar.origin}/lightning/v1/rollouts/auth-r/reward`, { method: 'POST', headers, body: '{"value": 1, "final": false}' });
     const none = await post({});

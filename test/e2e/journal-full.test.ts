@@ -65,11 +65,18 @@ describe('a full journal', () => {
   });
 
   it('at its hard limit refuses the rollout API with 503 + Retry-After', async () => {
-    const tiny = await startSidecar(upstream.url, { service: { journal: { max_bytes: 300, segment_bytes: 4096, high_watermark: 1 } } });
+    const tiny = await startSidecar(upstream.url, { service: { journal: { max_bytes: 16 * 1024, segment_bytes: 64 * 1024, high_watermark: 1 } } });
     try {
+      // One call (a reward needs a rollout to reach), then rewards that do not close it until the journal is full.
+      const call = await fetch(`${tiny.origin}/rollout/r/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'policy', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      expect(call.status).toBe(200);
       let last: Response | null = null;
-      for (let i = 0; i < 10; i++) {
-        last = await fetch(`${tiny.origin}/lightning/v1/rollouts/r${i}/reward`, { method: 'POST', body: '{"value":1}' });
+      for (let i = 0; i < 400; i++) {
+        last = await fetch(`${tiny.origin}/lightning/v1/rollouts/r/reward`, { method: 'POST', body: '{"value":1,"final":false}' });
         if (last.status !== 202) break;
       }
       expect(last!.status).toBe(503);

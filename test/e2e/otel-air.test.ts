@@ -132,10 +132,12 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
     const eps = await sidecar.waitForEpisodes(2);
     expect(eps.find((e) => e.rollout_id === 'agl-span')).toMatchObject({ final_reward: 0.9, episode_status: 'completed' });
 
-    await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'again' }] }, { headers: { 'x-rollout-id': 'lr-span' } });
+    // Named by header (a path prefix would win over it): a rollout of its own.
+    const byHeader = new OpenAI({ baseURL: `${sidecar.origin}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-rollout-id': 'lr-span' } });
+    await byHeader.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'again' }] });
     tracer.startSpan('score', { attributes: { 'lightning.rollout_id': 'lr-span', 'lightning.reward': 0.4, 'lightning.reward.final': true } }).end();
     await provider.forceFlush();
     const all = await sidecar.waitForEpisodes(3);
-    expect(all.find((e) => e.rollout_id === 'lr-span')).toMatchObject({ final_reward: 0.4, episode_status: 'completed' });
+    expect(all.find((e) => e.rollout_id === 'lr-span')).toMatchObject({ final_reward: 0.4, episode_status: 'completed', transitions: 1 });
   });
 });

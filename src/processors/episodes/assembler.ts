@@ -16,6 +16,12 @@ export interface AssemblerOptions {
   read?: BodyReader;
   /** What the exporter writes (`exporters.records`; default both), named in each episode summary. */
   records?: 'trajectories' | 'transitions' | 'both';
+  /**
+   * A record came for an episode already closed (not called while replaying): a call starts a new
+   * episode with the same ids, anything else is dropped. Intake rejects most of these first
+   * (`standing`); what still arrives here was in flight or parked when the episode closed.
+   */
+  onLate?: (kind: 'call' | 'tool_span' | 'agent_span' | 'reward' | 'end', rolloutId: string, attemptId: string) => void;
 }
 
 interface OpenEpisode {
@@ -61,6 +67,16 @@ export interface LateCounts {
   toolSpans: number;
 }
 
+/** What the sidecar knows of a rollout attempt when a reward or end for it arrives. */
+export type Standing = { state: 'open' } | { state: 'closed'; status: EpisodeStatus; at: number; finalReward: number | null } | { state: 'unknown' };
+
+/** A closed episode remembered to answer records that come after its close. */
+interface ClosedNote {
+  status: EpisodeStatus;
+  at: number;
+  finalReward: number | null;
+}
+
 /**
  * Groups records into episodes per (rollout, attempt) and closes them: on a final reward or
  * `end`, once no call is in flight and tool spans have had `tool_span_wait_ms`; or after
@@ -71,7 +87,8 @@ export interface LateCounts {
 export class EpisodeAssembler {
   /** Insertion order = least recently active first. */
   private readonly open = new Map<string, OpenEpisode>();
-  private readonly recentlyClosed = new Map<string, true>();
+  /** The last `closed_window` closed episodes (oldest first), to answer what arrives after a close. */
+  private readonly recentlyClosed = new Map<string, ClosedNote>();
   readonly late: LateCounts = { calls: 0, rewards: 0, toolSpans: 0 };
   private readonly buildOptions: TransitionOptions;
 
@@ -103,6 +120,17 @@ export class EpisodeAssembler {
   private offset = 0;
   /** Newest numeric policy version the control channel has named (from journaled policy records). */
   private maxPolicySeen: number | null = null;
+
+  /**
+   * Whether a reward or end for this rollout attempt would reach an episode: one is open, one
+   * closed within the last `closed_window` closes (the record would be dropped), or neither.
+   */
+  standing(rolloutId: string, attemptId: string): Standing {
+    const key = keyOf(rolloutId, attemptId);
+    if (this.open.has(key)) return { state: 'open' };
+    const note = this.recentlyClosed.get(key);
+    return note ? { state: 'closed', ...note } : { state: 'unknown' };
+  }
 
   /** Applies one event; returns the episodes it closed, with their transitions built. */
   apply(event: AssemblerEvent, offset = this.offset): ClosedEpisode[] {
@@ -138,7 +166,10 @@ export class EpisodeAssembler {
       }
       case 'call': {
         const key = keyOf(event.correlation.rolloutId, event.correlation.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) this.late.calls++;
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
+          this.late.calls++;
+          this.noteLate('call', event.correlation.rolloutId, event.correlation.attemptId);
+        }
         const ep = this.touch(event.correlation.rolloutId, event.correlation.attemptId, event.endedAt, closed);
         ep.inFlight.delete(event.seq);
         ep.calls.push(event);
@@ -160,6 +191,7 @@ export class EpisodeAssembler {
         const key = keyOf(event.rolloutId, event.attemptId);
         if (!this.open.has(key) && this.recentlyClosed.has(key)) {
           this.late.toolSpans++;
+          this.noteLate('tool_span', event.rolloutId, event.attemptId);
           return closed;
         }
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
@@ -170,7 +202,10 @@ export class EpisodeAssembler {
       }
       case 'agent_span': {
         const key = keyOf(event.rolloutId, event.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) return closed;
+        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
+          this.noteLate('agent_span', event.rolloutId, event.attemptId);
+          return closed;
+        }
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
         if (!ep.agentSpans.some((s) => s.spanId === event.spanId)) ep.agentSpans.push(event);
         return closed;
@@ -180,6 +215,7 @@ export class EpisodeAssembler {
         const key = keyOf(event.rolloutId, event.attemptId);
         if (!this.open.has(key) && this.recentlyClosed.has(key)) {
           this.late.rewards++;
+          this.noteLate(event.type, event.rolloutId, event.attemptId);
           return closed;
         }
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
@@ -237,6 +273,10 @@ export class EpisodeAssembler {
     return closed;
   }
 
+  private noteLate(kind: 'call' | 'tool_span' | 'agent_span' | 'reward' | 'end', rolloutId: string, attemptId: string): void {
+    if (!this.replaying) this.options.onLate?.(kind, rolloutId, attemptId);
+  }
+
   private touch(rolloutId: string, attemptId: string, at: number, closed: EpisodeClose[]): OpenEpisode {
     const key = keyOf(rolloutId, attemptId);
     let ep = this.open.get(key);
@@ -292,9 +332,10 @@ export class EpisodeAssembler {
   /** `late`: remember the key, to count records that arrive after the close (not for made-up rollout ids, never named again). */
   private close(key: string, ep: OpenEpisode, status: EpisodeStatus, at: number, late = true): EpisodeClose {
     this.open.delete(key);
-    if (late) this.recentlyClosed.set(key, true);
-    if (this.recentlyClosed.size > 4 * this.options.episodes.max_open_episodes) {
-      this.recentlyClosed.delete(this.recentlyClosed.keys().next().value as string);
+    if (late) {
+      this.recentlyClosed.delete(key);
+      this.recentlyClosed.set(key, { status, at, finalReward: ep.finalReward ?? ep.provisionalFinal });
+      if (this.recentlyClosed.size > this.options.episodes.closed_window) this.recentlyClosed.delete(this.recentlyClosed.keys().next().value as string);
     }
     return {
       facts: {

@@ -7,7 +7,9 @@ import type { Logger } from '../../telemetry/logger';
 import { splitAddress } from '../../config/address';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
 
-export type SpanSinkResult = { status: 'accepted' } | { status: 'refused'; retryAfterMs: number; reason: string };
+export type SpanSinkResult =
+  /** `rejected` spans can never apply (e.g. after their episode closed): a partial success saying why. */
+  { status: 'accepted'; rejected?: number; message?: string } | { status: 'refused'; retryAfterMs: number; reason: string };
 
 export interface OtlpReceiverDeps {
   /** Acknowledge only after this resolves 'accepted'. */
@@ -68,7 +70,13 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
         log.once(`refused:${result.reason}`, 'warn', 'spans refused: the pipeline is full; clients are told to retry', { reason: result.reason });
         return { ok: false, retryAfterMs: result.retryAfterMs, reason: result.reason };
       }
-      count(transport, 'accepted', 'ok', decoded.spans.length);
+      const late = result.rejected ?? 0;
+      count(transport, 'accepted', 'ok', decoded.spans.length - late);
+      count(transport, 'rejected', 'not_applicable', late);
+      if (late > 0) {
+        const invalid = decoded.rejected > 0 ? `; ${decoded.rejected} span(s) rejected: ${decoded.rejectReason}` : '';
+        return { ok: true, rejected: decoded.rejected + late, message: `${late} span(s) rejected: ${result.message ?? ''}${invalid}` };
+      }
     }
     const message = decoded.rejected > 0 ? `${decoded.rejected} span(s) rejected: ${decoded.rejectReason}` : '';
     return { ok: true, rejected: decoded.rejected, message };

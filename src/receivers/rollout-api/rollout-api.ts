@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { RefusedError, type RecordSink } from '../../model/component';
+import { RefusedError, RejectedError, type RecordSink } from '../../model/component';
 import type { EndRecord, RewardRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
@@ -19,7 +19,8 @@ const AGL_EVENTS = /^\/api\/rollouts\/([^/?]+)\/attempt\/([^/?]+)\/events(?:\?.*
 
 /**
  * Reward and end reports (docs/frameworks.md), served on the proxy port next to the proxied routes.
- * 202 once the pipeline accepted the record; 400 naming the field for a bad body; 503 +
+ * 202 once the pipeline accepted the record; 400 naming the field for a bad body; 409 for a
+ * rollout attempt whose episode already closed, 404 for one the sidecar has no episode of; 503 +
  * Retry-After when the pipeline refuses.
  */
 export function createRolloutApi(options: { maxBodyBytes: number; apiToken?: string }, deps: RolloutApiDeps) {
@@ -79,6 +80,10 @@ export function createRolloutApi(options: { maxBodyBytes: number; apiToken?: str
         if (err instanceof BodyError) {
           deps.metrics.rolloutApi.inc({ route, outcome: err.status === 413 ? '413' : '400' });
           reply(res, err.status, { error: { message: err.message, type: 'invalid_request_error', param: err.field } });
+        } else if (err instanceof RejectedError) {
+          // Never a success that goes nowhere: a reward that cannot reach an episode says why.
+          deps.metrics.rolloutApi.inc({ route, outcome: String(err.status) });
+          reply(res, err.status, { error: { message: err.message, type: err.status === 409 ? 'conflict' : 'not_found', code: err.code } });
         } else if (err instanceof RefusedError) {
           deps.metrics.rolloutApi.inc({ route, outcome: '503' });
           reply(

@@ -1,7 +1,7 @@
 import { EpisodeAssembler } from '../../../src/processors/episodes/assembler';
 import type { CallRecord, Correlation } from '../../../src/model/records';
 
-const episodes = { idle_timeout_ms: 1000, tool_span_wait_ms: 100, max_open_episodes: 3, tick_interval_ms: 10 };
+const episodes = { idle_timeout_ms: 1000, tool_span_wait_ms: 100, max_open_episodes: 3, closed_window: 12, tick_interval_ms: 10 };
 const make = (mode: 'identical' | 'last' | 'discounted' = 'identical') => new EpisodeAssembler({ episodes, credit: { mode, gamma: 0.5 } });
 
 const corr = (rolloutId: string, extra: Partial<Correlation> = {}): Correlation => ({
@@ -112,6 +112,45 @@ describe('episode assembler', () => {
     expect(a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'p', final: true, at: 300, source: 'rollout_api' })).toEqual([]);
     expect(a.late.rewards).toBe(1);
     expect(a.openCount).toBe(0);
+  });
+
+  it('tells whether a reward would reach an episode: open, closed (how, when, with what reward), or unknown', () => {
+    const late: string[] = [];
+    const a = new EpisodeAssembler({ episodes, credit: { mode: 'identical', gamma: 1 }, onLate: (kind, r) => late.push(`${kind}:${r}`) });
+    expect(a.standing('r', '0')).toEqual({ state: 'unknown' });
+    a.apply(call('r', 0, 1));
+    expect(a.standing('r', '0')).toEqual({ state: 'open' });
+    expect(a.standing('r', '1')).toEqual({ state: 'unknown' });
+    a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 0.5, name: 'p', final: true, at: 2, source: 'rollout_api' });
+    expect(a.standing('r', '0')).toEqual({ state: 'open' }); // waiting tool_span_wait_ms: a reward still applies
+    a.apply({ type: 'tick', at: 200 });
+    expect(a.standing('r', '0')).toEqual({ state: 'closed', status: 'completed', at: 200, finalReward: 0.5 });
+    a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'p', final: true, at: 300, source: 'rollout_api' });
+    a.apply(call('r', 1, 400));
+    expect(late).toEqual(['reward:r', 'call:r']);
+  });
+
+  it('remembers the last closed_window closed episodes, not more', () => {
+    const a = make();
+    for (let i = 0; i < 13; i++) {
+      a.apply(call(`r${i}`, 0, i));
+      a.apply({ type: 'end', rolloutId: `r${i}`, attemptId: '0', at: i });
+      a.apply({ type: 'tick', at: i + 200 });
+    }
+    expect(a.standing('r0', '0')).toEqual({ state: 'unknown' });
+    expect(a.standing('r1', '0')).toMatchObject({ state: 'closed' });
+    expect(a.standing('r12', '0')).toMatchObject({ state: 'closed', status: 'completed' });
+  });
+
+  it('does not report late records while replaying (the run that wrote the journal did)', () => {
+    const late: string[] = [];
+    const a = new EpisodeAssembler({ episodes, credit: { mode: 'identical', gamma: 1 }, onLate: (kind) => late.push(kind) });
+    a.apply(call('r', 0, 1));
+    a.apply({ type: 'end', rolloutId: 'r', attemptId: '0', at: 2 });
+    a.apply({ type: 'tick', at: 200 });
+    a.replaying = true;
+    a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'p', final: true, at: 300, source: 'rollout_api' });
+    expect(late).toEqual([]);
   });
 
   it('keeps a late call in a new episode rather than losing it', () => {
