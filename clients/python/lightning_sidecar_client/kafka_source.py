@@ -34,8 +34,21 @@ _DECODERS = {TRANSITION: decode_transition, TRAJECTORY: decode_trajectory, EPISO
 log = logging.getLogger('lightning_sidecar_client.kafka')
 
 
+#: The install command that brings confluent-kafka, for messages.
+KAFKA_EXTRA = "pip install './clients/python[kafka]'"
+
+
 class KafkaUnavailableError(RuntimeError):
     code = 'KAFKA_CLIENT_MISSING'
+
+
+def confluent_kafka() -> Any:
+    """The confluent_kafka module: the ``kafka`` extra, imported only when Kafka is read or written."""
+    try:
+        import confluent_kafka as ck
+    except ImportError:
+        raise KafkaUnavailableError(f'Kafka needs the Kafka extra (confluent-kafka): {KAFKA_EXTRA}') from None
+    return ck
 
 
 #: librdkafka's assignor giving partition p of every subscribed topic (of equal partition counts)
@@ -49,11 +62,7 @@ def brokers_from_env(env: Optional[dict[str, str]] = None) -> list[str]:
 
 
 def _default_consumer(settings: dict[str, Any]) -> Any:
-    try:
-        from confluent_kafka import Consumer
-    except ImportError as e:
-        raise KafkaUnavailableError('kafka: confluent-kafka is not installed (Debian: python3-confluent-kafka; PyPI: confluent-kafka)') from e
-    return Consumer(settings)
+    return confluent_kafka().Consumer(settings)
 
 
 class KafkaSource:

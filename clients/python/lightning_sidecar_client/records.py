@@ -10,13 +10,17 @@ Protobuf cannot tell an absent repeated field from an empty one. An episode's ``
 from a sidecar older than them), while a JSON episode from such a sidecar lacks the three keys.
 A sidecar that writes ``exported`` names at least one record kind, so ``groups.GroupAssembler``
 reads an empty list as what an older sidecar wrote: transitions only.
+
+A protobuf record without the protobuf runtime raises ``ProtoUnavailableError``, not
+``DecodeError``: the record is fine and must not be skipped as undecodable (offsets would move past
+it); installing the extra and reading again gets it.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Mapping, Sequence
 
-from .proto import records_pb2
+from .proto import ProtoUnavailableError, records_pb2
 
 JSON = 'application/json'
 PROTOBUF = 'application/x-protobuf'
@@ -68,7 +72,7 @@ def decode_transition(value: bytes, encoding: str = JSON) -> Record:
         m = records_pb2().Transition()
         m.ParseFromString(value)
         return _transition_from_proto(m)
-    except DecodeError:
+    except (DecodeError, ProtoUnavailableError):
         raise
     except Exception as e:
         raise DecodeError(f'transition: cannot decode {encoding} ({e})') from e
@@ -81,7 +85,7 @@ def decode_episode(value: bytes, encoding: str = JSON) -> Record:
         m = records_pb2().Episode()
         m.ParseFromString(value)
         return _episode_from_proto(m)
-    except DecodeError:
+    except (DecodeError, ProtoUnavailableError):
         raise
     except Exception as e:
         raise DecodeError(f'episode: cannot decode {encoding} ({e})') from e
@@ -94,7 +98,7 @@ def decode_trajectory(value: bytes, encoding: str = JSON) -> Record:
         m = records_pb2().Trajectory()
         m.ParseFromString(value)
         return _trajectory_from_proto(m)
-    except DecodeError:
+    except (DecodeError, ProtoUnavailableError):
         raise
     except Exception as e:
         raise DecodeError(f'trajectory: cannot decode {encoding} ({e})') from e

@@ -17,19 +17,31 @@ from . import js_json
 def load_done(paths: Iterable[str | os.PathLike[str] | None]) -> set[str]:
     done: set[str] = set()
     for path in paths:
-        if not path or not os.path.exists(path):
-            continue
-        with open(path, 'rb') as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    o = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(o, dict) and isinstance(o.get('uid'), str):
-                    done.add(o['uid'])
+        if path:
+            done.update(load_listed(path))
     return done
+
+
+def load_listed(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The groups a state or output file lists, uid to ``'emitted'`` or ``'incomplete'`` (given up
+    on); none when it does not exist. An output file's lines (groups, no status) count as emitted,
+    and so does a uid listed both ways."""
+    listed: dict[str, str] = {}
+    if not os.path.exists(path):
+        return listed
+    with open(path, 'rb') as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(o, dict) and isinstance(o.get('uid'), str):
+                status = 'incomplete' if o.get('status') == 'incomplete' else 'emitted'
+                if listed.get(o['uid']) != 'emitted':
+                    listed[o['uid']] = status
+    return listed
 
 
 def iso_now() -> str:
