@@ -56,6 +56,10 @@ export function createKafkaLogCreator(logger: Logger, options: { retries: number
       // so the crash is detail and the restart a retry, not an error.
       if (/^Crash: .*Connection (error|timeout)/.test(l.message)) log.debug(msg, fields);
       else if (/^Restarting the consumer/.test(l.message)) log.warn(msg, fields);
+      // Said at every start of an idempotent producer with bounded retries, as ours are on purpose:
+      // a batch that fails is retried from the journal by the pipeline (with its backoff and
+      // shutdown), and delivery is at least once with consumers de-duplicating by id. Detail.
+      else if (/^Limiting retries for the idempotent producer/.test(l.message)) log.debug(msg, fields);
       else if (entry.level <= KAFKAJS.ERROR) log.error(msg, fields);
       else if (entry.level <= KAFKAJS.WARN) log.warn(msg, fields);
       else log.debug(msg, fields);

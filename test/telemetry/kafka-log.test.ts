@@ -65,6 +65,15 @@ describe('kafkajs logs through our logger', () => {
     expect(lines).toEqual([expect.objectContaining({ level: 'warn', msg: 'kafka: Restarting the consumer in 1270ms', retry_in_ms: 1270 })]);
   });
 
+  it("keeps kafkajs' notice about the idempotent producer's bounded retries out of warnings (the pipeline retries from the journal)", () => {
+    const { lines, log, entry } = setup();
+    log(entry(2, 'Producer', { message: 'Limiting retries for the idempotent producer may invalidate EoS guarantees' }));
+    expect(lines).toEqual([]);
+    const debug = setup('debug');
+    debug.log(debug.entry(2, 'Producer', { message: 'Limiting retries for the idempotent producer may invalidate EoS guarantees' }));
+    expect(debug.lines).toEqual([expect.objectContaining({ level: 'debug' })]);
+  });
+
   it('keeps kafkajs levels (info as debug), a fixed set of snake_case fields and no stack traces', () => {
     const { lines, log, entry } = setup('debug');
     log(
