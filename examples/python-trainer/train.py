@@ -32,7 +32,8 @@ def main() -> None:
         rows, width = len(batch['input_ids']), len(batch['input_ids'][0]) if batch['input_ids'] else 0
         print(f"group {group['uid']}: {len(group['episodes'])} episodes, {rows} rows x {width} tokens, "
               f"rewards {rewards}, advantages {[round(x, 3) for x in advantages]}, "
-              f"skipped (no token ids) {group['skipped_no_token_ids']}")
+              + (f"calls left out of trajectories {group['unmerged_calls']}" if 'unmerged_calls' in group
+                 else f"skipped (no token ids) {group['skipped_no_token_ids']}"))
         # Here the trainer computes its GRPO loss from batch['input_ids'], batch['attention_mask'],
         # batch['response_mask'], batch['old_log_probs'] and the advantages, and steps its optimizer.
 

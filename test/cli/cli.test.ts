@@ -29,6 +29,12 @@ function cli(args: string[], timeoutMs = 10_000): Promise<Result> {
   });
 }
 
+function writeRunConfig(yaml: string): string {
+  const file = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-cli-config-')), 'config.yaml');
+  writeFileSync(file, yaml);
+  return file;
+}
+
 /** A loopback port nothing listens on. */
 function closedPort(): Promise<number> {
   return new Promise((resolve) => {
@@ -149,6 +155,23 @@ describe('lightning-sidecar command line', () => {
     const code = await new Promise<number | null>((resolve) => tail.once('exit', resolve));
     expect(first).toMatch(/^r\/0\/0 /);
     expect([code, stderr]).toEqual([0, '']);
+  });
+
+  it('run: a data directory it cannot use is one start-up error line and exit 1, not a stack trace', async () => {
+    const file = path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-cli-')), 'not-a-dir');
+    writeFileSync(file, '');
+    const port = await closedPort();
+    const r = await cli([
+      'run',
+      '--config',
+      writeRunConfig(
+        `service:\n  data_dir: ${JSON.stringify(file)}\n  telemetry:\n    endpoint: 127.0.0.1:0\nreceivers:\n  llm_proxy:\n    endpoint: 127.0.0.1:0\n    upstream_url: http://127.0.0.1:${port}/v1\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:0\n      http:\n        endpoint: 127.0.0.1:0\n`,
+      ),
+    ]);
+    expect(r.code).toBe(1);
+    const lines = r.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0])).toMatchObject({ level: 'error', msg: 'start-up failed', err: { code: 'ENOTDIR' }, data_dir: file });
   });
 
   it('answers an unknown command with the list of commands, exit 2', async () => {
