@@ -1,18 +1,4 @@
-import {
-  close,
-  closeSync,
-  fdatasync,
-  fstatSync,
-  fsyncSync,
-  ftruncateSync,
-  mkdirSync,
-  openSync,
-  readdirSync,
-  readFileSync,
-  readSync,
-  writeSync,
-  writevSync,
-} from 'node:fs';
+import { close, closeSync, fdatasync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readSync, writeSync, writevSync } from 'node:fs';
 import { unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { RefusedError } from '../model/component';
@@ -158,40 +144,44 @@ export class Journal {
       .sort();
     for (const [i, name] of names.entries()) {
       const file = path.join(dir, name);
-      const buf = readFileSync(file);
       const last = i === names.length - 1;
+      const reader = new SegmentReader(file);
       // Listed before its frames are handed out: an episode closed during replay reads its
       // calls' bodies from the frames already scanned.
-      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: buf.length, bodies: new FrameIndex(), readFd: null };
+      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: reader.size, bodies: new FrameIndex(), readFd: null };
       this.segments.push(segment);
       let at = 0;
-      for (;;) {
-        if (at === buf.length) break;
-        const r = decodeFrame(buf, at);
-        if (r.kind === 'frame') {
-          if (isBodyPayload(r.payload)) {
-            const ref = isRefPayload(r.payload);
-            if (ref) this.pin(r.offset, decodeExtents(r.payload.subarray(BODY_HEADER_BYTES)));
-            segment.bodies.add(r.offset, at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES, ref);
+      try {
+        for (;;) {
+          if (at === reader.size) break;
+          const { r, base } = reader.decodeAt(at);
+          if (r.kind === 'frame') {
+            if (isBodyPayload(r.payload)) {
+              const ref = isRefPayload(r.payload);
+              if (ref) this.pin(r.offset, decodeExtents(r.payload.subarray(BODY_HEADER_BYTES)));
+              segment.bodies.add(r.offset, at + HEADER_BYTES + BODY_HEADER_BYTES, r.payload.length - BODY_HEADER_BYTES, ref);
+            }
+            onRecord(r.offset, r.payload);
+            report.records++;
+            this.nextOffset = Math.max(this.nextOffset, r.offset + 1);
+            at = base + r.next;
+            continue;
           }
-          onRecord(r.offset, r.payload);
-          report.records++;
-          this.nextOffset = Math.max(this.nextOffset, r.offset + 1);
-          at = r.next;
-          continue;
+          const rest = reader.tail(at);
+          const saved = path.join(dir, `${name}.${at}.${r.kind}`);
+          writeWhole(saved, rest);
+          report.quarantined.push(saved);
+          if (r.kind === 'torn' && last) report.tornTails++;
+          else if (last) report.corruptTails++;
+          else report.corruptSegments++;
+          this.logger.warn('journal: unreadable bytes set aside', { segment: name, at, bytes: rest.length, kind: r.kind, saved_as: path.basename(saved) });
+          truncate(file, at);
+          break;
         }
-        const rest = buf.subarray(at);
-        const saved = path.join(dir, `${name}.${at}.${r.kind}`);
-        writeWhole(saved, rest);
-        report.quarantined.push(saved);
-        if (r.kind === 'torn' && last) report.tornTails++;
-        else if (last) report.corruptTails++;
-        else report.corruptSegments++;
-        this.logger.warn('journal: unreadable bytes set aside', { segment: name, at, bytes: rest.length, kind: r.kind, saved_as: path.basename(saved) });
-        truncate(file, at);
-        break;
+      } finally {
+        reader.close();
       }
-      segment.bytes = Math.min(at, buf.length);
+      segment.bytes = Math.min(at, reader.size);
     }
     if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new FrameIndex(), readFd: null });
     this.nextOffset = Math.max(this.nextOffset, this.active().first);
@@ -729,6 +719,62 @@ function closeQuietly(fd: number): void {
     closeSync(fd);
   } catch {
     // Already closed or never opened: nothing to release.
+  }
+}
+
+/**
+ * A segment file read in windows of 8 MiB (or one frame, when a frame is larger), so a replay
+ * holds one window in memory and not the whole file: a journal that grew during a long exporter
+ * outage replays in bounded memory. A payload handed out lies in the current window; nothing
+ * keeps it past `onRecord`, and each refill is a new buffer, so one kept by mistake stays intact.
+ */
+class SegmentReader {
+  static readonly WINDOW = 8 << 20;
+  readonly size: number;
+  private readonly fd: number;
+  private window = Buffer.alloc(0);
+  /** File position of window[0]. */
+  private base = 0;
+
+  constructor(file: string) {
+    this.fd = openSync(file, 'r');
+    this.size = fstatSync(this.fd).size;
+  }
+
+  /** The frame at file position `at` (or why there is none); positions in `r` are relative to `base`. */
+  decodeAt(at: number): { r: ReturnType<typeof decodeFrame>; base: number } {
+    let r = decodeFrame(this.window, at - this.base);
+    // Torn only because the window ends before the file does: refill from `at` with a window, or
+    // the whole frame when its header (read by the first refill if need be) says it is larger.
+    while (r.kind === 'torn' && this.base + this.window.length < this.size) {
+      const rel = at - this.base;
+      const need = this.window.length - rel >= HEADER_BYTES ? HEADER_BYTES + this.window.readUInt32BE(rel) : HEADER_BYTES;
+      this.load(at, Math.min(this.size - at, Math.max(SegmentReader.WINDOW, need)));
+      r = decodeFrame(this.window, 0);
+    }
+    return { r, base: this.base };
+  }
+
+  /** Everything from `at` to the end of the file. */
+  tail(at: number): Buffer {
+    this.load(at, this.size - at);
+    return this.window;
+  }
+
+  close(): void {
+    closeSync(this.fd);
+  }
+
+  private load(at: number, length: number): void {
+    const buf = Buffer.allocUnsafe(length);
+    let got = 0;
+    while (got < length) {
+      const n = readSync(this.fd, buf, got, length - got, at + got);
+      if (n === 0) break;
+      got += n;
+    }
+    this.window = got === length ? buf : buf.subarray(0, got);
+    this.base = at;
   }
 }
 

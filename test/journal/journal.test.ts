@@ -39,6 +39,23 @@ describe('journal', () => {
     await j2.close();
   });
 
+  it('replays a segment larger than its read window, with frames across window edges and one larger than a window', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir, { maxBytes: 256 << 20, segmentBytes: 128 << 20 });
+    // ~20 MiB of frames of uneven sizes (so window edges fall inside frames), one of 9 MiB among them.
+    const sizes: number[] = [];
+    for (let i = 0; i < 400; i++) sizes.push(i === 150 ? 9 << 20 : 20_000 + ((i * 7919) % 60_000));
+    for (const [i, n] of sizes.entries()) j.append(Buffer.alloc(n, String.fromCharCode(97 + (i % 26))));
+    await j.append(Buffer.from('last')).durable;
+    await j.close();
+    expect(j.segmentCount).toBe(1);
+    const { j: j2, seen, report } = await reopen(dir, { maxBytes: 256 << 20, segmentBytes: 128 << 20 });
+    expect(report).toMatchObject({ records: 401, tornTails: 0, corruptTails: 0, corruptSegments: 0 });
+    expect(seen.map(([, p]) => p.length)).toEqual([...sizes, 4]);
+    expect(seen.every(([o, p], i) => o === i && (i === 400 ? p === 'last' : p === String.fromCharCode(97 + (i % 26)).repeat(sizes[i])))).toBe(true);
+    await j2.close();
+  });
+
   it('assigns offsets synchronously, in call order, and group-commits one tick of appends', async () => {
     const { j } = await reopen(tmp(), { fsync: 'always' });
     const a = j.append(Buffer.from('a'));

@@ -114,6 +114,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '60000',
     LIGHTNING_LOG_LEVEL: 'warn',
     LIGHTNING_CONFIG: writeConfig(dataDir, opts.journalMaxBytes),
+    // SOAK_NODE_OPTIONS: node flags for the sidecar, e.g. --heapsnapshot-signal=SIGUSR2 to look at its heap mid-run.
+    ...(process.env.SOAK_NODE_OPTIONS ? { NODE_OPTIONS: process.env.SOAK_NODE_OPTIONS } : {}),
   };
   let sidecar: ChildSidecar = await startChildSidecar(env);
   let restarting: Promise<void> | null = null;
