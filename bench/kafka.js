@@ -61,6 +61,17 @@ async function drive(port, body, rollouts, calls, prefix) {
   return total;
 }
 
+/** A sidecar exporting per-call transitions to the test broker, episodes open until rewarded. */
+function kafkaEnv(broker, extra = {}) {
+  return {
+    LIGHTNING_EXPORTER: 'kafka',
+    LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
+    LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
+    LIGHTNING_EXPORT_RECORDS: 'transitions',
+    ...extra,
+  };
+}
+
 /** A chat request whose transition is ~64 KB: a long prompt of varied words (as compressible as text). */
 const LONG_PROMPT = (() => {
   let seed = 7;
@@ -88,17 +99,12 @@ const LONG_PROMPT = (() => {
 /**
  * Journal → broker drain of `rollouts` × `calls` transitions piled up during an outage, then the
  * same messages (values, keys, headers) from a bare kafkajs idempotent producer (acks=-1, same
- * compression) in one send to the same broker: records/s and bytes/s for both.
+ * compression) in the fewest sends the same broker takes: records/s and bytes/s for both.
  */
 async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }, body, rollouts, calls) {
   const broker = await startKafkaTestBroker();
   // Per-call transitions: many records of a known size, comparable from run to run.
-  const sc = await startSidecar(modelPort, {
-    LIGHTNING_EXPORTER: 'kafka',
-    LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
-    LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
-    LIGHTNING_EXPORT_RECORDS: 'transitions',
-  });
+  const sc = await startSidecar(modelPort, kafkaEnv(broker));
   broker.refuseConnections(true);
   const total = await drive(sc.port, body, rollouts, calls, 'drain');
   await new Promise((r) => setTimeout(r, 500));
@@ -225,13 +231,7 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   // End to end (proxied calls → journal → Kafka) under each fsync policy.
   for (const fsync of ['always', '1000', 'never']) {
     const broker = await startKafkaTestBroker();
-    const sc = await startSidecar(modelPort, {
-      LIGHTNING_EXPORTER: 'kafka',
-      LIGHTNING_KAFKA_BROKERS: broker.brokers.join(','),
-      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '600000',
-      LIGHTNING_EXPORT_RECORDS: 'transitions',
-      LIGHTNING_CONFIG: writeFsyncConfig(fsync),
-    });
+    const sc = await startSidecar(modelPort, kafkaEnv(broker, { LIGHTNING_CONFIG: writeFsyncConfig(fsync) }));
     const t0 = performance.now();
     const total = await drive(sc.port, body, Math.round(rollouts / 2), calls, `e2e-${fsync}`);
     const complete = await until(() => broker.recordCount('lightning.transitions') >= total, 120_000);

@@ -1,6 +1,7 @@
 import { FileSource, type FileLine } from '../trainer/file-source';
 import { GroupAssembler, type GroupEvent } from '../trainer/groups';
 import type { CliIo } from './command';
+import { stopOnSignals } from './consumer-runner';
 import { GroupOutput, type GroupsRun } from './groups-output';
 import type { EpisodeTally } from './groups-state';
 
@@ -28,12 +29,10 @@ export async function groupsFromFiles(
   const source = new FileSource(files.dir, run.rows);
   let stopped = false;
   let wake = (): void => {};
-  const stop = (): void => {
+  const release = stopOnSignals(() => {
     stopped = true;
     wake();
-  };
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  });
   const tickMs = Math.min(1000, Math.max(50, run.timeoutMs / 4));
   let lastTick = Date.now();
   let lastActivity = lastTick;
@@ -71,8 +70,7 @@ export async function groupsFromFiles(
         });
     }
   } finally {
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
+    release();
     output.close();
   }
   if (ended && assembler.pendingGroups > 0) io.err.write(`groups: ${assembler.pendingGroups} groups still incomplete at the end of ${files.dir}\n`);

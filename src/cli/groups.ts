@@ -3,9 +3,9 @@ import type { Producer } from 'kafkajs';
 import type { Config } from '../config/schema';
 import type { EpisodeSummary } from '../model/records';
 import { kafkajs } from '../exporters/kafka/kafkajs-producer';
-import { ChunkReassembler, type IncompleteRecord } from '../trainer/chunk-reassembly';
 import { GroupAssembler, type GroupEvent, type Position } from '../trainer/groups';
 import { UsageError, type CliIo, type Command, type CommandSpec, type ParsedValues } from './command';
+import { ChunkedMessages, ConsumerRun } from './consumer-runner';
 import { groupsFromFiles } from './groups-files';
 import { GroupOutput, type GroupsRun } from './groups-output';
 import { EpisodeTally, loadDone, stateLine } from './groups-state';
@@ -14,7 +14,6 @@ import {
   decodeEpisodeRecord,
   decodeTrajectoryRecord,
   decodeTransitionRecord,
-  gaveUpMessage,
   kafkaCommandConfig,
   kafkaForCommand,
 } from './kafka-consumer';
@@ -140,7 +139,14 @@ async function groupsFromKafka(
     episodes: config.exporters.kafka.episodes_topic,
   };
 
-  const chunks = new ChunkReassembler({ timeoutMs, maxBytes: 256 * 1024 * 1024 });
+  const messages = new ChunkedMessages(
+    'groups',
+    io,
+    timeoutMs,
+    (r) =>
+      `${r.recordId} at ${r.topic}/${r.partition}: ${r.have} of ${r.count} chunks (${r.reason === 'timeout' ? `after ${r.waitedMs} ms` : 'chunk buffer full'})`,
+  );
+  const chunks = messages.chunks;
   // A group is emitted only once nothing pending (chunks included) comes before it on its partitions.
   const assembler = new GroupAssembler({ groupSize, timeoutMs, rows, blockers: () => chunks.lowestPending() }, new Set(done));
   const { kafka } = kafkaForCommand(config, 'groups', io);
@@ -151,21 +157,15 @@ async function groupsFromKafka(
   });
   const producer: Producer | null = toTopic ? kafka.producer({ idempotent: true, createPartitioner: kafkajs().Partitioners.DefaultPartitioner }) : null;
   const output = new GroupOutput(run, io, producer ? { producer, topic: toTopic! } : undefined);
+  const session = new ConsumerRun('groups', io, consumer, brokers);
   const lastSeen = new Map<string, Position>();
   let lastActivity = Date.now();
-  let failure: unknown = null;
   const emit = (events: GroupEvent[]): Promise<void> => output.write(events);
   const tallied = (e: EpisodeSummary): EpisodeSummary => {
     tally.note(e);
     return e;
   };
 
-  const reportDropped = (records: IncompleteRecord[]): void => {
-    for (const r of records)
-      io.err.write(
-        `groups: dropped record ${r.recordId} at ${r.topic}/${r.partition}: ${r.have} of ${r.count} chunks (${r.reason === 'timeout' ? `after ${r.waitedMs} ms` : 'chunk buffer full'})\n`,
-      );
-  };
   /** Commits, per partition, up to the lowest record still needed (or past the last one seen). */
   async function commit(): Promise<void> {
     const groupsLow = assembler.lowestPending();
@@ -178,11 +178,6 @@ async function groupsFromKafka(
     if (offsets.length > 0) await consumer.commitOffsets(offsets);
   }
 
-  let finish!: () => void;
-  const finished = new Promise<void>((r) => (finish = r));
-  const stop = (): void => finish();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
   // A rebalance: the consumer reads again from the committed offsets, below everything that was
   // pending, so what it owns now is rebuilt from there.
   consumer.on(consumer.events.GROUP_JOIN, (e) => {
@@ -201,76 +196,60 @@ async function groupsFromKafka(
         `groups: this consumer owns ${owned}, not the same partitions of each topic: a group whose records are split between consumers never completes (give the topics as many partitions each, and every consumer of the group this command)\n`,
       );
   });
-  consumer.on(consumer.events.CRASH, (e) => {
-    if (e.payload.restart) return;
-    failure = e.payload.error;
-    finish();
-  });
-  const timer = setInterval(
-    () => {
-      const now = Date.now();
-      reportDropped([...chunks.tick(now), ...chunks.takeEvicted()]);
-      void emit(assembler.tick(now))
-        .then(commit)
-        .catch(() => {});
-      if (now - lastActivity > idleExitMs) finish();
-    },
-    Math.min(1000, Math.max(50, timeoutMs / 4)),
-  );
-  try {
-    await producer?.connect();
-    await consumer.connect();
-    await consumer.subscribe({ topics: [topics.records, topics.episodes], fromBeginning: true });
-    output.open();
-    await consumer.run({
-      autoCommit: false,
-      eachMessage: async ({ topic, partition, message }) => {
-        const now = Date.now();
-        lastActivity = now;
-        const at: Position = { topic, partition, offset: Number(message.offset) };
-        lastSeen.set(`${topic}\u0000${partition}`, at);
-        const outcome = chunks.add(at, message.headers, message.value, now);
-        reportDropped(chunks.takeEvicted());
-        if (outcome.kind === 'invalid')
-          io.err.write(`groups: skipping record ${outcome.recordId ?? '?'} at ${topic}/${partition}@${message.offset}: ${outcome.reason}\n`);
-        if (outcome.kind !== 'record') {
-          await commit();
-          return;
-        }
-        const { record } = outcome;
-        let events: GroupEvent[];
-        try {
-          events =
-            topic === topics.episodes
-              ? assembler.addEpisode(tallied(decodeEpisodeRecord(record)), record.pos, now)
-              : rows === 'trajectories'
-                ? assembler.addTrajectory(decodeTrajectoryRecord(record), record.pos, now)
-                : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
-        } catch {
-          io.err.write(`groups: skipping an undecodable record at ${topic}/${partition}@${record.pos.offset}\n`);
-          await commit();
-          return;
-        }
-        await emit(events);
-        await commit();
-        if (output.emitted >= maxGroups) finish();
+  const code = await session.run({
+    timer: {
+      everyMs: Math.min(1000, Math.max(50, timeoutMs / 4)),
+      tick(now) {
+        messages.tick(now);
+        void emit(assembler.tick(now))
+          .then(commit)
+          .catch(() => {});
+        if (now - lastActivity > idleExitMs) session.finish();
       },
-    });
-    await finished;
-    await commit().catch(() => {});
-  } catch (err) {
-    failure = err;
-  } finally {
-    clearInterval(timer);
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
-    await consumer.disconnect().catch(() => {});
-    await producer?.disconnect().catch(() => {});
-    output.close();
-  }
-  if (failure !== null) {
-    io.err.write(gaveUpMessage('groups', brokers, failure));
-    return { code: 1, emitted: output.emitted };
-  }
-  return { code: 0, emitted: output.emitted };
+    },
+    async start() {
+      await producer?.connect();
+      await consumer.connect();
+      await consumer.subscribe({ topics: [topics.records, topics.episodes], fromBeginning: true });
+      output.open();
+      await consumer.run({
+        autoCommit: false,
+        eachMessage: async ({ topic, partition, message }) => {
+          const now = Date.now();
+          lastActivity = now;
+          const at: Position = { topic, partition, offset: Number(message.offset) };
+          lastSeen.set(`${topic}\u0000${partition}`, at);
+          const record = messages.add(at, message, now);
+          // Eviction makes room for a chunk still pending, so a message that evicts is never also invalid.
+          messages.reportEvicted();
+          if (record === null) {
+            await commit();
+            return;
+          }
+          let events: GroupEvent[];
+          try {
+            events =
+              topic === topics.episodes
+                ? assembler.addEpisode(tallied(decodeEpisodeRecord(record)), record.pos, now)
+                : rows === 'trajectories'
+                  ? assembler.addTrajectory(decodeTrajectoryRecord(record), record.pos, now)
+                  : assembler.addTransition(decodeTransitionRecord(record), record.pos, now);
+          } catch {
+            messages.undecodable(topic, partition, record);
+            await commit();
+            return;
+          }
+          await emit(events);
+          await commit();
+          if (output.emitted >= maxGroups) session.finish();
+        },
+      });
+    },
+    beforeDisconnect: () => commit().catch(() => {}),
+    async afterDisconnect() {
+      await producer?.disconnect().catch(() => {});
+      output.close();
+    },
+  });
+  return { code, emitted: output.emitted };
 }

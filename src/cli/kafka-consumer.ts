@@ -27,15 +27,6 @@ export function kafkaForCommand(config: Config, command: string, io: CliIo): { k
   return { kafka: createKafkaClient(kafkaClientOptions(config.exporters.kafka, `lightning-sidecar-${command}`), logger), logger };
 }
 
-/** The one line a Kafka command ends with when the client gives up. */
-export function gaveUpMessage(command: string, brokers: string[], err: unknown): string {
-  const e = err as Error & { retryCount?: number; cause?: unknown };
-  const root = e.name === 'KafkaJSNumberOfRetriesExceeded' && e.cause instanceof Error ? e.cause : e;
-  const reason = (root instanceof Error ? root.message : String(root)).replace(/^Connection error: /, '');
-  const tries = typeof e.retryCount === 'number' ? ` after ${e.retryCount + 1} tries` : '';
-  return `${command}: gave up on Kafka at ${brokers.join(',')}${tries}: ${reason}\n`;
-}
-
 export function encodingOf(record: WholeRecord): Encoding {
   return headerValue(record.headers, 'content-type') === 'application/x-protobuf' ? 'protobuf' : 'json';
 }

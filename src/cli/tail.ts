@@ -4,10 +4,10 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { loadConfig } from '../config/load';
 import type { Transition } from '../model/records';
-import { ChunkReassembler } from '../trainer/chunk-reassembly';
 import type { WireTransition } from '../trainer/prompt-delta';
 import { UsageError, type CliIo, type Command, type CommandSpec, type ParsedValues } from './command';
-import { decodeTransitionRecord, gaveUpMessage, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
+import { ChunkedMessages, ConsumerRun, stopOnSignals } from './consumer-runner';
+import { decodeTransitionRecord, kafkaCommandConfig, kafkaForCommand } from './kafka-consumer';
 
 const FILE_ONLY = ['data-dir', 'follow'];
 const KAFKA_ONLY = ['brokers', 'topic', 'from-beginning', 'max'];
@@ -100,12 +100,11 @@ async function printNew(dir: string, seen: Map<string, number>, io: CliIo, json:
 function waitAndFollow(dir: string, io: CliIo, json: boolean, seen = new Map<string, number>()): Promise<number> {
   return new Promise((resolve) => {
     const timer = setInterval(() => void printNew(dir, seen, io, json), 500);
-    const stop = (): void => {
+    // The listeners stay until the process exits: the command ends with the first signal.
+    stopOnSignals(() => {
       clearInterval(timer);
       resolve(0);
-    };
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
+    });
   });
 }
 
@@ -121,57 +120,30 @@ async function tailKafka(values: ParsedValues, io: CliIo): Promise<number> {
   const max = (values.max as number | undefined) ?? Infinity;
   const { kafka } = kafkaForCommand(config, 'tail', io);
   const consumer = kafka.consumer({ groupId: `lightning-tail-${randomUUID()}`, maxWaitTimeInMs: 250 });
-  const chunks = new ChunkReassembler({ timeoutMs: 60_000, maxBytes: 256 * 1024 * 1024 });
-  let failure: unknown = null;
+  const messages = new ChunkedMessages('tail', io, 60_000, (r) => `${r.recordId}: ${r.have} of ${r.count} chunks (${r.reason})`);
+  const session = new ConsumerRun('tail', io, consumer, brokers);
   let printed = 0;
-  let finish!: () => void;
-  const finished = new Promise<void>((resolve) => (finish = resolve));
-  const stop = (): void => finish();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
-  consumer.on(consumer.events.CRASH, (e) => {
-    if (e.payload.restart) return;
-    failure = e.payload.error;
-    finish();
+  return session.run({
+    timer: { everyMs: 1000, unref: true, tick: (now) => messages.tick(now) },
+    async start() {
+      await consumer.connect();
+      await consumer.subscribe({ topic, fromBeginning: values['from-beginning'] === true });
+      await consumer.run({
+        eachMessage: async ({ topic: t, partition, message }) => {
+          if (printed >= max) return;
+          const record = messages.add({ topic: t, partition, offset: Number(message.offset) }, message, Date.now());
+          if (record === null) return;
+          let tr: WireTransition;
+          try {
+            tr = decodeTransitionRecord(record);
+          } catch {
+            messages.undecodable(t, partition, record);
+            return;
+          }
+          io.out.write(json ? `${JSON.stringify(tr)}\n` : `${formatTransition(tr)}\n`);
+          if (++printed >= max) session.finish();
+        },
+      });
+    },
   });
-  const timer = setInterval(() => {
-    for (const r of [...chunks.tick(Date.now()), ...chunks.takeEvicted()])
-      io.err.write(`tail: dropped record ${r.recordId}: ${r.have} of ${r.count} chunks (${r.reason})\n`);
-  }, 1000);
-  timer.unref();
-  try {
-    await consumer.connect();
-    await consumer.subscribe({ topic, fromBeginning: values['from-beginning'] === true });
-    await consumer.run({
-      eachMessage: async ({ topic: t, partition, message }) => {
-        if (printed >= max) return;
-        const outcome = chunks.add({ topic: t, partition, offset: Number(message.offset) }, message.headers, message.value, Date.now());
-        if (outcome.kind === 'invalid')
-          io.err.write(`tail: skipping record ${outcome.recordId ?? '?'} at ${t}/${partition}@${message.offset}: ${outcome.reason}\n`);
-        if (outcome.kind !== 'record') return;
-        let tr: WireTransition;
-        try {
-          tr = decodeTransitionRecord(outcome.record);
-        } catch {
-          io.err.write(`tail: skipping an undecodable record at ${t}/${partition}@${outcome.record.pos.offset}\n`);
-          return;
-        }
-        io.out.write(json ? `${JSON.stringify(tr)}\n` : `${formatTransition(tr)}\n`);
-        if (++printed >= max) finish();
-      },
-    });
-    await finished;
-  } catch (err) {
-    failure = err;
-  } finally {
-    clearInterval(timer);
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
-    await consumer.disconnect().catch(() => {});
-  }
-  if (failure !== null) {
-    io.err.write(gaveUpMessage('tail', brokers, failure));
-    return 1;
-  }
-  return 0;
 }

@@ -1,7 +1,8 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
-import { IDS_MARKER, isObject, logprobsMarker } from './adapters/shape';
+import { isObject } from './json';
+import { IDS_MARKER, logprobsMarker } from './adapters/shape';
 import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, type Member, type ValueEnd } from './json-scan';
 
 /**

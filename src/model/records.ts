@@ -159,13 +159,8 @@ export interface EndRecord {
   at: number;
 }
 
-/** A tool execution seen as an OTLP span, attributed to a rollout. */
-export interface ToolSpanRecord {
-  type: 'tool_span';
-  rolloutId: string;
-  attemptId: string;
-  traceId: string;
-  spanId: string;
+/** What span classification found in a tool span (see processors/spans). */
+export interface ToolSpanFacts {
   convention: string;
   toolName: string | null;
   toolCallId: string | null;
@@ -174,6 +169,15 @@ export interface ToolSpanRecord {
   result: string | null;
   outcome: 'ok' | 'error';
   errorType: string | null;
+}
+
+/** A tool execution seen as an OTLP span, attributed to a rollout. */
+export interface ToolSpanRecord extends ToolSpanFacts {
+  type: 'tool_span';
+  rolloutId: string;
+  attemptId: string;
+  traceId: string;
+  spanId: string;
   /** Scalar span attributes (bounded), for AIR rule predicates. */
   attributes: Record<string, string | number | boolean>;
   startedAt: number;

@@ -1,6 +1,6 @@
 import { classifySpan, spanAttribution } from '../processors/spans';
 import type { Attributes, Span } from '../model/span';
-import type { SpanObservation } from './span-router';
+import type { SpanObservation } from '../pipeline/span-router';
 
 const MAX_ATTRIBUTES = 64;
 const MAX_ATTRIBUTE_CHARS = 256;

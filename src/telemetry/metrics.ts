@@ -17,8 +17,32 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
   // can take minutes.
   const seconds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
   const fine = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1];
+  // In registration order: the order of the /metrics page.
   const metrics = {
     registry,
+    ...proxyMetrics(registry, seconds, fine),
+    ...spanMetrics(registry),
+    ...deliveryMetrics(registry),
+    ...upstreamMetrics(registry),
+    ...kafkaMetrics(registry),
+    ...journalMetrics(registry),
+    ...episodeMetrics(registry),
+    ...exportMetrics(registry),
+    ...controlMetrics(registry),
+  };
+  // Series an alert watches with increase() start at 0, so their first event is an increase (a
+  // series born at 1 has none to see).
+  for (const reason of ['capture_cap', 'capture_error', 'journal_full', 'journal_unwritable', 'export_backlog']) metrics.captureDrops.inc({ reason }, 0);
+  for (const action of ['chunked', 'dead_letter']) metrics.exportOversize.inc({ action }, 0);
+  for (const api of ['chat.completions', 'completions', 'responses', 'anthropic.messages'] satisfies Api[]) metrics.missingTokenIds.inc({ api }, 0);
+  return metrics;
+}
+
+export type Metrics = ReturnType<typeof createMetrics>;
+
+/** Proxied calls: requests, latency, streaming, tokens, and captures not kept. */
+function proxyMetrics(registry: Registry, seconds: number[], fine: number[]) {
+  return {
     proxyRequests: new Counter({
       name: 'lightning_sidecar_proxy_requests_total',
       help: 'Proxied requests by recorded api (or "other") and response status class.',
@@ -70,6 +94,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
+  };
+}
+
+/** OTLP spans: intake, classification, tool calls and their AIR rewards. */
+function spanMetrics(registry: Registry) {
+  return {
     otlpSpans: new Counter({
       name: 'lightning_sidecar_otlp_spans_total',
       help: 'OTLP spans received, by transport (grpc, http), outcome (accepted, refused, rejected) and reason.',
@@ -99,6 +129,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Tool and reward spans waiting for a call of their trace to name their rollout.',
       registers: [registry],
     }),
+  };
+}
+
+/** Delivery of exported records: oversize records and the lag to acknowledgement. */
+function deliveryMetrics(registry: Registry) {
+  return {
     exportOversize: new Counter({
       name: 'lightning_sidecar_export_oversize_total',
       help: 'Records above the Kafka message size, by what was done (chunked: sent in chunks; dead_letter: over max_record_bytes or refused by the broker).',
@@ -111,6 +147,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       buckets: [0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600],
       registers: [registry],
     }),
+  };
+}
+
+/** The model server: its flavor, fields it refused, and translated calls. */
+function upstreamMetrics(registry: Registry) {
+  return {
     upstreamFlavor: new Gauge({
       name: 'lightning_sidecar_upstream_flavor',
       help: 'What the model server is taken to be (1 on the current series): flavor, how it was decided (config, detected, unknown), and whether fields for token ids are added.',
@@ -129,11 +171,23 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['api', 'result'] as const,
       registers: [registry],
     }),
+  };
+}
+
+/** The Kafka exporter's connection. */
+function kafkaMetrics(registry: Registry) {
+  return {
     kafkaConnected: new Gauge({
       name: 'lightning_sidecar_kafka_connected',
       help: '1 when the Kafka producer is connected, 0 otherwise (only with the Kafka exporter).',
       registers: [registry],
     }),
+  };
+}
+
+/** The journal on disk: size, segments, what start-up recovered and what was quarantined. */
+function journalMetrics(registry: Registry) {
+  return {
     journalBytes: new Gauge({
       name: 'lightning_sidecar_journal_bytes',
       help: 'Bytes in journal segments on disk (and queued for writing).',
@@ -160,6 +214,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       help: 'Journal records that could not be processed, written to {data_dir}/quarantine/ and skipped.',
       registers: [registry],
     }),
+  };
+}
+
+/** Rollouts and episodes: the rollout API, rewards, late records, open episodes and the export backlog. */
+function episodeMetrics(registry: Registry) {
+  return {
     rolloutApi: new Counter({
       name: 'lightning_sidecar_rollout_api_requests_total',
       help: 'Rollout API requests by route and outcome.',
@@ -199,6 +259,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['status'] as const,
       registers: [registry],
     }),
+  };
+}
+
+/** What was exported: transitions, trajectories (their segments, calls and tokens) and export errors. */
+function exportMetrics(registry: Registry) {
+  return {
     transitionsExported: new Counter({
       name: 'lightning_sidecar_transitions_exported_total',
       help: 'Transitions handed to the exporter and acknowledged by it.',
@@ -235,6 +301,12 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       labelNames: ['exporter', 'kind'] as const,
       registers: [registry],
     }),
+  };
+}
+
+/** Trainer control: pauses, held calls and control messages. */
+function controlMetrics(registry: Registry) {
+  return {
     paused: new Gauge({
       name: 'lightning_sidecar_paused',
       help: '1 while the trainer has paused new model calls (weight sync), 0 otherwise.',
@@ -263,12 +335,4 @@ export function createMetrics(options: { defaultMetrics?: boolean } = {}) {
       registers: [registry],
     }),
   };
-  // Series an alert watches with increase() start at 0, so their first event is an increase (a
-  // series born at 1 has none to see).
-  for (const reason of ['capture_cap', 'capture_error', 'journal_full', 'journal_unwritable', 'export_backlog']) metrics.captureDrops.inc({ reason }, 0);
-  for (const action of ['chunked', 'dead_letter']) metrics.exportOversize.inc({ action }, 0);
-  for (const api of ['chat.completions', 'completions', 'responses', 'anthropic.messages'] satisfies Api[]) metrics.missingTokenIds.inc({ api }, 0);
-  return metrics;
 }
-
-export type Metrics = ReturnType<typeof createMetrics>;

@@ -1,7 +1,7 @@
 import http from 'node:http';
 import type { Logger } from './logger';
 import type { Metrics } from './metrics';
-import { splitAddress } from '../config/address';
+import { boundPort, closeServer, listen } from './listen';
 
 export interface ReadinessCheck {
   name: string;
@@ -59,26 +59,12 @@ export function createTelemetryServer(
   let closing: Promise<void> | undefined;
   return {
     async start(): Promise<void> {
-      const [host, port] = splitAddress(endpoint);
-      await new Promise<void>((resolve, reject) => {
-        server.once('error', reject);
-        server.listen(port, host, () => {
-          server.off('error', reject);
-          resolve();
-        });
-      });
+      const host = await listen(server, endpoint);
       log.info('listening', { address: `${host}:${this.port()}` });
     },
-    port(): number {
-      const a = server.address();
-      return typeof a === 'object' && a ? a.port : 0;
-    },
+    port: (): number => boundPort(server),
     shutdown(): Promise<void> {
-      closing ??= new Promise<void>((resolve) => {
-        if (!server.listening) return resolve();
-        server.close(() => resolve());
-        server.closeAllConnections();
-      });
+      closing ??= closeServer(server, 0);
       return closing;
     },
   };

@@ -1,15 +1,5 @@
+import type { PromptIdsDelta } from '../model/prompt-delta';
 import type { Transition } from '../model/records';
-
-/**
- * `exporters.kafka.prompt_ids: delta` (docs/kafka-records.md): a transition that continues the
- * previous call of its episode carries only what its prompt adds to that call's prompt and response.
- */
-export interface PromptIdsDelta {
-  previous_transition_id: string;
-  /** Length of the previous prompt plus the previous response: a check. */
-  prefix_length: number;
-  suffix: number[];
-}
 
 /** A transition as read from Kafka: full prompt ids, or a delta against the previous transition. */
 export type WireTransition = Transition & { prompt_token_ids_delta?: PromptIdsDelta | null };

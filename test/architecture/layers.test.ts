@@ -4,7 +4,8 @@ import path from 'node:path';
 /**
  * The layering of src/ (docs/architecture.md): a module imports only from lower layers, or from
  * its own folder. The vocabulary is the ground floor; the stages know only what is below them;
- * the wiring (service/) and the command line sit on top.
+ * the pipeline's parts (pipeline/: intake, replay, export queue, body writers) join journal,
+ * processors and exporters above them; the wiring (service/) and the command line sit on top.
  */
 const LAYERS: Record<string, number> = {
   model: 0,
@@ -18,9 +19,10 @@ const LAYERS: Record<string, number> = {
   exporters: 3,
   control: 3,
   trainer: 3,
-  service: 4,
-  cli: 5,
-  main: 6,
+  pipeline: 4,
+  service: 5,
+  cli: 6,
+  main: 7,
 };
 
 const SRC = path.join(__dirname, '../../src');

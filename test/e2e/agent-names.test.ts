@@ -1,11 +1,5 @@
-import { context, trace } from '@opentelemetry/api';
-import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
-import { registerInstrumentations } from '@opentelemetry/instrumentation';
-import { UndiciInstrumentation } from '@opentelemetry/instrumentation-undici';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import { NodeTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-node';
 import OpenAI from 'openai';
-import { resetOtelGlobals } from '../support/otel-globals';
+import { startAgentTracing } from '../support/otel-globals';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
@@ -17,36 +11,25 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 describe('agent names: an agent named only by its invoke_agent spans is selected by include_agents', () => {
   let upstream: FakeModelServer;
   let sidecar: TestSidecar;
-  let provider: NodeTracerProvider;
-  let unregister: () => void;
+  let tracing: ReturnType<typeof startAgentTracing>;
 
   beforeAll(async () => {
-    resetOtelGlobals();
     upstream = await startFakeModelServer({ flavor: 'vllm' });
     sidecar = await startSidecar(upstream.url, {
       receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
       processors: { capture: { include_agents: ['writer'] }, episodes: { tool_span_wait_ms: 300 } },
     });
-    provider = new NodeTracerProvider({
-      resource: resourceFromAttributes({ 'service.name': 'sql-agents' }),
-      spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces` }))],
-    });
-    provider.register();
-    unregister = registerInstrumentations({ tracerProvider: provider, instrumentations: [new UndiciInstrumentation()] });
+    tracing = startAgentTracing('sql-agents', `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`);
   });
 
   afterAll(async () => {
-    resetOtelGlobals();
-    unregister();
-    await provider.shutdown();
-    trace.disable();
-    context.disable();
+    await tracing.stop();
     await sidecar.stop();
     await upstream.close();
   });
 
   it('names each call from its agent span and trains only the included agent; a header still wins over a span', async () => {
-    const tracer = provider.getTracer('sql-agents');
+    const tracer = tracing.provider.getTracer('sql-agents');
     // No agent header: the only name a call has is the GenAI agent span it runs in.
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/names-1/v1`, apiKey: 'k', maxRetries: 0 });
     const ask = (content: string, headers?: Record<string, string>) =>
@@ -71,7 +54,7 @@ describe('agent names: an agent named only by its invoke_agent spans is selected
         root.end();
       },
     );
-    await provider.forceFlush();
+    await tracing.provider.forceFlush();
     expect(upstream.requests).toHaveLength(4);
     expect((await postReward(sidecar.origin, 'names-1', 1)).status).toBe(202);
     const [episode] = await sidecar.waitForEpisodes(1);

@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
@@ -8,6 +7,7 @@ import OpenAI from 'openai';
 import type { Trajectory } from '../../src/model/records';
 import type { GroupBatch, TrajectoryGroupBatch } from '../../src/trainer/groups';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
+import { runToExit, type Exited } from '../support/run-to-exit';
 import { startKafkaTestBroker, type KafkaTestBroker } from '../support/kafka-broker';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
@@ -18,20 +18,8 @@ function runGroups(args: string[]): Promise<{ code: number | null; stdout: strin
   return runCli(['groups', ...args]);
 }
 
-function runCli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [MAIN, ...args], { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    p.stdout.on('data', (c: Buffer) => (stdout += c));
-    p.stderr.on('data', (c: Buffer) => (stderr += c));
-    const kill = setTimeout(() => p.kill('SIGKILL'), 30_000);
-    p.once('error', reject);
-    p.once('exit', (code) => {
-      clearTimeout(kill);
-      resolve({ code, stdout, stderr });
-    });
-  });
+function runCli(args: string[]): Promise<Exited> {
+  return runToExit(process.execPath, [MAIN, ...args]);
 }
 
 describe('lightning-sidecar groups (reference trainer consumer, test broker)', () => {

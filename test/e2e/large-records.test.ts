@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -7,6 +6,7 @@ import type { GroupBatch, TrajectoryGroupBatch } from '../../src/trainer/groups'
 import { startChildSidecar } from '../support/child-sidecar';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { startKafkaTestBroker, type KafkaTestBroker } from '../support/kafka-broker';
+import { runToExit, type Exited } from '../support/run-to-exit';
 import { postReward, startSidecar } from '../support/sidecar';
 
 const MAIN = path.join(__dirname, '../../dist/main.js');
@@ -14,20 +14,8 @@ const MAIN = path.join(__dirname, '../../dist/main.js');
 /** A 1 MiB user message: "abcdefg " is two tokens for the fake tokenizer, so ~256k prompt tokens. */
 const HUGE = 'abcdefg '.repeat(131_072);
 
-function runGroups(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [MAIN, 'groups', ...args], { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    p.stdout.on('data', (c: Buffer) => (stdout += c));
-    p.stderr.on('data', (c: Buffer) => (stderr += c));
-    const kill = setTimeout(() => p.kill('SIGKILL'), 60_000);
-    p.once('error', reject);
-    p.once('exit', (code) => {
-      clearTimeout(kill);
-      resolve({ code, stdout, stderr });
-    });
-  });
+function runGroups(args: string[]): Promise<Exited> {
+  return runToExit(process.execPath, [MAIN, 'groups', ...args], { timeoutMs: 60_000 });
 }
 
 /** What the model server answered for the call at `index`: its prompt and answer ids. */

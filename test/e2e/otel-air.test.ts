@@ -1,11 +1,6 @@
-import { context, SpanStatusCode, trace, type Tracer } from '@opentelemetry/api';
-import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
-import { registerInstrumentations } from '@opentelemetry/instrumentation';
-import { UndiciInstrumentation } from '@opentelemetry/instrumentation-undici';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import { NodeTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-node';
+import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
 import OpenAI from 'openai';
-import { resetOtelGlobals } from '../support/otel-globals';
+import { startAgentTracing } from '../support/otel-globals';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest, type Turn } from '../support/fake-model-server';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
@@ -49,36 +44,25 @@ async function executeTool(tracer: Tracer, call: OpenAI.Chat.ChatCompletionMessa
 describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
   let upstream: FakeModelServer;
   let sidecar: TestSidecar;
-  let provider: NodeTracerProvider;
-  let unregister: () => void;
+  let tracing: ReturnType<typeof startAgentTracing>;
 
   beforeAll(async () => {
-    resetOtelGlobals();
     upstream = await startFakeModelServer({ flavor: 'vllm', script: twoToolScript });
     sidecar = await startSidecar(upstream.url, {
       receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
       processors: { episodes: { tool_span_wait_ms: 300 } },
     });
-    provider = new NodeTracerProvider({
-      resource: resourceFromAttributes({ 'service.name': 'calc-agent' }),
-      spanProcessors: [new SimpleSpanProcessor(new OTLPTraceExporter({ url: `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces` }))],
-    });
-    provider.register();
-    unregister = registerInstrumentations({ tracerProvider: provider, instrumentations: [new UndiciInstrumentation()] });
+    tracing = startAgentTracing('calc-agent', `http://127.0.0.1:${sidecar.app.otlp!.httpPort()}/v1/traces`);
   });
 
   afterAll(async () => {
-    resetOtelGlobals();
-    unregister();
-    await provider.shutdown();
-    trace.disable();
-    context.disable();
+    await tracing.stop();
     await sidecar.stop();
     await upstream.close();
   });
 
   it('puts the failing tool’s penalty and the other tool’s success reward on the calls that asked for them', async () => {
-    const tracer = provider.getTracer('calc-agent');
+    const tracer = tracing.provider.getTracer('calc-agent');
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/otel-1/v1`, apiKey: 'sk-otel', maxRetries: 0 });
     const traceId = await tracer.startActiveSpan('invoke_agent calc-agent', async (root) => {
       const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is 6*7, and what does it mean?' }];
@@ -91,7 +75,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
       root.end();
       return root.spanContext().traceId;
     });
-    await provider.forceFlush();
+    await tracing.provider.forceFlush();
     expect((await postReward(sidecar.origin, 'otel-1', 1)).status).toBe(202);
     await sidecar.waitForEpisodes(1);
 
@@ -117,7 +101,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
   });
 
   it('takes rewards from agent-lightning annotation spans (provisional, last wins) and lightning.reward spans (final)', async () => {
-    const tracer = provider.getTracer('rewarder');
+    const tracer = tracing.provider.getTracer('rewarder');
     const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/agl-span/v1`, apiKey: 'k', maxRetries: 0 });
     await client.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'hi' }] });
     for (const value of [0.2, 0.9]) {
@@ -127,7 +111,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
         })
         .end();
     }
-    await provider.forceFlush();
+    await tracing.provider.forceFlush();
     expect((await fetch(`${sidecar.origin}/lightning/v1/rollouts/agl-span/end`, { method: 'POST', body: '{}' })).status).toBe(202);
     const eps = await sidecar.waitForEpisodes(2);
     expect(eps.find((e) => e.rollout_id === 'agl-span')).toMatchObject({ final_reward: 0.9, episode_status: 'completed' });
@@ -136,7 +120,7 @@ describe('AIR end to end: an OTel-instrumented openai SDK agent', () => {
     const byHeader = new OpenAI({ baseURL: `${sidecar.origin}/v1`, apiKey: 'k', maxRetries: 0, defaultHeaders: { 'x-rollout-id': 'lr-span' } });
     await byHeader.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'again' }] });
     tracer.startSpan('score', { attributes: { 'lightning.rollout_id': 'lr-span', 'lightning.reward': 0.4, 'lightning.reward.final': true } }).end();
-    await provider.forceFlush();
+    await tracing.provider.forceFlush();
     const all = await sidecar.waitForEpisodes(3);
     expect(all.find((e) => e.rollout_id === 'lr-span')).toMatchObject({ final_reward: 0.4, episode_status: 'completed', transitions: 1 });
   });

@@ -1,7 +1,7 @@
 import { RefusedError } from '../../src/model/component';
 import type { TransitionRecord } from '../../src/model/records';
 import type { Pipeline } from '../../src/service/pipeline';
-import type { SpanObservation } from '../../src/service/span-router';
+import type { SpanObservation } from '../../src/pipeline/span-router';
 import { beginCall as begin, chatAnswer as answer, endCall as end, startPipeline, tempDirs, until } from '../support/pipeline-calls';
 
 /**

@@ -1,4 +1,4 @@
-import { spanRecords, TraceRouter, type SpanObservation } from '../../src/service/span-router';
+import { spanRecords, TraceRouter, type SpanObservation } from '../../src/pipeline/span-router';
 
 const obs = (traceId: string, at: number, rollout: SpanObservation['rollout'] = null): SpanObservation => ({
   type: 'span',

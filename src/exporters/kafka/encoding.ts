@@ -1,9 +1,9 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
+import type { PromptIdsDelta } from '../../model/prompt-delta';
 import type { EpisodeSummary, Trajectory, TrajectoryRecord, Transition, TransitionRecord } from '../../model/records';
 import { TransitionWriter } from '../transition-json';
 import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
-import type { PromptIdsDelta } from './prompt-delta';
 
 export type Encoding = 'json' | 'protobuf';
 

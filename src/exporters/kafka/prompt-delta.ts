@@ -1,12 +1,6 @@
+import type { PromptIdsDelta } from '../../model/prompt-delta';
 import type { TransitionRecord } from '../../model/records';
 import type { TransitionWriter } from '../transition-json';
-
-/** What a delta transition carries instead of its full prompt ids (docs/kafka-records.md). */
-export interface PromptIdsDelta {
-  previous_transition_id: string;
-  prefix_length: number;
-  suffix: number[];
-}
 
 /**
  * Walks an episode's transitions in order and, for each that continues the previous call,

@@ -1,4 +1,5 @@
-import { emptyChoice, intArray, isObject, str, toolCall, type Extracted, type Json } from './shape';
+import { isObject, str, type Json } from '../json';
+import { emptyChoice, intArray, toolCall, type Extracted } from './shape';
 
 /** Anthropic `/v1/messages`: `tool_use` content blocks are the tool calls. */
 export function extractAnthropic(body: unknown): Extracted {

@@ -1,18 +1,6 @@
 import type { ChoiceCapture, TokenIds } from '../../model/records';
-import {
-  appendTo,
-  emptyChoice,
-  intArray,
-  intList,
-  isObject,
-  logprobList,
-  NONE_READ,
-  str,
-  toolCall,
-  type Extracted,
-  type Json,
-  type ReadLogprobs,
-} from './shape';
+import { appendTo, intList, isObject, str, type Json } from '../json';
+import { emptyChoice, intArray, logprobList, NONE_READ, toolCall, type Extracted, type ReadLogprobs } from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
 export function extractChat(body: unknown, read: ReadLogprobs = NONE_READ): Extracted {

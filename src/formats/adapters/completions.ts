@@ -1,5 +1,6 @@
 import type { ChoiceCapture } from '../../model/records';
-import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, type Extracted, type Json } from './shape';
+import { appendTo, intList, isObject, str, type Json } from '../json';
+import { emptyChoice, intArray, logprobList, type Extracted } from './shape';
 
 /** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
 export function extractCompletions(body: unknown): Extracted {

@@ -1,4 +1,5 @@
-import { appendTo, emptyChoice, intArray, intList, isObject, logprobList, str, toolCall, type Extracted, type Json } from './shape';
+import { appendTo, intList, isObject, str, type Json } from '../json';
+import { emptyChoice, intArray, logprobList, toolCall, type Extracted } from './shape';
 
 /** OpenAI Responses API: `output[]` items; `function_call` items are the tool calls. */
 export function extractResponses(body: unknown): Extracted {

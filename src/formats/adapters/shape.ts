@@ -1,5 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../model/records';
+import { intList, str } from '../json';
+
+/*
+ * What the API adapters share beyond the checked JSON reads of `../json`: the shape of what they
+ * extract, the markers that stand for token ids and logprobs read from the bytes, and choice and
+ * tool-call records.
+ */
 
 /** What an API adapter extracts from one call. */
 export interface Extracted {
@@ -11,28 +18,6 @@ export interface Extracted {
   choices: ChoiceCapture[];
   /** The stream ended without its terminal event. */
   incomplete: boolean;
-}
-
-export type Json = Record<string, unknown>;
-
-export function isObject(v: unknown): v is Json {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-export function str(v: unknown): string | null {
-  return typeof v === 'string' ? v : null;
-}
-
-/** Appends `more` to `list` in place (no spread: a long array would overflow the call stack). */
-export function appendTo<T>(list: T[], more: readonly T[]): void {
-  for (let i = 0; i < more.length; i++) list.push(more[i]);
-}
-
-/** An array of integers, or null when absent or not all integers. */
-export function intList(v: unknown): number[] | null {
-  if (!Array.isArray(v)) return null;
-  for (const x of v) if (!Number.isInteger(x)) return null;
-  return v as number[];
 }
 
 /**

@@ -1,10 +1,11 @@
 import type { ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import type { SseEvent } from '../../formats/sse';
+import { openUpstream, redacted, refusal, REFUSAL_READ_LIMIT, upstreamFailure, type Upstream } from './call';
 import type { CallCapture } from './capture';
 import { forwardHeaders, rawHeader } from './forward-headers';
-import { SseEventTooLargeError, SseSplitter } from './sse-lines';
-import type { UpstreamClient, UpstreamRequest, UpstreamResponse } from './upstream-client';
+import { SseEventTooLargeError, SseSplitter } from '../../formats/sse';
+import type { UpstreamRequest, UpstreamResponse } from './upstream-client';
 import {
   anthropicToChatRequest,
   ChatStreamToAnthropicEvents,
@@ -28,20 +29,13 @@ export type TranslationPlan =
 
 export type PlanResult = TranslationPlan | { ok: false; reason: string };
 
-export interface UpstreamTarget {
-  client: UpstreamClient;
-  /** The Host header value. */
-  host: string;
-  /** Path prefix of the upstream URL (e.g. `/v1`); chat completions go to `${basePath}/chat/completions`. */
-  basePath: string;
-}
-
 export interface TranslatedCallOptions {
   /** The agent's whole request body (already read). */
   body: Buffer;
   /** `rawHeaders` of the agent's request. */
   agentHeaders: readonly string[];
-  upstream: UpstreamTarget;
+  /** Chat completions go to `${basePath}/chat/completions`. */
+  upstream: Upstream;
   /** Model-server fields added to the chat request (name → JSON text); a field the request already has keeps its value. */
   fields: Readonly<Record<string, string>> | null;
   /** Upstream idle timeout: no byte for this long ends the call. */
@@ -170,18 +164,16 @@ class TranslatedCall {
 
   private send(chatBytes: Buffer): void {
     const { o } = this;
-    const ureq = o.upstream.client.request({
-      method: 'POST',
-      path: `${o.upstream.basePath}/chat/completions`,
-      headers: this.upstreamHeaders(chatBytes.length),
+    const request = { method: 'POST', path: `${o.upstream.basePath}/chat/completions`, headers: this.upstreamHeaders(chatBytes.length) };
+    const ureq = openUpstream(o.upstream, request, o.timeoutMs, {
+      response: (ures) => this.onResponse(ures),
+      error: (err) => this.onUpstreamError(err),
+      // Noted for an answer that has begun: its 'close' tells a timeout from a broken answer.
+      timeout: () => {
+        this.timedOut = true;
+      },
     });
     this.ureq = ureq;
-    ureq.setTimeout(o.timeoutMs, () => {
-      this.timedOut = true;
-      ureq.destroy(new Error('upstream idle timeout'));
-    });
-    ureq.on('response', (ures) => this.onResponse(ures));
-    ureq.on('error', (err: NodeJS.ErrnoException) => this.onUpstreamError(err));
     ureq.end(chatBytes);
   }
 
@@ -205,12 +197,7 @@ class TranslatedCall {
 
   /** The bytes to journal for a request body: redacted when configured; nothing when that cannot be done. */
   private journaled(bytes: Buffer): Buffer | null {
-    if (!this.o.redact) return bytes;
-    try {
-      return Buffer.from(JSON.stringify(this.o.redact(JSON.parse(bytes.toString('utf8')))));
-    } catch {
-      return null;
-    }
+    return redacted(this.o.redact, bytes);
   }
 
   private onResponse(ures: UpstreamResponse): void {
@@ -258,15 +245,13 @@ class TranslatedCall {
     this.sendJson(200, 'response' in out ? out.response : out.message, { status: 'ok', error: null, failure: null });
   }
 
-  /** Reads a whole upstream answer (captured as it comes); an answer cut short ends the call instead. */
   /** A refusal that names an added field: the chat request goes once more, without the added fields. */
   private retryWithout(status: number, body: Buffer): boolean {
-    if (this.retried || this.added.length === 0 || (status !== 400 && status !== 422)) return false;
-    const text = body.toString('utf8', 0, Math.min(body.length, 64 * 1024));
-    const field = this.added.find((f) => text.includes(f));
-    if (field === undefined) return false;
+    if (this.retried || this.added.length === 0) return false;
+    const refused = refusal(status, body.toString('utf8', 0, Math.min(body.length, REFUSAL_READ_LIMIT)), this.added);
+    if (refused === null) return false;
     this.retried = true;
-    this.o.refused?.(field, `${status}: ${text.slice(0, 200)}`);
+    this.o.refused?.(refused.field, refused.detail);
     const chatBytes = withFields(this.plan.chat, [], {});
     if (this.capture) {
       this.capture.injected = [];
@@ -280,6 +265,7 @@ class TranslatedCall {
     return true;
   }
 
+  /** Reads a whole upstream answer (captured as it comes); an answer cut short ends the call instead. */
   private collect(ures: UpstreamResponse, then: (body: Buffer) => void): void {
     const parts: Buffer[] = [];
     ures.on('data', (chunk: Buffer) => {
@@ -395,8 +381,8 @@ class TranslatedCall {
       if (!this.ures.destroyed) this.ures.destroy();
       return;
     }
-    if (this.timedOut) this.sendFailure(504, 'upstream_timeout', `upstream did not answer within ${this.o.timeoutMs} ms`);
-    else this.sendFailure(502, 'upstream_unreachable', `upstream ${this.o.upstream.host} unreachable: ${err.code ?? err.message}`);
+    const f = upstreamFailure(err, this.timedOut, this.o.upstream.host, this.o.timeoutMs);
+    this.sendFailure(f.status, f.code, f.message);
   }
 
   /** A sidecar-made error in the agent's API shape (`lightning-sidecar: …`, as the proxy's own errors). */

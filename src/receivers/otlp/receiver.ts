@@ -5,6 +5,7 @@ import type { Span } from '../../model/span';
 import { bearerAuth } from '../../security/auth';
 import type { Logger } from '../../telemetry/logger';
 import { splitAddress } from '../../config/address';
+import { boundPort, closeServer, listen } from '../../telemetry/listen';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
 
 export type SpanSinkResult =
@@ -192,16 +193,7 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
   let grpcStarted = false;
   return {
     async start(): Promise<void> {
-      if (options.httpAddr) {
-        const [host, port] = splitAddress(options.httpAddr);
-        await new Promise<void>((resolve, reject) => {
-          httpServer.once('error', reject);
-          httpServer.listen(port, host, () => {
-            httpServer.off('error', reject);
-            resolve();
-          });
-        });
-      }
+      if (options.httpAddr) await listen(httpServer, options.httpAddr);
       if (options.grpcAddr) {
         const [host, port] = splitAddress(options.grpcAddr);
         grpcPort = await new Promise<number>((resolve, reject) =>
@@ -213,20 +205,11 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
       }
       log.info('listening', { grpc: options.grpcAddr ? `port ${grpcPort}` : 'off', http: options.httpAddr ? `port ${this.httpPort()}` : 'off' });
     },
-    httpPort(): number {
-      const a = httpServer.address();
-      return typeof a === 'object' && a ? a.port : 0;
-    },
+    httpPort: (): number => boundPort(httpServer),
     grpcPort: (): number => grpcPort,
     shutdown(): Promise<void> {
       shutdownP ??= (async () => {
-        if (httpServer.listening) {
-          await new Promise<void>((r) => {
-            httpServer.close(() => r());
-            httpServer.closeIdleConnections();
-            setTimeout(() => httpServer.closeAllConnections(), 2000).unref();
-          });
-        }
+        await closeServer(httpServer, 2000);
         if (grpcStarted) {
           await new Promise<void>((r) => {
             const t = setTimeout(() => {

@@ -1,5 +1,4 @@
 import http from 'node:http';
-import net from 'node:net';
 import { startFakeModelServer, type FakeModelServer, type FakeModelServerOptions } from '../../support/fake-model-server';
 import { startSidecar, type TestSidecar } from '../../support/sidecar';
 
@@ -113,7 +112,9 @@ describe('proxy transparency', () => {
   });
 
   it('answers 502 in the OpenAI error shape when the upstream refuses connections', async () => {
-    const port = await freePort();
+    // Port 1 (tcpmux) is never served here: a port freed and handed back could be taken by another
+    // test's server before the call, which then answers instead of refusing.
+    const port = 1;
     upstream = await startFakeModelServer();
     sidecar = await startSidecar(`http://127.0.0.1:${port}/v1`);
     const res = await request(`${sidecar.origin}/rollout/down-1/v1/chat/completions`, { body: chatBody() });
@@ -244,13 +245,3 @@ describe('proxy transparency', () => {
     expect(sidecar.app.pipeline.assembler.openCount).toBe(0);
   });
 });
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(port));
-    });
-  });
-}

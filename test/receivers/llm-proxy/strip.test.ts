@@ -1,4 +1,5 @@
 import { nullMembers, SseStripper } from '../../../src/receivers/llm-proxy/strip';
+import { splitAt } from '../../support/chunks';
 
 const MEMBERS = ['prompt_token_ids', 'token_ids', 'logprobs'];
 
@@ -42,17 +43,6 @@ function run(stripper: SseStripper, chunks: Buffer[]): { out: string; pushes: st
     .map((p) => p.toString('utf8'))
     .join('');
   return { out, pushes };
-}
-
-function splitAt(buf: Buffer, cuts: number[]): Buffer[] {
-  const chunks: Buffer[] = [];
-  let at = 0;
-  for (const c of cuts) {
-    chunks.push(buf.subarray(at, c));
-    at = c;
-  }
-  chunks.push(buf.subarray(at));
-  return chunks;
 }
 
 describe('giving back the members the sidecar asked for, in a stream', () => {

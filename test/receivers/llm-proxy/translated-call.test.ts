@@ -6,7 +6,7 @@ import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool } from '@o
 import { z } from 'zod';
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslatedOutcome } from '../../../src/receivers/llm-proxy/translated-call';
-import { SseSplitter } from '../../../src/receivers/llm-proxy/sse-lines';
+import { SseSplitter } from '../../../src/formats/sse';
 import { UpstreamClient } from '../../../src/receivers/llm-proxy/upstream-client';
 import { extractFacts, resolveIds } from '../../../src/formats/extract';
 import { parseSse } from '../../../src/formats/sse';

@@ -1,4 +1,5 @@
-import { isObject, isSet, num, seedOf, str, type Json } from './values';
+import { isObject, isSet, num, str, type Json } from '../../../formats/json';
+import { seedOf } from './ids';
 
 /** What the answer's translation needs from the agent's Messages request. */
 export interface AnthropicContext {

@@ -1,7 +1,8 @@
 import { argumentsObject, readChatAnswer, usageOrCounts, type ChatUsage } from './chat-answer';
 import type { AnthropicContext } from './anthropic-request';
 import { upstreamError } from './responses-response';
-import { idBase, type Json } from './values';
+import type { Json } from '../../../formats/json';
+import { idBase } from './ids';
 
 export type AnthropicAnswerTranslation = { ok: true; message: Json; notes: string[] } | { ok: false; reason: string };
 

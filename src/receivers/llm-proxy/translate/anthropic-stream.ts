@@ -1,7 +1,10 @@
-import { argumentsObject, readChatChunk, usageOrCounts, type ChatUsage } from './chat-answer';
+import { argumentsObject, type ChatDelta, type ChatUsage } from './chat-answer';
+import { ChatStreamTranslator } from './chat-stream';
 import type { AnthropicContext } from './anthropic-request';
 import { anthropicErrorType, anthropicMessageId, anthropicUsage, messageShell, stopReasonOf } from './anthropic-response';
-import { idBase, sseEvent, type Json } from './values';
+import type { Json } from '../../../formats/json';
+import { sseEvent } from '../../../formats/sse';
+import { idBase } from './ids';
 
 interface PendingTool {
   toolIndex: number;
@@ -23,9 +26,7 @@ interface PendingTool {
  * finish chunk. An error chunk, a stream that ends before a finish reason, or `fail()` sends
  * Anthropic's `error` event, which the SDK raises as an APIError.
  */
-export class ChatStreamToAnthropicEvents {
-  private started = false;
-  private finished = false;
+export class ChatStreamToAnthropicEvents extends ChatStreamTranslator {
   private messageId = '';
   private base = '';
   private model = '';
@@ -34,32 +35,23 @@ export class ChatStreamToAnthropicEvents {
   private readonly pending = new Map<number, PendingTool>();
   private readonly flushed = new Set<number>();
   private hadToolCalls = false;
-  private finishReason: string | null = null;
   private stopReason: string | number | null = null;
-  private usage: ChatUsage | null = null;
-  private promptTokenCount: number | null = null;
-  private tokenCount = 0;
-  private readonly noteList: string[] = [];
 
-  constructor(private readonly ctx: AnthropicContext) {}
-
-  get done(): boolean {
-    return this.finished;
+  constructor(private readonly ctx: AnthropicContext) {
+    super();
   }
 
-  get notes(): readonly string[] {
-    return this.noteList;
+  /** Anthropic's in-stream `error` event, typed by the HTTP status it stands for. */
+  fail(message: string, status = 500): string {
+    return this.stop(() => sseEvent('error', { type: 'error', error: { type: anthropicErrorType(status), message } }));
   }
 
-  push(chunk: Record<string, unknown>): string {
-    if (this.finished) return '';
-    const d = readChatChunk(chunk);
-    if (d.error) return this.fail(d.error.message, 500);
+  protected upstreamFailed(message: string, cut: boolean): string {
+    return cut ? this.fail(message, 502) : this.fail(message, 500);
+  }
+
+  protected delta(d: ChatDelta): string {
     let out = '';
-    if (d.promptTokenCount !== null) this.promptTokenCount = d.promptTokenCount;
-    if (!this.started) out += this.start(d.id, d.model);
-    this.tokenCount += d.tokenCount;
-    if (d.usage) this.usage = d.usage;
     if (d.content !== '') {
       if (this.textBlock === null) {
         out += this.flushTools();
@@ -71,7 +63,7 @@ export class ChatStreamToAnthropicEvents {
     for (const tc of d.toolCalls) {
       this.hadToolCalls = true;
       if (this.flushed.has(tc.index)) {
-        this.noteList.push(`late_tool_arguments:${tc.index}`);
+        this.note(`late_tool_arguments:${tc.index}`);
         continue;
       }
       let tool = this.pending.get(tc.index);
@@ -84,30 +76,22 @@ export class ChatStreamToAnthropicEvents {
       }
       tool.arguments += tc.arguments;
     }
-    if (d.finishReason !== null) {
-      this.finishReason = d.finishReason;
-      this.stopReason = d.stopReason;
-      out += this.closeText() + this.flushTools();
-    }
     return out;
   }
 
-  end(): string {
-    if (this.finished) return '';
-    if (!this.started) return this.fail('upstream stream ended without any chunk', 502);
-    if (this.finishReason === null) return this.fail('upstream stream ended before the model finished', 502);
+  protected finish(d: ChatDelta): string {
+    this.stopReason = d.stopReason;
+    return this.closeText() + this.flushTools();
+  }
+
+  protected terminal(finishReason: string, usage: ChatUsage): string {
     let out = this.closeText() + this.flushTools();
     if (this.blockCount === 0) {
       out += sseEvent('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
       out += sseEvent('content_block_stop', { type: 'content_block_stop', index: 0 });
       this.blockCount = 1;
     }
-    const stop = stopReasonOf(this.finishReason, this.stopReason, this.hadToolCalls, this.ctx);
-    const usage = usageOrCounts({
-      usage: this.usage,
-      promptTokenCount: this.promptTokenCount,
-      completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null,
-    });
+    const stop = stopReasonOf(finishReason, this.stopReason, this.hadToolCalls, this.ctx);
     const u = anthropicUsage(usage);
     out += sseEvent('message_delta', {
       type: 'message_delta',
@@ -121,23 +105,15 @@ export class ChatStreamToAnthropicEvents {
       },
     });
     out += sseEvent('message_stop', { type: 'message_stop' });
-    this.finished = true;
     return out;
   }
 
-  /** Anthropic's in-stream `error` event, typed by the HTTP status it stands for. */
-  fail(message: string, status = 500): string {
-    if (this.finished) return '';
-    this.finished = true;
-    return sseEvent('error', { type: 'error', error: { type: anthropicErrorType(status), message } });
-  }
-
-  private start(id: string | null, model: string | null): string {
-    this.started = true;
+  protected start(d: ChatDelta): string {
+    const { id, model } = d;
     this.base = idBase(id, this.ctx.idSeed);
     this.messageId = anthropicMessageId(id, this.ctx.idSeed);
     this.model = model ?? this.ctx.model ?? '';
-    const usage = anthropicUsage({ promptTokens: this.promptTokenCount ?? 0, completionTokens: 0, cachedTokens: 0 });
+    const usage = anthropicUsage({ promptTokens: this.promptTokens ?? 0, completionTokens: 0, cachedTokens: 0 });
     const message = messageShell(this.messageId, this.model, [], { stopReason: null, stopSequence: null }, usage);
     return sseEvent('message_start', { type: 'message_start', message }) + sseEvent('ping', { type: 'ping' });
   }
@@ -156,7 +132,7 @@ export class ChatStreamToAnthropicEvents {
     for (const tool of tools) {
       const index = this.blockCount++;
       const { malformed } = argumentsObject(tool.arguments);
-      if (malformed) this.noteList.push(`malformed_tool_arguments:${tool.id}`);
+      if (malformed) this.note(`malformed_tool_arguments:${tool.id}`);
       const block: Json = { type: 'tool_use', id: tool.id, name: tool.name, input: {} };
       out += sseEvent('content_block_start', { type: 'content_block_start', index, content_block: block });
       out += sseEvent('content_block_delta', {

@@ -1,4 +1,4 @@
-import { isObject, num, objects, str, type Json } from './values';
+import { isObject, num, objects, str, type Json } from '../../../formats/json';
 
 /** A tool call as the model made it; `arguments` is the raw text, valid JSON or not. */
 export interface ChatToolCall {

@@ -1,4 +1,5 @@
-import { isObject, isSet, num, objects, seedOf, str, type Json } from './values';
+import { isObject, isSet, num, objects, str, type Json } from '../../../formats/json';
+import { seedOf } from './ids';
 
 /** What the answer's translation needs from the agent's Responses request. */
 export interface ResponsesContext {

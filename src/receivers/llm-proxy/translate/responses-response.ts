@@ -1,6 +1,7 @@
 import { readChatAnswer, usageOrCounts, type ChatToolCall, type ChatUsage } from './chat-answer';
 import type { ResponsesContext } from './responses-request';
-import { idBase, isObject, num, objects, str, type Json } from './values';
+import { isObject, num, objects, str, type Json } from '../../../formats/json';
+import { idBase } from './ids';
 
 export type ResponsesAnswerTranslation = { ok: true; response: Json; notes: string[] } | { ok: false; reason: string };
 

@@ -1,4 +1,5 @@
-import { readChatChunk, usageOrCounts, type ChatUsage } from './chat-answer';
+import type { ChatDelta, ChatUsage } from './chat-answer';
+import { ChatStreamTranslator } from './chat-stream';
 import type { ResponsesContext } from './responses-request';
 import {
   functionCallItem,
@@ -11,7 +12,8 @@ import {
   statusOf,
   validJson,
 } from './responses-response';
-import { sseEvent, type Json } from './values';
+import type { Json } from '../../../formats/json';
+import { sseEvent } from '../../../formats/sse';
 
 type Open =
   | { kind: 'reasoning'; index: number; text: string }
@@ -40,44 +42,46 @@ interface ToolState {
  * stream with an `error` event, which the SDKs raise as an error. Nothing is sent after the
  * terminal event.
  */
-export class ChatStreamToResponsesEvents {
+export class ChatStreamToResponsesEvents extends ChatStreamTranslator {
   private seq = 0;
-  private started = false;
-  private finished = false;
   private ids = responsesIds(null, '');
   private createdAt = 0;
   private model: string | null = null;
   private readonly items: Json[] = [];
   private open: Open | null = null;
   private readonly tools = new Map<number, ToolState>();
-  private finishReason: string | null = null;
-  private usage: ChatUsage | null = null;
-  private promptTokenCount: number | null = null;
-  private tokenCount = 0;
-  private readonly noteList: string[] = [];
 
-  constructor(private readonly ctx: ResponsesContext) {}
-
-  /** True once the terminal event has been produced. */
-  get done(): boolean {
-    return this.finished;
+  constructor(private readonly ctx: ResponsesContext) {
+    super();
   }
 
-  /** Things worth recording about the translation (e.g. `malformed_tool_arguments:<call id>`). */
-  get notes(): readonly string[] {
-    return this.noteList;
+  /**
+   * SSE text that ends the stream with an `error` event, e.g. when the upstream connection broke.
+   * The event carries the Responses API's fields (`code`, `message`, `param`) and an `error`
+   * object: the openai SDK raises any event whose data has `error` as an APIError, so both the
+   * plain SDK and the Agents SDK fail the call instead of reading a partial response as final.
+   */
+  fail(message: string, code = 'server_error'): string {
+    return this.stop(() => this.emit('error', { code, message, param: null, error: { type: 'server_error', code, message, param: null } }));
   }
 
-  /** SSE text for one parsed chat chunk (possibly ''). */
-  push(chunk: Record<string, unknown>): string {
-    if (this.finished) return '';
-    const d = readChatChunk(chunk);
-    if (d.error) return this.fail(d.error.message, 'server_error');
+  protected upstreamFailed(message: string): string {
+    return this.fail(message, 'server_error');
+  }
+
+  protected start(d: ChatDelta): string {
+    this.ids = responsesIds(d.id, this.ctx.idSeed);
+    this.createdAt = d.created ?? 0;
+    this.model = d.model;
+    const response = responseObject(
+      { id: this.ids.response, createdAt: this.createdAt, model: this.model, status: 'in_progress', output: [], usage: null },
+      this.ctx,
+    );
+    return this.emit('response.created', { response }) + this.emit('response.in_progress', { response });
+  }
+
+  protected delta(d: ChatDelta): string {
     let out = '';
-    if (!this.started) out += this.start(d.id, d.created, d.model);
-    if (d.promptTokenCount !== null) this.promptTokenCount = d.promptTokenCount;
-    this.tokenCount += d.tokenCount;
-    if (d.usage) this.usage = d.usage;
     if (d.reasoning !== '') {
       if (this.open?.kind !== 'reasoning') out += this.close() + this.openReasoning();
       const open = this.open as Extract<Open, { kind: 'reasoning' }>;
@@ -116,57 +120,22 @@ export class ChatStreamToResponsesEvents {
       // Late fragments of an item already closed still reach the final response, not the events.
       if (tool.open) out += this.emit('response.function_call_arguments.delta', { item_id: tool.id, output_index: tool.index, delta: tc.arguments });
     }
-    if (d.finishReason !== null) {
-      this.finishReason = d.finishReason;
-      out += this.close();
-    }
     return out;
   }
 
-  /** SSE text for the end of the upstream stream: the terminal event. */
-  end(): string {
-    if (this.finished) return '';
-    if (!this.started) return this.fail('upstream stream ended without any chunk', 'server_error');
-    if (this.finishReason === null) return this.fail('upstream stream ended before the model finished', 'server_error');
-    let out = this.close();
+  protected finish(): string {
+    return this.close();
+  }
+
+  protected terminal(finishReason: string, usage: ChatUsage): string {
+    const out = this.close();
     this.foldLateArguments();
-    const { status, incompleteReason } = statusOf(this.finishReason);
-    const usage = usageOrCounts({
-      usage: this.usage,
-      promptTokenCount: this.promptTokenCount,
-      completionTokenCount: this.tokenCount > 0 ? this.tokenCount : null,
-    });
+    const { status, incompleteReason } = statusOf(finishReason);
     const response = responseObject(
       { id: this.ids.response, createdAt: this.createdAt, model: this.model, status, output: this.items, usage, incompleteReason },
       this.ctx,
     );
-    out += this.emit(status === 'completed' ? 'response.completed' : 'response.incomplete', { response });
-    this.finished = true;
-    return out;
-  }
-
-  /**
-   * SSE text that ends the stream with an `error` event, e.g. when the upstream connection broke.
-   * The event carries the Responses API's fields (`code`, `message`, `param`) and an `error`
-   * object: the openai SDK raises any event whose data has `error` as an APIError, so both the
-   * plain SDK and the Agents SDK fail the call instead of reading a partial response as final.
-   */
-  fail(message: string, code = 'server_error'): string {
-    if (this.finished) return '';
-    this.finished = true;
-    return this.emit('error', { code, message, param: null, error: { type: 'server_error', code, message, param: null } });
-  }
-
-  private start(id: string | null, created: number | null, model: string | null): string {
-    this.started = true;
-    this.ids = responsesIds(id, this.ctx.idSeed);
-    this.createdAt = created ?? 0;
-    this.model = model;
-    const response = responseObject(
-      { id: this.ids.response, createdAt: this.createdAt, model: this.model, status: 'in_progress', output: [], usage: null },
-      this.ctx,
-    );
-    return this.emit('response.created', { response }) + this.emit('response.in_progress', { response });
+    return out + this.emit(status === 'completed' ? 'response.completed' : 'response.incomplete', { response });
   }
 
   private openReasoning(): string {
@@ -228,7 +197,7 @@ export class ChatStreamToResponsesEvents {
     }
     const tool = this.tools.get(open.toolIndex)!;
     tool.open = false;
-    if (!validJson(tool.arguments)) this.noteList.push(`malformed_tool_arguments:${tool.callId}`);
+    if (!validJson(tool.arguments)) this.note(`malformed_tool_arguments:${tool.callId}`);
     return (
       this.emit('response.function_call_arguments.done', { item_id: id, output_index: open.index, name: tool.name, arguments: tool.arguments }) +
       this.emit('response.output_item.done', { output_index: open.index, item: this.finalToolItem(tool) })

@@ -10,6 +10,7 @@ import {
   chatToResponsesResponse,
   responsesToChatRequest,
 } from '../../../../src/receivers/llm-proxy/translate';
+import { SseSplitter } from '../../../../src/formats/sse';
 
 /**
  * A minimal stand-in for the proxy's translated path, so the translation modules meet the real
@@ -97,26 +98,18 @@ export async function startTranslatingGateway(upstreamOrigin: string): Promise<T
         call.sent += s;
         res.write(s);
       };
-      let buffer = '';
-      up.res.setEncoding('utf8');
-      up.res.on('data', (text: string) => {
-        buffer += text;
-        let cut: number;
-        while ((cut = buffer.indexOf('\n\n')) >= 0) {
-          const event = buffer.slice(0, cut);
-          buffer = buffer.slice(cut + 2);
-          const data = event
-            .split('\n')
-            .filter((l) => l.startsWith('data:'))
-            .map((l) => l.slice(5).trimStart())
-            .join('\n');
-          if (data === '') continue;
-          if (data === '[DONE]') {
+      // Framed as the proxy frames it (formats/sse.ts); an event cut short at the end is dropped,
+      // as the event-stream format says, and end() below fails the stream without a finish reason.
+      const splitter = new SseSplitter();
+      up.res.on('data', (chunk: Buffer) => {
+        for (const e of splitter.push(chunk)) {
+          if (e.data === '') continue;
+          if (e.data === '[DONE]') {
             write(translator.end());
             continue;
           }
           try {
-            write(translator.push(JSON.parse(data) as Record<string, unknown>));
+            write(translator.push(JSON.parse(e.data) as Record<string, unknown>));
           } catch {
             write(translator.fail('upstream sent an event that is not JSON'));
           }

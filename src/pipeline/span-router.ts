@@ -1,15 +1,4 @@
-import type { PipelineRecord } from '../model/records';
-
-/** What span classification found in a tool span (see processors/spans). */
-export interface ToolSpanFacts {
-  convention: string;
-  toolName: string | null;
-  toolCallId: string | null;
-  arguments?: string | null;
-  result: string | null;
-  outcome: 'ok' | 'error';
-  errorType: string | null;
-}
+import type { PipelineRecord, ToolSpanFacts } from '../model/records';
 
 /** What span classification found in a reward span. */
 export interface RewardFacts {

@@ -1,0 +1,351 @@
+import path from 'node:path';
+import type { Exporter } from '../exporters/exporter';
+import { RefusedError } from '../model/component';
+import type { ClosedEpisode } from '../model/records';
+import { Spill, type SpillRef } from '../journal/spill';
+import type { EpisodeClose } from '../processors/episodes/assembler';
+import type { Context } from './context';
+import type { DeliveredMarker, EpisodeClosedMarker } from './records';
+
+/** Closed episodes exported in one batch at most, and how long a first one waits for company. */
+const EXPORT_BATCH = 64;
+const EXPORT_LINGER_MS = 20;
+
+interface Queued {
+  /** What closed; null while it waits on disk (`spilled`). */
+  close: EpisodeClose | null;
+  /** Where it waits on disk, when the backlog in memory is full (`export_backlog_memory_records`). */
+  spilled: SpillRef | null;
+  /** Lowest journal offset among its records (what must be kept until delivery). */
+  firstOffset: number;
+  /** Its transitions, built when its batch is first exported. */
+  built: ClosedEpisode | null;
+  /** It could not be built: left out of the export. */
+  quarantined?: boolean;
+  /** Offset of its close marker; set once the marker is appended. */
+  marker: number;
+  durable: Promise<unknown>;
+  /** Records it holds (see `max_export_backlog`), in memory unless spilled. */
+  weight: number;
+}
+
+export interface ExportQueueDeps {
+  exporter: Exporter;
+  /** The lowest offset the rest of the pipeline still needs (open episodes, parked spans, calls in flight). */
+  floor: () => number;
+  /** An episode closed: what the pipeline keeps for its rollout attempt goes. */
+  closed: (rolloutId: string, attemptId: string) => void;
+}
+
+/**
+ * Closed episodes on their way to the exporter, in close order: their close markers journaled,
+ * batched, retried with backoff, spilled to disk past a memory budget; once delivered, a delivered
+ * marker is journaled and the journal's segments below the lowest offset still needed are deleted.
+ */
+export class ExportQueue {
+  private readonly queue: Queued[] = [];
+  /**
+   * Records (calls, spans, rewards) the queued episodes hold in memory. While the exporter is away
+   * closed episodes wait here; above `max_export_backlog` intake is refused as when the journal is
+   * full, so memory stays bounded even under a journal cap larger than memory.
+   */
+  private backlog = 0;
+  private readonly maxBacklog: number;
+  /**
+   * Past this many records in memory, closed episodes wait for the exporter on disk (a copy of
+   * their facts, which the journal holds too) and are read back when their batch is built: an
+   * exporter outage costs disk, not memory. The first batches due stay in memory.
+   */
+  private inMemory = 0;
+  private readonly maxInMemory: number;
+  private readonly spill: Spill;
+  private pumping: Promise<void> | null = null;
+  private backoffMs = 0;
+  private stopping = false;
+  /** Nothing is exported before the journal is replayed. */
+  private opened = false;
+  /** Delivered batches whose delivered marker is not written yet: the first offset of their episodes, kept. */
+  private unmarked: { upTo: number; floor: number }[] = [];
+
+  constructor(
+    private readonly ctx: Context,
+    private readonly deps: ExportQueueDeps,
+  ) {
+    // Started at 0 so an alert's increase() sees the first error.
+    for (const kind of ['retryable', 'permanent']) ctx.m.exportErrors.inc({ exporter: deps.exporter.name, kind }, 0);
+    this.maxBacklog = ctx.config.service.max_export_backlog;
+    this.maxInMemory = ctx.config.service.export_backlog_memory_records;
+    this.spill = new Spill(path.join(ctx.dataDir, 'spill'));
+  }
+
+  /** Closed episodes waiting for the exporter. */
+  get length(): number {
+    return this.queue.length;
+  }
+
+  /** The backlog is at `max_export_backlog`: intake other than rewards, ends and call ends is refused. */
+  get full(): boolean {
+    return this.backlog >= this.maxBacklog;
+  }
+
+  message(): string {
+    return `export backlog: closed episodes holding ${this.backlog} records wait for the exporter (service.max_export_backlog ${this.maxBacklog})`;
+  }
+
+  refusal(): RefusedError {
+    return new RefusedError('EXPORT_BACKLOG', this.message(), 1000);
+  }
+
+  /** The journal is replayed: exports may begin. */
+  open(): void {
+    this.opened = true;
+  }
+
+  /** Journals close markers for what the rules closed (live), queues them for export. */
+  enqueue(closed: EpisodeClose[], replayMarker?: number): void {
+    const { m, log, journal, assembler } = this.ctx;
+    for (const c of closed) {
+      const { rolloutId, attemptId } = c.facts;
+      this.deps.closed(rolloutId, attemptId);
+      // A replayed close was counted by the process that closed it.
+      if (replayMarker === undefined) m.episodesClosed.inc({ status: c.status });
+      if (replayMarker !== undefined || c.closedByRecord !== undefined) {
+        // Replayed, or closed by its own record (which a replay closes again): no marker to journal.
+        this.add(c, c.closedByRecord ?? replayMarker!, Promise.resolve());
+        continue;
+      }
+      const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId, attemptId, status: c.status, at: c.facts.endedAt };
+      try {
+        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
+        this.add(c, offset, durable);
+      } catch (err) {
+        // The journal refuses (full/closed): export anyway; a replay may close this episode again.
+        log.once('marker', 'warn', 'journal refused a close marker; exporting without it', { err });
+        this.add(c, -1, Promise.resolve());
+      }
+    }
+    m.openEpisodes.set(assembler.openCount);
+    if (!this.stopping || closed.length > 0) this.pump();
+  }
+
+  /** A delivered marker: the episodes whose close markers it covers are delivered. */
+  delivered(upTo: number): void {
+    let n = 0;
+    while (n < this.queue.length && this.queue[n].marker <= upTo) n++;
+    this.dequeue(n);
+  }
+
+  pump(): void {
+    if (this.pumping || this.queue.length === 0 || !this.opened) return;
+    this.pumping = this.lingerThenDrain().finally(() => {
+      this.pumping = null;
+      if (this.queue.length > 0 && !this.stopping) this.pump();
+    });
+  }
+
+  /** Stops pumping, then exports what is queued (once, no retries). */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    if (this.pumping) await this.pumping.catch(() => {});
+    if (this.queue.length > 0) {
+      this.pumping = this.drain().catch((err) =>
+        this.ctx.log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: this.queue.length }),
+      );
+      await this.pumping;
+    }
+  }
+
+  close(): void {
+    this.spill.close();
+  }
+
+  private add(close: EpisodeClose, marker: number, durable: Promise<unknown>): void {
+    const f = close.facts;
+    const weight = f.calls.length + f.toolSpans.length + f.rewards.length + (f.agentSpans?.length ?? 0);
+    const q: Queued = { close, spilled: null, firstOffset: close.firstOffset, built: null, marker, durable, weight };
+    if (this.inMemory + weight > this.maxInMemory && this.queue.length >= 2 * EXPORT_BATCH) {
+      try {
+        q.spilled = this.spill.write(close);
+        q.close = null;
+      } catch (err) {
+        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
+      }
+    }
+    if (q.close) this.inMemory += weight;
+    this.queue.push(q);
+    this.backlog += weight;
+    this.backlogMetrics();
+  }
+
+  /** The first `n` queued episodes are delivered. */
+  private dequeue(n: number): void {
+    for (const q of this.queue.splice(0, n)) {
+      this.backlog -= q.weight;
+      if (q.spilled) this.spill.release(q.spilled);
+      else this.inMemory -= q.weight;
+    }
+    this.backlogMetrics();
+  }
+
+  private backlogMetrics(): void {
+    this.ctx.m.exportBacklog.set(this.backlog);
+    this.ctx.m.exportBacklogSpilled.set(this.backlog - this.inMemory);
+  }
+
+  /**
+   * A queued episode's transitions, built once (their calls' facts extracted from the journal).
+   * An episode that cannot be built is quarantined and left out of its batch, as a record that
+   * cannot be processed is: it must not hold every later export back.
+   */
+  private built(q: Queued): ClosedEpisode | null {
+    if (q.built !== null || q.quarantined) return q.built;
+    let c: ClosedEpisode;
+    let close: EpisodeClose | null = null;
+    try {
+      // What closed, read back from disk when it waited there.
+      close = q.close ?? (this.spill.read(q.spilled!) as EpisodeClose);
+      c = q.built = this.ctx.assembler.build(close);
+    } catch (err) {
+      q.quarantined = true;
+      const episode = close
+        ? { rolloutId: close.facts.rolloutId, attemptId: close.facts.attemptId, status: close.status, calls: close.facts.calls.map((call) => call.callId) }
+        : { spilled: q.spilled };
+      this.ctx.quarantine(q.marker, { episode }, err);
+      return null;
+    }
+    this.countBuilt(c);
+    return c;
+  }
+
+  private countBuilt(c: ClosedEpisode): void {
+    const m = this.ctx.m;
+    m.trajectorySegments.observe(c.trajectories.length);
+    for (const t of c.trajectories) {
+      m.trajectoryTokens.observe(t.length);
+      m.trajectoryCalls.inc({ outcome: 'new_segment', reason: t.start_reason });
+      if (t.turns.length > 1) m.trajectoryCalls.inc({ outcome: 'merged', reason: 'continued' }, t.turns.length - 1);
+    }
+    for (const u of c.episode.unmerged_calls) m.trajectoryCalls.inc({ outcome: 'left_out', reason: u.reason });
+    for (const t of c.transitions) {
+      if (t.choice_index === 0) this.countTokens(t);
+      for (const tc of t.tool_calls) {
+        m.toolSpans.inc({ outcome: tc.status ?? 'unobserved' });
+        if (tc.reward !== null) m.airRewards.observe(tc.reward);
+      }
+    }
+  }
+
+  /** Token counts and calls without ids, counted when their transitions are built. */
+  private countTokens(t: ClosedEpisode['transitions'][number]): void {
+    const m = this.ctx.m;
+    if (t.status === 'ok' && t.response_token_ids === null) m.missingTokenIds.inc({ api: t.api });
+    const usage = t.usage as { prompt_tokens?: unknown; completion_tokens?: unknown; input_tokens?: unknown; output_tokens?: unknown } | null;
+    const prompt = usage?.prompt_tokens ?? usage?.input_tokens;
+    const completion = usage?.completion_tokens ?? usage?.output_tokens;
+    if (typeof prompt === 'number') m.tokens.inc({ kind: 'prompt' }, prompt);
+    if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
+  }
+
+  /** The batch's episodes, built (those that cannot be are left out). */
+  private ready(batch: Queued[]): ClosedEpisode[] {
+    const out: ClosedEpisode[] = [];
+    for (const q of batch) {
+      const c = this.built(q);
+      if (c) out.push(c);
+    }
+    return out;
+  }
+
+  /**
+   * Episodes that close within 20 ms of each other are exported together (up to 64): one write
+   * or produce request, one delivery marker and one release for many (as a Kafka producer's linger).
+   */
+  private async lingerThenDrain(): Promise<void> {
+    if (!this.stopping && this.queue.length < EXPORT_BATCH) await new Promise((r) => setTimeout(r, EXPORT_LINGER_MS).unref());
+    await this.drain();
+  }
+
+  private async drain(): Promise<void> {
+    const { m, log } = this.ctx;
+    const exporter = this.deps.exporter;
+    while (this.queue.length > 0) {
+      const batch = this.queue.slice(0, EXPORT_BATCH);
+      await Promise.all(batch.map((q) => q.durable.catch(() => {})));
+      try {
+        const exporting = exporter.export(this.ready(batch), this.ctx.read);
+        // While the exporter waits on the broker, the next batch is built (extraction is CPU work).
+        for (let i = batch.length; i < Math.min(this.queue.length, 2 * EXPORT_BATCH); i++) this.built(this.queue[i]);
+        await exporting;
+      } catch (err) {
+        m.exportErrors.inc({ exporter: exporter.name, kind: 'retryable' });
+        this.backoffMs = Math.min(Math.max(this.backoffMs * 2, 100), 10_000);
+        log.once('export_failed', 'error', 'export failed; retrying with backoff', { err, exporter: exporter.name });
+        if (this.stopping) throw err;
+        await new Promise((r) => setTimeout(r, this.backoffMs).unref());
+        continue;
+      }
+      this.backoffMs = 0;
+      const delivered = this.ready(batch);
+      this.dequeue(batch.length);
+      this.countDelivered(delivered);
+      this.markDelivered(batch);
+      await this.release();
+    }
+  }
+
+  private countDelivered(delivered: ClosedEpisode[]): void {
+    const m = this.ctx.m;
+    const name = this.deps.exporter.name;
+    const records = this.ctx.config.exporters.records;
+    if (records !== 'trajectories')
+      m.transitionsExported.inc(
+        { exporter: name },
+        delivered.reduce((n, c) => n + c.transitions.length, 0),
+      );
+    if (records !== 'transitions')
+      m.trajectoriesExported.inc(
+        { exporter: name },
+        delivered.reduce((n, c) => n + c.trajectories.length, 0),
+      );
+    const deliveredAt = Date.now();
+    for (const c of delivered) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+  }
+
+  /** Journals a delivered marker for the batch; the journal is released once it is written. */
+  private markDelivered(batch: Queued[]): void {
+    const upTo = Math.max(...batch.map((q) => q.marker));
+    if (upTo < 0) return;
+    // Until the marker is written a replay exports these episodes again, reading their bodies:
+    // what they need stays in the journal until then (a later marker, covering these, does too).
+    this.unmarked.push({ upTo, floor: Math.min(...batch.map((q) => q.firstOffset)) });
+    try {
+      // Lazy: it goes with the next write (within a few ms); the release waits for it.
+      const { durable } = this.ctx.journal.append(Buffer.from(JSON.stringify({ type: 'delivered', upTo } satisfies DeliveredMarker)), true, true);
+      durable.then(
+        () => {
+          this.unmarked = this.unmarked.filter((u) => u.upTo > upTo);
+          return this.release();
+        },
+        () => {
+          // Not written: a replay exports these again (at-least-once, same transition ids), so they stay.
+        },
+      );
+    } catch {
+      // Not appended: as above.
+    }
+  }
+
+  private async release(): Promise<void> {
+    const { journal, log } = this.ctx;
+    // A loop, not a spread: the queue can hold hundreds of thousands of episodes after a long
+    // outage, more arguments than a call can take.
+    let low = Math.min(this.deps.floor(), journal.next);
+    for (const q of this.queue) if (q.firstOffset < low) low = q.firstOffset;
+    for (const u of this.unmarked) if (u.floor < low) low = u.floor;
+    const removed = await journal.release(low).catch((err) => {
+      log.once('release', 'error', 'journal: could not delete delivered segments', { err });
+      return 0;
+    });
+    if (removed > 0) this.ctx.journalMetrics();
+  }
+}

@@ -1,0 +1,265 @@
+import type { IncomingMessage } from 'node:http';
+import { performance } from 'node:perf_hooks';
+import type { LlmProxyConfig } from '../../config/schema';
+import type { CaptureSink } from '../../model/component';
+import type { Logger } from '../../telemetry/logger';
+import type { Metrics } from '../../telemetry/metrics';
+import { parseUpstream, POLICY_VERSION, redacted, type Call, type CallEnd, type Engine, type Upstream, type UpstreamFailure } from './call';
+import type { CallCapture } from './capture';
+import { sendProxyError } from './errors';
+import type { Flavor, UpstreamFlavor } from './flavor';
+import { fieldsFor } from './inject';
+import { passThrough } from './pass-through';
+import { planTranslation, serveTranslated, type TranslatedApi, type TranslationPlan } from './translated-call';
+import type { UpstreamResponse } from './upstream-client';
+
+/**
+ * The call engine: every admitted call is planned (how to call the model server for it), then
+ * executed. The engine owns what all plans share: the upstream target, the bookkeeping of a
+ * refused added field, the side of an upstream failure beyond the agent's answer, journaling the
+ * request, settling the call (its record written through before the agent's last bytes) and the
+ * call metrics. A plan's executor owns only its bytes (pass-through.ts, translated-call.ts).
+ *
+ * A new way to call the model server (e.g. token-in) is one more `Plan` kind: chosen in `run` /
+ * `planTranslated`, executed in `execute`, its executor a module that takes the `Engine` (call.ts).
+ */
+export type Plan =
+  /** The agent's call as it is (`body`: read already, when planning had to read it). */
+  | { kind: 'pass-through'; body: Buffer | null }
+  /** A Responses / Anthropic call served over chat completions. */
+  | { kind: 'translated'; body: Buffer; translation: TranslationPlan };
+
+/** What the engine needs of the proxy's dependencies. */
+export interface EngineDeps {
+  logger: Logger;
+  metrics: Metrics;
+  capture: CaptureSink;
+  now?: () => number;
+  /** Upstream response header naming the policy that answered (lower case). */
+  policyHeader?: string;
+  /** Removes configured secret fields from a parsed request body before it is journaled. */
+  redact?: ((body: unknown) => unknown) | null;
+}
+
+export class CallEngine implements Engine {
+  readonly upstream: Upstream;
+  readonly metrics: Metrics;
+  readonly redacts: boolean;
+  private readonly now: () => number;
+
+  constructor(
+    readonly config: LlmProxyConfig,
+    private readonly deps: EngineDeps,
+    private readonly flavors: UpstreamFlavor,
+    private readonly log: Logger,
+    /** How many calls are in flight (a call alone writes through at once). */
+    private readonly inFlight: () => number,
+  ) {
+    this.upstream = parseUpstream(config.upstream_url);
+    this.metrics = deps.metrics;
+    this.redacts = !!deps.redact;
+    this.now = deps.now ?? Date.now;
+  }
+
+  /** Serves one admitted call; resolves once it has ended. */
+  run(call: Call): Promise<void> {
+    // A call that is not translated starts at once: its body streams upstream as it arrives.
+    if (!call.capture || !this.translatable(call.capture.api, call.req)) return this.execute(call, { kind: 'pass-through', body: null });
+    const capture = call.capture;
+    return this.planTranslated(call, capture.api as TranslatedApi)
+      .then((plan) => (plan ? this.execute(call, plan) : undefined))
+      .catch((err: unknown) => {
+        this.log.once('translate_error', 'error', 'a translated call failed inside the sidecar', { err });
+        if (!call.res.headersSent) sendProxyError(call.res, 500, 'translation_failed', 'the sidecar could not translate this call', call.api);
+        else call.res.destroy();
+        this.finishCapture(capture, 'error', `translation failed: ${(err as Error).message}`, call.t0);
+      });
+  }
+
+  private execute(call: Call, plan: Plan): Promise<void> {
+    switch (plan.kind) {
+      case 'pass-through':
+        return passThrough(this, call, plan.body);
+      case 'translated':
+        return this.serveTranslated(call, plan.body, plan.translation);
+    }
+  }
+
+  /** Responses / Anthropic calls go over chat completions (for token ids) when the server is vLLM or SGLang. */
+  private translatable(api: Call['api'], req: IncomingMessage): api is TranslatedApi {
+    return (
+      (api === 'responses' || api === 'anthropic.messages') &&
+      this.config.translate.includes(api) &&
+      this.flavors.current() !== 'openai' &&
+      !req.headers['content-encoding']
+    );
+  }
+
+  /** Reads the agent's body and plans it translated, or passed through with the reason; null when the call ended. */
+  private async planTranslated(call: Call, api: TranslatedApi): Promise<Plan | null> {
+    const capture = call.capture!;
+    const body = await readWhole(call.req, this.config.max_request_bytes);
+    if (body === 'too_large') {
+      this.tooLarge(call);
+      return null;
+    }
+    if (body === 'aborted') {
+      this.finishCapture(capture, 'aborted', 'the client stopped sending its request body', call.t0);
+      return null;
+    }
+    const planned = planTranslation(api, body);
+    if (!planned.ok) {
+      this.metrics.translatedCalls.inc({ api, result: 'passed_through' });
+      capture.tokenIdsMissing = `not translated: ${planned.reason}`;
+      return { kind: 'pass-through', body };
+    }
+    this.metrics.translatedCalls.inc({ api, result: 'translated' });
+    return { kind: 'translated', body, translation: planned };
+  }
+
+  private async serveTranslated(call: Call, body: Buffer, translation: TranslationPlan): Promise<void> {
+    const sentAt = performance.now();
+    await serveTranslated(call.res, translation, {
+      body,
+      agentHeaders: call.req.rawHeaders,
+      upstream: this.upstream,
+      fields: fieldsFor(this.flavors.current(), 'chat.completions'),
+      timeoutMs: this.config.upstream_timeout_ms,
+      capture: call.capture,
+      redact: this.deps.redact,
+      upstreamResponded: (ures) => this.responded(call, ures, sentAt),
+      refused: (field, detail) => this.refused(field, detail),
+      // Before the agent's last bytes: the call is written through first, as on every path.
+      settled: (o) => {
+        if (o.failure === 'upstream_unreachable') this.flavors.unreachable();
+        const statusClass = o.status === 'aborted' ? 'client_abort' : `${Math.floor((o.httpStatus ?? 502) / 100)}xx`;
+        this.settle(call, { status: o.status, error: o.error, statusClass, streamed: o.streamed }, null);
+      },
+    });
+  }
+
+  // ---- the Engine side of a call (call.ts) ----
+
+  flavor(): Flavor {
+    return this.flavors.current();
+  }
+
+  responded(call: Call, ures: UpstreamResponse, sentAt: number, at = performance.now()): void {
+    const { capture, api } = call;
+    if (capture && this.deps.policyHeader) {
+      const v = ures.headers[this.deps.policyHeader];
+      if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
+    }
+    if (api) this.metrics.upstreamTtfb.observe({ api }, (at - sentAt) / 1000);
+  }
+
+  refused(field: string, detail: string): void {
+    this.flavors.refused(field, detail);
+  }
+
+  upstreamFailed(err: NodeJS.ErrnoException, failure: UpstreamFailure): void {
+    const timeout = failure.code === 'upstream_timeout';
+    if (!timeout) this.flavors.unreachable();
+    this.log.once(`upstream:${err.code ?? (timeout ? 'timeout' : 'error')}`, 'warn', 'upstream request failed', {
+      code: err.code,
+      timeout,
+      upstream: this.upstream.host,
+    });
+  }
+
+  journalRequest(capture: CallCapture, body: Buffer): void {
+    // A body that is not JSON cannot be redacted: it is recorded as null, so nothing of it is journaled.
+    const bytes = redacted(this.deps.redact, body);
+    if (bytes) capture.request(bytes);
+  }
+
+  journaledRequest(capture: CallCapture): Buffer {
+    return this.deps.capture.read(capture.requestFrames);
+  }
+
+  tooLarge(call: Call): void {
+    const { req, res, api, capture, t0 } = call;
+    this.metrics.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
+    res.shouldKeepAlive = false;
+    const max = this.config.max_request_bytes;
+    sendProxyError(res, 413, 'request_too_large', `request body exceeds ${max} bytes (receivers.llm_proxy.max_request_bytes)`, api, {
+      connection: 'close',
+    });
+    req.resume();
+    if (capture) {
+      capture.responseStatus = 413;
+      this.finishCapture(capture, 'error', 'request body over max_request_bytes', t0);
+    }
+  }
+
+  settle(call: Call, end: CallEnd, deliver: (() => void) | null): void {
+    const { api, capture, t0 } = call;
+    const finish = (): void => {
+      try {
+        deliver?.();
+      } finally {
+        this.metrics.proxyRequests.inc({ api: api ?? 'other', status_class: end.statusClass });
+        this.metrics.proxyDuration.observe({ api: api ?? 'other', streamed: end.streamed ? 'true' : 'false' }, (performance.now() - t0) / 1000);
+      }
+    };
+    if (!capture || !this.finishCapture(capture, end.status, end.error, t0)) return finish();
+    try {
+      // The only call in flight writes through at once: no other call could share the write, and
+      // the rest of the event loop's turn it would wait for is time the agent waits.
+      if (deliver && this.inFlight() > 1) return this.deps.capture.afterWrite(finish);
+      this.deps.capture.flush();
+    } catch (err) {
+      // Capture never fails the call: the answer goes out unwritten, counted.
+      this.metrics.captureDrops.inc({ reason: 'capture_error' });
+      this.log.once('capture_write_error', 'error', 'capture could not write a call through; the call itself is served', { err });
+    }
+    finish();
+  }
+
+  /**
+   * Journals the call's end record; false when it could not be (nothing to write through). Where
+   * the agent's answer is still to complete, the caller writes the journal through first.
+   */
+  finishCapture(capture: CallCapture, status: CallEnd['status'], error: string | null, t0: number): boolean {
+    if (capture.begin() === null) {
+      if (capture.startError !== null) {
+        this.metrics.captureDrops.inc({ reason: 'capture_error' });
+        this.log.once('capture_start_error', 'error', 'capture could not register a call; the call itself is served', { err: capture.startError });
+      }
+      return false;
+    }
+    try {
+      const record = capture.finish({ status, error, endedAt: this.now(), endedMono: performance.now() }, t0);
+      // Bytes the journal refused were counted as it refused them (journal_full, journal_unwritable).
+      if (capture.capped) this.metrics.captureDrops.inc({ reason: 'capture_cap' });
+      this.deps.capture.callEnded(record);
+      return true;
+    } catch (err) {
+      this.metrics.captureDrops.inc({ reason: 'capture_error' });
+      this.log.once('capture_error', 'error', 'capture of a proxied call failed; the call itself was served', { err });
+      return false;
+    }
+  }
+}
+
+/** The whole body, or why not: over `limit` bytes, or the client went away first. */
+function readWhole(req: IncomingMessage, limit: number): Promise<Buffer | 'too_large' | 'aborted'> {
+  return new Promise((resolve) => {
+    const parts: Buffer[] = [];
+    let bytes = 0;
+    req.on('data', (c: Buffer) => {
+      bytes += c.length;
+      if (bytes > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        resolve('too_large');
+        return;
+      }
+      parts.push(c);
+    });
+    req.once('end', () => resolve(Buffer.concat(parts)));
+    req.once('close', () => {
+      if (!req.complete) resolve('aborted');
+    });
+  });
+}

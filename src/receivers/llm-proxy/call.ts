@@ -1,0 +1,152 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { LlmProxyConfig } from '../../config/schema';
+import type { Api } from '../../model/records';
+import type { Metrics } from '../../telemetry/metrics';
+import type { CallCapture } from './capture';
+import type { Flavor } from './flavor';
+import { UpstreamClient, type UpstreamRequest, type UpstreamRequestOptions, type UpstreamResponse } from './upstream-client';
+
+/**
+ * What every way of serving a call shares: the call, the upstream target, and the engine's side
+ * of a call (the `Engine` interface). The plans import this module and never the engine itself,
+ * so call-engine.ts can import the plans without an import circle.
+ */
+
+/** One admitted call: the agent's request and response, and its capture (null when not recorded). */
+export interface Call {
+  req: IncomingMessage;
+  res: ServerResponse;
+  /** The request path with any rollout routing prefix removed. */
+  path: string;
+  api: Api | null;
+  capture: CallCapture | null;
+  /** `performance.now()` when the call was admitted. */
+  t0: number;
+}
+
+export interface Upstream {
+  client: UpstreamClient;
+  /** The Host header value. */
+  host: string;
+  /** Path prefix of the upstream URL (e.g. `/v1`). */
+  basePath: string;
+}
+
+export function parseUpstream(url: string): Upstream {
+  const u = new URL(url);
+  const secure = u.protocol === 'https:';
+  return {
+    client: new UpstreamClient({ hostname: u.hostname.replace(/^\[|\]$/g, ''), port: u.port ? Number(u.port) : secure ? 443 : 80, secure }),
+    host: u.host,
+    basePath: u.pathname.replace(/\/+$/, ''),
+  };
+}
+
+/** `/v1/x` on the proxy → `{upstream}/x`; any other path → the upstream's origin + path. */
+export function upstreamPath(basePath: string, path: string): string {
+  if (path === '/v1' || path.startsWith('/v1/') || path.startsWith('/v1?')) return basePath + path.slice(3);
+  return path;
+}
+
+export const POLICY_VERSION = /^[A-Za-z0-9._:+-]{1,64}$/;
+
+/** The error an upstream request is destroyed with when it goes idle past upstream_timeout_ms. */
+export class UpstreamTimeout extends Error {
+  readonly code = 'UPSTREAM_TIMEOUT';
+  constructor() {
+    super('upstream timeout');
+  }
+}
+
+/** Opens an upstream request that is destroyed with `UpstreamTimeout` after `timeoutMs` without a byte. */
+export function openUpstream(
+  upstream: Upstream,
+  request: UpstreamRequestOptions,
+  timeoutMs: number,
+  on: { response: (ures: UpstreamResponse) => void; error: (err: NodeJS.ErrnoException) => void; timeout?: () => void },
+): UpstreamRequest {
+  const r = upstream.client.request(request);
+  r.setTimeout(timeoutMs, () => {
+    on.timeout?.();
+    r.destroy(new UpstreamTimeout());
+  });
+  r.on('response', on.response);
+  r.on('error', on.error);
+  return r;
+}
+
+/** How an upstream request that got no answer is answered: 504 when it timed out, else 502. */
+export interface UpstreamFailure {
+  status: 502 | 504;
+  code: 'upstream_timeout' | 'upstream_unreachable';
+  message: string;
+}
+
+export function upstreamFailure(err: NodeJS.ErrnoException, timedOut: boolean, host: string, timeoutMs: number): UpstreamFailure {
+  return timedOut
+    ? { status: 504, code: 'upstream_timeout', message: `upstream did not answer within ${timeoutMs} ms` }
+    : { status: 502, code: 'upstream_unreachable', message: `upstream ${host} unreachable: ${err.code ?? err.message}` };
+}
+
+/** How much of a refusal's body is read to find a field name in it. */
+export const REFUSAL_READ_LIMIT = 64 * 1024;
+
+/**
+ * A refusal of a field the sidecar added: a 400 or 422 whose body names one. The call is then sent
+ * once more without the added fields, and the server is known not to take them (flavor.ts).
+ */
+export function refusal(status: number, text: string, added: readonly string[]): { field: string; detail: string } | null {
+  if (status !== 400 && status !== 422) return null;
+  const field = added.find((f) => text.includes(f));
+  return field === undefined ? null : { field, detail: `${status}: ${text.slice(0, 200)}` };
+}
+
+/** The bytes to journal for a request body: redacted when configured; null when that cannot be done (not JSON). */
+export function redacted(redact: ((body: unknown) => unknown) | null | undefined, bytes: Buffer): Buffer | null {
+  if (!redact) return bytes;
+  try {
+    return Buffer.from(JSON.stringify(redact(JSON.parse(bytes.toString('utf8')))));
+  } catch {
+    return null;
+  }
+}
+
+/** How a call ended, for its record and its metrics. */
+export interface CallEnd {
+  status: 'ok' | 'error' | 'aborted';
+  error: string | null;
+  /** The `status_class` label: `2xx`…`5xx`, `client_abort`, `upstream_abort`. */
+  statusClass: string;
+  /** The agent got an event stream. */
+  streamed: boolean;
+}
+
+/** What a plan's executor uses of the engine (call-engine.ts implements it). */
+export interface Engine {
+  readonly config: LlmProxyConfig;
+  readonly metrics: Metrics;
+  readonly upstream: Upstream;
+  /** Journaled request bodies are redacted (a pass-through body is then held whole). */
+  readonly redacts: boolean;
+  /** What the model server is taken to be now (which fields it takes). */
+  flavor(): Flavor;
+  /** The upstream's response head arrived (`at`, after it left at `sentAt`): first-byte time, policy version. */
+  responded(call: Call, ures: UpstreamResponse, sentAt: number, at?: number): void;
+  /** The server refused a field the sidecar added: stop adding it. */
+  refused(field: string, detail: string): void;
+  /** The upstream request got no answer (its error, and how the agent is answered). */
+  upstreamFailed(err: NodeJS.ErrnoException, failure: UpstreamFailure): void;
+  /** Journals the request as sent upstream, redacted first when configured. */
+  journalRequest(capture: CallCapture, body: Buffer): void;
+  /** The request bytes journaled so far for a call. */
+  journaledRequest(capture: CallCapture): Buffer;
+  /** Answers 413 (the body is over max_request_bytes) and ends the call's record. */
+  tooLarge(call: Call): void;
+  /**
+   * Ends the call: its record is journaled and written through, then `deliver` (the agent's last
+   * bytes), then metrics. Without `deliver` the caller ends the response as soon as this returns,
+   * so the write-through happens at once; with it, it may join the other calls ending in this
+   * turn of the event loop.
+   */
+  settle(call: Call, end: CallEnd, deliver: (() => void) | null): void;
+}
