@@ -56,6 +56,9 @@ export function createKafkaLogCreator(logger: Logger, options: { retries: number
       // so the crash is detail and the restart a retry, not an error.
       if (/^Crash: .*Connection (error|timeout)/.test(l.message)) log.debug(msg, fields);
       else if (/^Restarting the consumer/.test(l.message)) log.warn(msg, fields);
+      // A broker (or a proxy before it) that closes the connection during an outage: the pool
+      // retries, as for an unreachable broker. A retry round, not an error.
+      else if (entry.namespace === 'BrokerPool' && /^Closed connection/.test(l.message) && typeof l.retryCount === 'number') log.warn(msg, fields);
       // Said at every start of an idempotent producer with bounded retries, as ours are on purpose:
       // a batch that fails is retried from the journal by the pipeline (with its backoff and
       // shutdown), and delivery is at least once with consumers de-duplicating by id. Detail.

@@ -65,6 +65,16 @@ describe('kafkajs logs through our logger', () => {
     expect(lines).toEqual([expect.objectContaining({ level: 'warn', msg: 'kafka: Restarting the consumer in 1270ms', retry_in_ms: 1270 })]);
   });
 
+  it('logs the broker pool retrying a connection the broker closed as a warning with its attempt, not an error', () => {
+    const { lines, log, entry } = setup();
+    log(entry(1, 'BrokerPool', { message: 'Closed connection', retryCount: 0, retryTime: 115 }));
+    log(entry(1, 'Producer', { message: 'Closed connection' }));
+    expect(lines).toEqual([
+      expect.objectContaining({ level: 'warn', msg: 'kafka: Closed connection', kafka_namespace: 'BrokerPool', attempt: 1, retry_in_ms: 115 }),
+      expect.objectContaining({ level: 'error', msg: 'kafka: Closed connection', kafka_namespace: 'Producer' }),
+    ]);
+  });
+
   it("keeps kafkajs' notice about the idempotent producer's bounded retries out of warnings (the pipeline retries from the journal)", () => {
     const { lines, log, entry } = setup();
     log(entry(2, 'Producer', { message: 'Limiting retries for the idempotent producer may invalidate EoS guarantees' }));
