@@ -7,6 +7,16 @@ import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
 import { TraceRouter } from './span-router';
 
+/**
+ * The settings the pipeline reads: its service settings, the processors, and which records the
+ * exporter writes. A test (or another host) builds the pipeline from these alone.
+ */
+export type PipelineConfig = {
+  service: Pick<Config['service'], 'data_dir' | 'journal' | 'max_export_backlog' | 'export_backlog_memory_records' | 'drain_on_shutdown'>;
+  processors: Config['processors'];
+  exporters: Pick<Config['exporters'], 'records'>;
+};
+
 export interface ContextDeps {
   logger: Logger;
   metrics: Metrics;
@@ -15,7 +25,7 @@ export interface ContextDeps {
 
 /** What the parts of the pipeline share: the journal, the state it rebuilds, and how they report. */
 export interface Context {
-  config: Config;
+  config: PipelineConfig;
   log: Logger;
   m: Metrics;
   now: () => number;
@@ -33,7 +43,7 @@ export interface Context {
   journalMetrics(): void;
 }
 
-export function createContext(config: Config, deps: ContextDeps): Context {
+export function createContext(config: PipelineConfig, deps: ContextDeps): Context {
   const log = deps.logger.child('pipeline');
   const m = deps.metrics;
   const dataDir = path.resolve(config.service.data_dir);

@@ -1,4 +1,3 @@
-import type { Config } from '../config/schema';
 import type { Exporter } from '../exporters/exporter';
 import type { RecoveryReport } from '../journal/journal';
 import { once } from '../model/component';
@@ -8,7 +7,7 @@ import type { Metrics } from '../telemetry/metrics';
 import { createApply } from '../pipeline/apply';
 import { BodyWriters } from '../pipeline/body-writers';
 import { createCaptureSink } from '../pipeline/capture';
-import { createContext } from '../pipeline/context';
+import { createContext, type PipelineConfig } from '../pipeline/context';
 import { ExportQueue } from '../pipeline/export-queue';
 import { Intake } from '../pipeline/intake';
 import type { JournalRecord } from '../pipeline/records';
@@ -34,7 +33,7 @@ export interface PipelineDeps {
  * exporter in close order, retried with backoff; segments below the lowest offset still needed
  * are deleted. The parts are in src/pipeline/; this wires them.
  */
-export function createPipeline(config: Config, deps: PipelineDeps) {
+export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
   const ctx = createContext(config, deps);
   const { journal, assembler, router } = ctx;
   const writers = new BodyWriters(journal, config.processors.episodes.max_open_episodes);
