@@ -1,34 +1,17 @@
 import Anthropic from '@anthropic-ai/sdk';
-import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool } from '@openai/agents';
+import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from '@openai/agents';
 import OpenAI from 'openai';
-import { z } from 'zod';
 import { renderPrompt } from '../support/fake-tokenizer';
-import type { ReceivedRequest } from '../support/fake-model-server';
+import { startFakeModelServer, type Fault, type FakeModelServer, type ReceivedRequest } from '../support/fake-model-server';
+import { calculatorAgentTool, calculatorAnthropicTool, calculatorResponsesTool as calculator, vllmCalculatorScript as script } from '../support/calculator';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
-import { startVllmLikeServer, type VllmFault, type VllmLikeServer, type VllmTurn } from '../support/vllm-like-server';
-
-/** The calculator agent: ask for the tool, then answer once its result is in the prompt. */
-function script(r: ReceivedRequest): VllmTurn {
-  const messages = (r.json?.messages ?? []) as { role: string }[];
-  if (messages[messages.length - 1]?.role === 'tool') return { content: 'The answer is 4.' };
-  if (!r.json?.tools) return { content: 'Hello from vLLM.' };
-  return { toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] };
-}
-
-const calculator = {
-  type: 'function' as const,
-  name: 'calculator',
-  description: 'Evaluates an arithmetic expression.',
-  parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'], additionalProperties: false },
-  strict: true,
-};
 
 describe('Responses API and Anthropic Messages agents get exact token ids through a vLLM server (translated by the sidecar)', () => {
-  let upstream: VllmLikeServer;
+  let upstream: FakeModelServer;
   let sidecar: TestSidecar;
-  let fault: ((r: ReceivedRequest) => VllmFault | null) | null = null;
+  let fault: ((r: ReceivedRequest) => Fault | null) | null = null;
   beforeAll(async () => {
-    upstream = await startVllmLikeServer({ script, fault: (r) => fault?.(r) ?? null });
+    upstream = await startFakeModelServer({ strict: true, script, fault: (r) => fault?.(r) ?? null });
     // No flavor configured: the server is identified by itself.
     sidecar = await startSidecar(upstream.url, { receivers: { llm_proxy: { upstream_flavor: 'auto' } } });
   });
@@ -93,13 +76,7 @@ describe('Responses API and Anthropic Messages agents get exact token ids throug
   it('Anthropic messages.create and messages.stream in a tool loop: exact ids', async () => {
     const from = upstream.requests.length;
     const client = new Anthropic({ baseURL: `${sidecar.origin}/rollout/anth-1`, apiKey: 'k', maxRetries: 0 });
-    const tools = [
-      {
-        name: 'calculator',
-        description: 'Evaluates an arithmetic expression.',
-        input_schema: { type: 'object' as const, properties: { expression: { type: 'string' } }, required: ['expression'] },
-      },
-    ];
+    const tools = [calculatorAnthropicTool];
     const first = await client.messages.create({ model: 'fake-model', max_tokens: 64, tools, messages: [{ role: 'user', content: 'What is 2+2?' }] });
     const use = first.content.find((b) => b.type === 'tool_use');
     expect(use).toMatchObject({ name: 'calculator', input: { expression: '2+2' } });
@@ -142,12 +119,7 @@ describe('Responses API and Anthropic Messages agents get exact token ids throug
       fetch: (url, init) => fetch(String(url).replace('/ROLLOUT/', `/${currentRollout}/`), init),
     });
     setDefaultOpenAIClient(agentsClient);
-    const calc = tool({
-      name: 'calculator',
-      description: 'Evaluates an arithmetic expression.',
-      parameters: z.object({ expression: z.string() }),
-      execute: async () => '4',
-    });
+    const calc = calculatorAgentTool();
     const agent = new Agent({ name: 'calc', instructions: 'Use the calculator.', tools: [calc] });
     let output: unknown;
     if (streamed) {

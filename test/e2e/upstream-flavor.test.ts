@@ -1,7 +1,7 @@
 import OpenAI from 'openai';
 import { renderPrompt } from '../support/fake-tokenizer';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
-import { startVllmLikeServer, type VllmLikeServer } from '../support/vllm-like-server';
+import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 
 const messages = [{ role: 'user' as const, content: 'what is 2+2?' }];
 
@@ -12,11 +12,11 @@ async function closeAndRead(sidecar: TestSidecar, rollout: string, n: number) {
 }
 
 describe('the model server, found by itself', () => {
-  let vllm: VllmLikeServer;
-  let openaiLike: VllmLikeServer;
+  let vllm: FakeModelServer;
+  let openaiLike: FakeModelServer;
   beforeAll(async () => {
-    vllm = await startVllmLikeServer({ version: '0.11.1' });
-    openaiLike = await startVllmLikeServer({ openaiLike: true });
+    vllm = await startFakeModelServer({ strict: true, version: '0.11.1' });
+    openaiLike = await startFakeModelServer({ strict: true, flavor: 'openai' });
   });
   afterAll(async () => {
     await vllm.close();

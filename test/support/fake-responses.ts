@@ -1,11 +1,5 @@
 import { logprobOf, pieces } from './fake-tokenizer';
 
-/** What the script says the model does next. */
-export interface Turn {
-  content?: string | null;
-  toolCalls?: { name: string; arguments: Record<string, unknown>; id?: string }[];
-}
-
 export interface GeneratedChoice {
   index: number;
   content: string | null;

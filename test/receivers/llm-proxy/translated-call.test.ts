@@ -2,8 +2,7 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool } from '@openai/agents';
-import { z } from 'zod';
+import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from '@openai/agents';
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslatedOutcome } from '../../../src/receivers/llm-proxy/translated-call';
 import { SseSplitter } from '../../../src/formats/sse';
@@ -13,8 +12,8 @@ import { parseSse } from '../../../src/formats/sse';
 import type { CallRecord } from '../../../src/model/records';
 import { compileRedaction } from '../../../src/processors/capture/redact';
 import { memoryCapture } from '../../support/memory-capture';
-import { startVllmLikeServer, type VllmFault, type VllmLikeServer, type VllmTurn } from '../../support/vllm-like-server';
-import type { ReceivedRequest } from '../../support/fake-model-server';
+import { startFakeModelServer, type Fault, type FakeModelServer, type ReceivedRequest, type Turn } from '../../support/fake-model-server';
+import { calculatorAgentTool, calculatorAnthropicTool, vllmCalculatorScript } from '../../support/calculator';
 
 /** One call through the gateway: what was planned, what was captured, how it ended. */
 interface Served {
@@ -39,9 +38,9 @@ function clientFor(port: number): UpstreamClient {
   return c;
 }
 
-let upstream: VllmLikeServer;
-let script: ((r: ReceivedRequest) => VllmTurn) | null = null;
-let fault: ((r: ReceivedRequest) => VllmFault | null) | null = null;
+let upstream: FakeModelServer;
+let script: ((r: ReceivedRequest) => Turn) | null = null;
+let fault: ((r: ReceivedRequest) => Fault | null) | null = null;
 /** Where the gateway sends chat completions (a test may point it elsewhere). */
 let target: { port: number; timeoutMs: number };
 let redact: ((body: unknown) => unknown) | null = null;
@@ -94,7 +93,7 @@ function handle(req: IncomingMessage, res: ServerResponse, body: Buffer): void {
 }
 
 beforeAll(async () => {
-  upstream = await startVllmLikeServer({ script: (r) => (script ? script(r) : defaultScript(r)), fault: (r) => fault?.(r) ?? null });
+  upstream = await startFakeModelServer({ strict: true, script: (r) => (script ? script(r) : vllmCalculatorScript(r)), fault: (r) => fault?.(r) ?? null });
   gateway = http.createServer((req, res) => {
     const parts: Buffer[] = [];
     req.on('data', (c: Buffer) => parts.push(c));
@@ -123,21 +122,9 @@ beforeEach(() => {
   upstream.requests.length = 0;
 });
 
-function defaultScript(r: ReceivedRequest): VllmTurn {
-  const messages = (r.json?.messages ?? []) as { role: string }[];
-  if (messages[messages.length - 1]?.role === 'tool') return { content: 'The answer is 4.' };
-  if (!r.json?.tools) return { content: 'Hello from vLLM.' };
-  return { toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] };
-}
-
 const openai = () => new OpenAI({ baseURL: `${gatewayUrl}/v1`, apiKey: 'sk-test-openai', maxRetries: 0 });
 const anthropic = () => new Anthropic({ baseURL: gatewayUrl, apiKey: 'sk-ant-test', maxRetries: 0 });
 const chatRequests = () => upstream.requests.filter((r) => r.path === '/v1/chat/completions');
-const anthropicCalculator = {
-  name: 'calculator',
-  description: 'Evaluates an arithmetic expression.',
-  input_schema: { type: 'object' as const, properties: { expression: { type: 'string' } }, required: ['expression'] },
-};
 
 /** The call's end record, as the proxy journals it, and the facts extraction reads from it. */
 async function finished(call: Served) {
@@ -235,12 +222,7 @@ describe('a Responses call served over chat completions, read by the real openai
 
   it('@openai/agents, default model via setDefaultOpenAIClient: a two-turn tool loop, streamed and not, every call translated', async () => {
     setDefaultOpenAIClient(openai());
-    const calc = tool({
-      name: 'calculator',
-      description: 'Evaluates an arithmetic expression.',
-      parameters: z.object({ expression: z.string() }),
-      execute: async ({ expression }) => (expression === '2+2' ? '4' : '?'),
-    });
+    const calc = calculatorAgentTool();
     const agent = new Agent({ name: 'calc', instructions: 'Use the calculator.', tools: [calc] });
     for (const stream of [false, true]) {
       served.length = 0;
@@ -272,12 +254,12 @@ describe('an Anthropic Messages call served over chat completions, read by the r
     const c = anthropic();
     const ask = (params: Anthropic.MessageCreateParamsNonStreaming) => (stream ? c.messages.stream(params).finalMessage() : c.messages.create(params));
     const messages: Anthropic.MessageParam[] = [{ role: 'user', content: 'What is 2+2?' }];
-    const first = await ask({ model: 'fake-model', max_tokens: 256, system: 'Use tools.', messages, tools: [anthropicCalculator] });
+    const first = await ask({ model: 'fake-model', max_tokens: 256, system: 'Use tools.', messages, tools: [calculatorAnthropicTool] });
     expect(first.stop_reason).toBe('tool_use');
     const use = first.content[0] as Anthropic.ToolUseBlock;
     expect(use).toMatchObject({ type: 'tool_use', name: 'calculator', input: { expression: '2+2' } });
     messages.push({ role: 'assistant', content: first.content }, { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: '4' }] });
-    const second = await ask({ model: 'fake-model', max_tokens: 256, system: 'Use tools.', messages, tools: [anthropicCalculator] });
+    const second = await ask({ model: 'fake-model', max_tokens: 256, system: 'Use tools.', messages, tools: [calculatorAnthropicTool] });
     expect(second.content).toEqual([{ type: 'text', text: 'The answer is 4.' }]);
 
     const [req1, req2] = chatRequests();
@@ -376,7 +358,7 @@ describe('bad upstream answers reach the SDK as the errors it expects, never a h
   });
 
   it('an error chunk in the stream ends it with the error event each SDK raises', async () => {
-    fault = () => ({ kind: 'stream-error', afterChunks: 3, message: 'engine died' });
+    fault = () => ({ kind: 'stream-error', afterEvents: 3, message: 'engine died' });
     await expect(openai().responses.stream({ model: 'fake-model', input: 'Say hello.' }).finalResponse()).rejects.toThrow('engine died');
     await expect(
       anthropic()
@@ -391,7 +373,7 @@ describe('bad upstream answers reach the SDK as the errors it expects, never a h
   });
 
   it('a connection reset mid-stream ends the stream with an error event, and the call is recorded with the reason', async () => {
-    fault = () => ({ kind: 'reset-mid-stream', afterChunks: 2 });
+    fault = () => ({ kind: 'reset-mid-stream', afterEvents: 2 });
     await expect(openai().responses.stream({ model: 'fake-model', input: 'Say hello.' }).finalResponse()).rejects.toThrow(/closed the stream before its end/);
     await expect(
       anthropic()

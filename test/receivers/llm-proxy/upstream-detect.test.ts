@@ -1,7 +1,7 @@
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
 import { detectUpstream, type ProbeFetch } from '../../../src/receivers/llm-proxy/upstream-detect';
-import { startVllmLikeServer } from '../../support/vllm-like-server';
+import { startFakeModelServer } from '../../support/fake-model-server';
 
 /** A server answering fixed bodies by path; everything else 404. */
 async function fixedServer(routes: Record<string, { status?: number; body: string; delayMs?: number }>): Promise<{ url: string; close(): Promise<void> }> {
@@ -34,7 +34,7 @@ async function fixedServer(routes: Record<string, { status?: number; body: strin
 
 describe('detectUpstream', () => {
   it('identifies vLLM by owned_by on /v1/models and reads its /version', async () => {
-    const s = await startVllmLikeServer({ version: '0.11.2' });
+    const s = await startFakeModelServer({ strict: true, version: '0.11.2' });
     try {
       expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({
         flavor: 'vllm',
@@ -48,7 +48,7 @@ describe('detectUpstream', () => {
   });
 
   it('calls an OpenAI-like server (a model list without owned_by vllm or sglang) openai', async () => {
-    const s = await startVllmLikeServer({ openaiLike: true });
+    const s = await startFakeModelServer({ strict: true, flavor: 'openai' });
     try {
       const d = await detectUpstream(`${s.url}/`, { timeoutMs: 2000 });
       expect(d).toEqual({ flavor: 'openai', evidence: 'GET /v1/models: models owned by system, not vllm or sglang', serverVersion: null });

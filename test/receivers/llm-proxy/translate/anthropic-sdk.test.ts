@@ -1,42 +1,13 @@
 import Anthropic from '@anthropic-ai/sdk';
-import { startVllmLikeServer, type VllmFault, type VllmLikeServer, type VllmTurn } from '../../../support/vllm-like-server';
 import type { ReceivedRequest } from '../../../support/fake-model-server';
-import { startTranslatingGateway, type TranslatingGateway } from './translating-gateway';
+import { calculatorAnthropicTool as calculator } from '../../../support/calculator';
+import { useTranslatingSidecar } from '../../../support/translating-sidecar';
 
-let upstream: VllmLikeServer;
-let gateway: TranslatingGateway;
-let script: ((r: ReceivedRequest) => VllmTurn) | null = null;
-let fault: ((r: ReceivedRequest) => VllmFault | null) | null = null;
+// The real sidecar translates (receivers.llm_proxy.translate) in front of a vLLM-like server.
+const h = useTranslatingSidecar();
 
-beforeAll(async () => {
-  upstream = await startVllmLikeServer({ script: (r) => (script ? script(r) : defaultScript(r)), fault: (r) => fault?.(r) ?? null });
-  gateway = await startTranslatingGateway(upstream.origin);
-});
-afterAll(async () => {
-  await gateway.close();
-  await upstream.close();
-});
-beforeEach(() => {
-  script = null;
-  fault = null;
-  gateway.calls.length = 0;
-  upstream.requests.length = 0;
-});
-
-function defaultScript(r: ReceivedRequest): VllmTurn {
-  const messages = (r.json?.messages ?? []) as { role: string }[];
-  if (messages[messages.length - 1]?.role === 'tool') return { content: 'The answer is 4.' };
-  if (!r.json?.tools) return { content: 'Hello from vLLM.' };
-  return { toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] };
-}
-
-const client = () => new Anthropic({ baseURL: gateway.url.replace(/\/v1$/, ''), apiKey: 'test-key', maxRetries: 0 });
-const calculator = {
-  name: 'calculator',
-  description: 'Evaluates an arithmetic expression.',
-  input_schema: { type: 'object' as const, properties: { expression: { type: 'string' } }, required: ['expression'] },
-};
-const chatRequests = () => upstream.requests.filter((r) => r.path === '/v1/chat/completions');
+const client = () => new Anthropic({ baseURL: h.baseUrl, apiKey: 'test-key', maxRetries: 0, fetch: h.fetch });
+const chatRequests = () => h.chatRequests();
 
 async function turn(c: Anthropic, stream: boolean, params: Anthropic.MessageCreateParamsNonStreaming): Promise<Anthropic.Message> {
   return stream ? c.messages.stream(params).finalMessage() : c.messages.create(params);
@@ -92,13 +63,14 @@ describe('Anthropic Messages through chat completions, read by the real @anthrop
     stream.on('text', (d) => deltas.push(d));
     expect(await stream.finalText()).toBe('Hello from vLLM.');
     expect(deltas.join('')).toBe('Hello from vLLM.');
-    const events = [...gateway.calls[0].sent.matchAll(/^event: (\S+)$/gm)].map((m) => m[1]);
+    await h.received[0].done;
+    const events = [...h.received[0].text.matchAll(/^event: (\S+)$/gm)].map((m) => m[1]);
     expect(events[0]).toBe('message_start');
     expect(events.slice(-3)).toEqual(['content_block_stop', 'message_delta', 'message_stop']);
   });
 
   it('text before a tool call: a text block then a tool_use block, streamed and not', async () => {
-    script = () => ({ content: 'Let me compute.', toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] });
+    h.script = () => ({ content: 'Let me compute.', toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] });
     for (const stream of [false, true]) {
       const m = await turn(client(), stream, { model: 'fake-model', max_tokens: 64, messages: [{ role: 'user', content: 'x' }], tools: [calculator] });
       expect(m.content.map((b) => b.type)).toEqual(['text', 'tool_use']);
@@ -108,20 +80,22 @@ describe('Anthropic Messages through chat completions, read by the real @anthrop
   });
 
   it('malformed tool arguments become input {} (streamed and not), noted, and never break the SDK', async () => {
-    script = () => ({ toolCalls: [{ name: 'calculator', arguments: '{"expression": "2+' }] });
+    h.script = () => ({ toolCalls: [{ name: 'calculator', arguments: '{"expression": "2+' }] });
     for (const stream of [false, true]) {
       const m = await turn(client(), stream, { model: 'fake-model', max_tokens: 64, messages: [{ role: 'user', content: 'x' }], tools: [calculator] });
       expect(m.content[0]).toMatchObject({ type: 'tool_use', name: 'calculator', input: {} });
-      expect(gateway.calls[gateway.calls.length - 1].notes[0]).toMatch(/^malformed_tool_arguments:chatcmpl-tool-/);
     }
+    const calls = await h.calls(2);
+    expect(calls).toHaveLength(2);
+    for (const c of calls) expect(c.translation?.notes[0]).toMatch(/^malformed_tool_arguments:chatcmpl-tool-/);
   });
 
   it('stop sequences: stop → stop_sequence when vLLM names the request stop string; length → max_tokens', async () => {
-    script = () => ({ content: 'one two', stopReason: 'END' });
+    h.script = () => ({ content: 'one two', stopReason: 'END' });
     const m = await client().messages.create({ model: 'fake-model', max_tokens: 64, stop_sequences: ['END'], messages: [{ role: 'user', content: 'x' }] });
     expect(m).toMatchObject({ stop_reason: 'stop_sequence', stop_sequence: 'END' });
     expect(chatRequests()[0].json!.stop).toEqual(['END']);
-    script = () => ({ content: 'cut', finishReason: 'length' });
+    h.script = () => ({ content: 'cut', finishReason: 'length' });
     for (const stream of [false, true]) {
       const cut = await turn(client(), stream, { model: 'fake-model', max_tokens: 1, messages: [{ role: 'user', content: 'x' }] });
       expect(cut.stop_reason).toBe('max_tokens');
@@ -137,13 +111,13 @@ describe('Anthropic Messages through chat completions, read by the real @anthrop
         messages: [{ role: 'user', content: 'x' }],
       }),
     ).rejects.toMatchObject({ status: 404 });
-    expect(gateway.calls[0]).toMatchObject({ translated: false, reason: 'thinking' });
+    expect((await h.calls(1))[0]).toMatchObject({ translation: null, token_ids_missing: 'not translated: thinking' });
   });
 });
 
 describe('upstream failures reach the Anthropic SDK as the errors it expects', () => {
   it('an upstream 400 is a BadRequestError of type invalid_request_error with the upstream message', async () => {
-    fault = () => ({
+    h.fault = () => ({
       kind: 'status',
       status: 400,
       body: JSON.stringify({ error: { message: 'prompt is too long', type: 'BadRequestError', param: null, code: 400 } }),
@@ -156,7 +130,7 @@ describe('upstream failures reach the Anthropic SDK as the errors it expects', (
   });
 
   it('an upstream 503 is an overloaded_error', async () => {
-    fault = () => ({ kind: 'status', status: 503, body: 'Service Unavailable', contentType: 'text/plain' });
+    h.fault = () => ({ kind: 'status', status: 503, body: 'Service Unavailable', contentType: 'text/plain' });
     await expect(client().messages.create({ model: 'fake-model', max_tokens: 8, messages: [{ role: 'user', content: 'x' }] })).rejects.toMatchObject({
       status: 503,
       error: { error: { type: 'overloaded_error' } },
@@ -164,7 +138,7 @@ describe('upstream failures reach the Anthropic SDK as the errors it expects', (
   });
 
   it('an error in the middle of the stream is raised by messages.stream, not a hang', async () => {
-    fault = () => ({ kind: 'stream-error', afterChunks: 3, message: 'engine died' });
+    h.fault = () => ({ kind: 'stream-error', afterEvents: 3, message: 'engine died' });
     await expect(
       client()
         .messages.stream({ model: 'fake-model', max_tokens: 8, messages: [{ role: 'user', content: 'Say hello.' }] })
@@ -173,16 +147,16 @@ describe('upstream failures reach the Anthropic SDK as the errors it expects', (
   });
 
   it('an upstream connection dropped mid-stream is raised by messages.stream', async () => {
-    fault = () => ({ kind: 'reset-mid-stream', afterChunks: 2 });
+    h.fault = () => ({ kind: 'reset-mid-stream', afterEvents: 2 });
     await expect(
       client()
         .messages.stream({ model: 'fake-model', max_tokens: 8, messages: [{ role: 'user', content: 'Say hello.' }] })
         .finalMessage(),
-    ).rejects.toThrow(/before the model finished/);
+    ).rejects.toThrow(/closed the stream before its end/);
   });
 
   it('a 200 whose body is not a chat completion is a 502 api_error', async () => {
-    fault = (r) => (r.path === '/v1/chat/completions' ? { kind: 'non-json', body: '<html></html>' } : null);
+    h.fault = (r) => (r.path === '/v1/chat/completions' ? { kind: 'non-json', body: '<html></html>' } : null);
     await expect(client().messages.create({ model: 'fake-model', max_tokens: 8, messages: [{ role: 'user', content: 'x' }] })).rejects.toMatchObject({
       status: 502,
       error: { error: { type: 'api_error' } },
@@ -191,12 +165,12 @@ describe('upstream failures reach the Anthropic SDK as the errors it expects', (
 });
 
 async function tokenIdsOf(r: ReceivedRequest): Promise<{ prompt: number[]; completion: number[] }> {
-  const res = await fetch(`${upstream.url}/chat/completions`, {
+  const res = await fetch(`${h.upstream.url}/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ ...r.json, stream: false, stream_options: undefined, return_token_ids: true }),
   });
   const body = (await res.json()) as { prompt_token_ids: number[]; choices: { token_ids: number[] }[] };
-  upstream.requests.pop();
+  h.upstream.requests.pop();
   return { prompt: body.prompt_token_ids, completion: body.choices[0].token_ids };
 }

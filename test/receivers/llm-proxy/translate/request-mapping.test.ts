@@ -1,7 +1,7 @@
 import { anthropicToChatRequest, responsesToChatRequest } from '../../../../src/receivers/llm-proxy/translate';
 import { ChatStreamToAnthropicEvents } from '../../../../src/receivers/llm-proxy/translate/anthropic-stream';
 import { ChatStreamToResponsesEvents } from '../../../../src/receivers/llm-proxy/translate/responses-stream';
-import { startVllmLikeServer } from '../../../support/vllm-like-server';
+import { startFakeModelServer } from '../../../support/fake-model-server';
 
 const fn = { type: 'function', name: 'f', parameters: { type: 'object', properties: {} } };
 
@@ -298,9 +298,9 @@ describe('stream translators on their own', () => {
   });
 });
 
-describe('the vLLM-like server in openaiLike mode', () => {
+describe('the strict fake model server with flavor openai', () => {
   it('rejects a field OpenAI does not know with 400, and answers the same request without it', async () => {
-    const s = await startVllmLikeServer({ openaiLike: true });
+    const s = await startFakeModelServer({ strict: true, flavor: 'openai' });
     try {
       const post = (body: unknown) =>
         fetch(`${s.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });

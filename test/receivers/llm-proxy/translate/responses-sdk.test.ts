@@ -1,49 +1,18 @@
 import OpenAI from 'openai';
-import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool } from '@openai/agents';
-import { z } from 'zod';
-import { startVllmLikeServer, type VllmFault, type VllmLikeServer, type VllmTurn } from '../../../support/vllm-like-server';
+import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from '@openai/agents';
 import type { ReceivedRequest } from '../../../support/fake-model-server';
-import { startTranslatingGateway, type TranslatingGateway } from './translating-gateway';
+import { calculatorAgentTool, calculatorResponsesTool as calculator } from '../../../support/calculator';
+import { useTranslatingSidecar } from '../../../support/translating-sidecar';
 
-let upstream: VllmLikeServer;
-let gateway: TranslatingGateway;
-let script: ((r: ReceivedRequest) => VllmTurn) | null = null;
-let fault: ((r: ReceivedRequest) => VllmFault | null) | null = null;
+// The real sidecar translates (receivers.llm_proxy.translate) in front of a vLLM-like server.
+const h = useTranslatingSidecar();
+beforeAll(() => setTracingDisabled(true));
 
-beforeAll(async () => {
-  upstream = await startVllmLikeServer({ script: (r) => (script ? script(r) : defaultScript(r)), fault: (r) => fault?.(r) ?? null });
-  gateway = await startTranslatingGateway(upstream.origin);
-  setTracingDisabled(true);
-});
-afterAll(async () => {
-  await gateway.close();
-  await upstream.close();
-});
-beforeEach(() => {
-  script = null;
-  fault = null;
-  gateway.calls.length = 0;
-  upstream.requests.length = 0;
-});
-
-function defaultScript(r: ReceivedRequest): VllmTurn {
-  const messages = (r.json?.messages ?? []) as { role: string }[];
-  if (messages[messages.length - 1]?.role === 'tool') return { content: 'The answer is 4.' };
-  if (!r.json?.tools) return { content: 'Hello from vLLM.' };
-  return { toolCalls: [{ name: 'calculator', arguments: { expression: '2+2' } }] };
-}
-
-const client = () => new OpenAI({ baseURL: gateway.url, apiKey: 'test-key', maxRetries: 0 });
-const calculator = {
-  type: 'function' as const,
-  name: 'calculator',
-  description: 'Evaluates an arithmetic expression.',
-  parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'], additionalProperties: false },
-  strict: true,
-};
-
-/** The upstream chat requests, in order. */
-const chatRequests = () => upstream.requests.filter((r) => r.path === '/v1/chat/completions');
+// One client for the file (the agents SDK keeps the first default client it is given); its fetch
+// sends to the current test's rollout.
+let openai: OpenAI | undefined;
+const client = () => (openai ??= new OpenAI({ baseURL: `${h.baseUrl}/v1`, apiKey: 'test-key', maxRetries: 0, fetch: h.fetch }));
+const chatRequests = () => h.chatRequests();
 
 describe('Responses API through chat completions, read by the real openai SDK', () => {
   it('responses.create: text answer, usage from the server, output_text assembled by the SDK', async () => {
@@ -59,7 +28,7 @@ describe('Responses API through chat completions, read by the real openai SDK', 
       { role: 'system', content: 'Be brief.' },
       { role: 'user', content: 'Say hello.' },
     ]);
-    expect(gateway.calls[0]).toMatchObject({ translated: true });
+    expect((await h.calls(1))[0].translation).toEqual({ upstream_api: 'chat.completions', notes: [] });
   });
 
   it('a multi-turn tool loop: call_id is the chat tool call id, and each prompt continues the previous prompt and answer', async () => {
@@ -67,7 +36,7 @@ describe('Responses API through chat completions, read by the real openai SDK', 
     const first = await c.responses.create({ model: 'fake-model', input: 'What is 2+2?', tools: [calculator] });
     const call = first.output.find((o) => o.type === 'function_call');
     expect(call).toMatchObject({ type: 'function_call', name: 'calculator', arguments: '{"expression":"2+2"}' });
-    const upstreamCallId = (JSON.parse(gateway.calls[0].sent) as { output: { call_id?: string }[] }).output[0].call_id;
+    const upstreamCallId = (JSON.parse(h.received[0].text) as { output: { call_id?: string }[] }).output[0].call_id;
     expect(call!.type === 'function_call' && call!.call_id).toBe(upstreamCallId);
     expect(upstreamCallId).toMatch(/^chatcmpl-tool-/);
 
@@ -115,7 +84,8 @@ describe('Responses API through chat completions, read by the real openai SDK', 
     const sent = chatRequests()[0].json!;
     expect(sent.stream).toBe(true);
     expect(sent.stream_options).toEqual({ include_usage: true });
-    const seqs = [...gateway.calls[0].sent.matchAll(/"sequence_number":(\d+)/g)].map((m) => Number(m[1]));
+    await h.received[0].done;
+    const seqs = [...h.received[0].text.matchAll(/"sequence_number":(\d+)/g)].map((m) => Number(m[1]));
     expect(seqs).toEqual(seqs.map((_, i) => i));
   });
 
@@ -130,10 +100,10 @@ describe('Responses API through chat completions, read by the real openai SDK', 
   });
 
   it('reasoning the server separated comes back as a reasoning item, and goes back upstream as the assistant message reasoning', async () => {
-    script = (r) => ((r.json!.messages as unknown[]).length > 1 ? { content: 'Still 4.' } : { reasoning: 'two plus two is four', content: 'It is 4.' });
+    h.script = (r) => ((r.json!.messages as unknown[]).length > 1 ? { content: 'Still 4.' } : { reasoning: 'two plus two is four', content: 'It is 4.' });
     const c = client();
     for (const streamed of [false, true]) {
-      upstream.requests.length = 0;
+      h.upstream.requests.length = 0;
       const first = streamed
         ? await c.responses.stream({ model: 'fake-model', input: 'What is 2+2?' }).finalResponse()
         : await c.responses.create({ model: 'fake-model', input: 'What is 2+2?' });
@@ -153,20 +123,22 @@ describe('Responses API through chat completions, read by the real openai SDK', 
   });
 
   it('malformed tool arguments pass through as the model wrote them, streamed and not, and are noted', async () => {
-    script = () => ({ toolCalls: [{ name: 'calculator', arguments: '{"expression": "2+2"' }] });
+    h.script = () => ({ toolCalls: [{ name: 'calculator', arguments: '{"expression": "2+2"' }] });
     const c = client();
     // Not strict: for strict tools the SDK's stream helper parses arguments itself, as it trusts OpenAI's strict mode.
     const loose = { ...calculator, strict: false };
     const plain = await c.responses.create({ model: 'fake-model', input: 'x', tools: [loose] });
     expect(plain.output[0]).toMatchObject({ type: 'function_call', arguments: '{"expression": "2+2"' });
-    expect(gateway.calls[0].notes[0]).toMatch(/^malformed_tool_arguments:/);
     const streamed = await c.responses.stream({ model: 'fake-model', input: 'x', tools: [loose] }).finalResponse();
     expect(streamed.output[0]).toMatchObject({ type: 'function_call', arguments: '{"expression": "2+2"' });
-    expect(gateway.calls[1].notes[0]).toMatch(/^malformed_tool_arguments:/);
+    const calls = await h.calls(2);
+    expect(calls).toHaveLength(2);
+    expect(calls[0].translation?.notes[0]).toMatch(/^malformed_tool_arguments:/);
+    expect(calls[1].translation?.notes[0]).toMatch(/^malformed_tool_arguments:/);
   });
 
   it('finish_reason length is an incomplete response with max_output_tokens as the reason', async () => {
-    script = () => ({ content: 'cut', finishReason: 'length' });
+    h.script = () => ({ content: 'cut', finishReason: 'length' });
     const r = await client().responses.create({ model: 'fake-model', input: 'x', max_output_tokens: 1 });
     expect(r.status).toBe('incomplete');
     expect(r.incomplete_details).toEqual({ reason: 'max_output_tokens' });
@@ -182,14 +154,14 @@ describe('Responses API through chat completions, read by the real openai SDK', 
 
   it('an unmappable request passes through untouched (vLLM-like upstream answers 404 there), with the reason recorded', async () => {
     await expect(client().responses.create({ model: 'fake-model', input: 'x', previous_response_id: 'resp_1' })).rejects.toMatchObject({ status: 404 });
-    expect(gateway.calls[0]).toMatchObject({ translated: false, reason: 'previous_response_id' });
-    expect(upstream.requests[0].path).toBe('/v1/responses');
+    expect((await h.calls(1))[0]).toMatchObject({ translation: null, token_ids_missing: 'not translated: previous_response_id' });
+    expect(h.upstream.requests[0].path).toBe('/v1/responses');
   });
 });
 
 describe('upstream failures reach the Responses SDK as the errors it expects', () => {
   it('an upstream 400 is a BadRequestError with the upstream message', async () => {
-    fault = () => ({
+    h.fault = () => ({
       kind: 'status',
       status: 400,
       body: JSON.stringify({ error: { message: "This model's maximum context length is 32768 tokens.", type: 'BadRequestError', param: null, code: 400 } }),
@@ -201,7 +173,7 @@ describe('upstream failures reach the Responses SDK as the errors it expects', (
   });
 
   it('an upstream 500 with a non-JSON body keeps its status and text', async () => {
-    fault = () => ({ kind: 'status', status: 500, body: 'Internal Server Error', contentType: 'text/plain' });
+    h.fault = () => ({ kind: 'status', status: 500, body: 'Internal Server Error', contentType: 'text/plain' });
     await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({
       status: 500,
       message: expect.stringContaining('Internal Server Error'),
@@ -209,37 +181,33 @@ describe('upstream failures reach the Responses SDK as the errors it expects', (
   });
 
   it('a 200 whose body is not a chat completion is a 502, not a hang', async () => {
-    fault = (r) => (r.path === '/v1/chat/completions' ? { kind: 'non-json', body: '<html>proxy error</html>' } : null);
+    h.fault = (r) => (r.path === '/v1/chat/completions' ? { kind: 'non-json', body: '<html>proxy error</html>' } : null);
     await expect(client().responses.create({ model: 'fake-model', input: 'x' })).rejects.toMatchObject({ status: 502 });
   });
 
   it('an error in the middle of the stream ends it with an error event the SDK raises', async () => {
-    fault = () => ({ kind: 'stream-error', afterChunks: 3, message: 'engine died' });
+    h.fault = () => ({ kind: 'stream-error', afterEvents: 3, message: 'engine died' });
     await expect(client().responses.stream({ model: 'fake-model', input: 'Say hello.' }).finalResponse()).rejects.toThrow('engine died');
-    expect(gateway.calls[0].sent).toMatch(/event: error\ndata: \{"type":"error","sequence_number":\d+,"code":"server_error","message":"engine died"/);
+    await h.received[0].done;
+    expect(h.received[0].text).toMatch(/event: error\ndata: \{"type":"error","sequence_number":\d+,"code":"server_error","message":"engine died"/);
   });
 
   it('an upstream connection dropped mid-stream ends it with an error event the SDK raises', async () => {
-    fault = () => ({ kind: 'reset-mid-stream', afterChunks: 2 });
-    await expect(client().responses.stream({ model: 'fake-model', input: 'Say hello.' }).finalResponse()).rejects.toThrow(/before the model finished/);
+    h.fault = () => ({ kind: 'reset-mid-stream', afterEvents: 2 });
+    await expect(client().responses.stream({ model: 'fake-model', input: 'Say hello.' }).finalResponse()).rejects.toThrow(/closed the stream before its end/);
   });
 });
 
 describe('@openai/agents with its default (Responses) model through the translation', () => {
-  const calc = tool({
-    name: 'calculator',
-    description: 'Evaluates an arithmetic expression.',
-    parameters: z.object({ expression: z.string() }),
-    execute: async ({ expression }) => String(eval(expression.replace(/[^0-9+\-*/ ().]/g, ''))),
-  });
+  const calc = calculatorAgentTool();
 
   it('a stream that fails upstream surfaces as an error from run(), not a hang', async () => {
     setDefaultOpenAIClient(client());
-    fault = () => ({ kind: 'stream-error', afterChunks: 2, message: 'engine died' });
+    h.fault = () => ({ kind: 'stream-error', afterEvents: 2, message: 'engine died' });
     const agent = new Agent({ name: 'calc', instructions: 'Use the calculator.', tools: [calc] });
     const result = await run(agent, 'What is 2+2?', { stream: true });
     await expect(result.completed).rejects.toThrow(/engine died/);
-    expect(gateway.calls).toHaveLength(1);
+    expect(await h.calls(1)).toHaveLength(1);
   });
 
   it.each([false, true])('runs a tool loop to the final answer (streamed: %s), every call translated', async (stream) => {
@@ -254,10 +222,11 @@ describe('@openai/agents with its default (Responses) model through the translat
       finalOutput = (await run(agent, 'What is 2+2?')).finalOutput;
     }
     expect(finalOutput).toBe('The answer is 4.');
-    expect(gateway.calls).toHaveLength(2);
+    const calls = await h.calls(2);
+    expect(calls).toHaveLength(2);
     // The default model's settings (reasoning effort, text verbosity) do not stop the translation.
-    expect(gateway.calls[0].agentRequest).toMatchObject({ model: expect.stringMatching(/^gpt-/), reasoning: expect.any(Object), text: { verbosity: 'low' } });
-    expect(gateway.calls.every((c) => c.translated)).toBe(true);
+    expect(calls[0].request).toMatchObject({ model: expect.stringMatching(/^gpt-/), reasoning: expect.any(Object), text: { verbosity: 'low' } });
+    expect(calls.every((c) => c.translation !== null)).toBe(true);
     const [req1, req2] = chatRequests();
     const messages2 = req2.json!.messages as { role: string; content?: unknown; tool_call_id?: string }[];
     expect(messages2.map((m) => m.role)).toEqual(['system', 'user', 'assistant', 'tool']);
@@ -270,13 +239,13 @@ describe('@openai/agents with its default (Responses) model through the translat
 
 /** Replays a recorded upstream request against the vLLM-like server to read its token ids. */
 async function tokenIdsOf(r: ReceivedRequest): Promise<{ prompt: number[]; completion: number[] }> {
-  const res = await fetch(`${upstream.url}/chat/completions`, {
+  const res = await fetch(`${h.upstream.url}/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ ...r.json, stream: false, stream_options: undefined, return_token_ids: true }),
   });
   const body = (await res.json()) as { prompt_token_ids: number[]; choices: { token_ids: number[] }[] };
-  upstream.requests.pop();
+  h.upstream.requests.pop();
   return { prompt: body.prompt_token_ids, completion: body.choices[0].token_ids };
 }
 
