@@ -135,7 +135,8 @@ export class Journal {
    * Scans every segment, truncating a torn or corrupt tail and setting a corrupt middle
    * segment's rest aside, and hands each intact record to `onRecord` in offset order.
    */
-  async open(onRecord: (offset: number, payload: Buffer) => void): Promise<RecoveryReport> {
+  /** `onSegment` is told after each segment is read (the replay's chance to let go of its garbage). */
+  async open(onRecord: (offset: number, payload: Buffer) => void, onSegment?: () => void): Promise<RecoveryReport> {
     const dir = this.options.dir;
     mkdirSync(dir, { recursive: true });
     const report: RecoveryReport = { records: 0, tornTails: 0, corruptTails: 0, corruptSegments: 0, quarantined: [] };
@@ -182,6 +183,7 @@ export class Journal {
         reader.close();
       }
       segment.bytes = Math.min(at, reader.size);
+      onSegment?.();
     }
     if (this.segments.length === 0) this.segments.push({ first: 0, file: path.join(dir, segmentName(0)), bytes: 0, bodies: new FrameIndex(), readFd: null });
     this.nextOffset = Math.max(this.nextOffset, this.active().first);

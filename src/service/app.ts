@@ -21,6 +21,7 @@ import { createMetrics, type Metrics } from '../telemetry/metrics';
 import { createTelemetryServer } from '../telemetry/telemetry-server';
 import { once, RefusedError, RejectedError } from '../model/component';
 import { createPipeline } from './pipeline';
+import { collectGarbage } from './heap';
 import { SequenceCounter } from '../model/sequence';
 
 export interface AppDeps {
@@ -66,7 +67,7 @@ export function createApp(config: Config, deps: AppDeps) {
       records: config.exporters.records,
     });
   const sequences = new SequenceCounter();
-  const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now });
+  const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now, collect: collectGarbage });
   const rolloutApi = config.receivers.rollout_api.enabled
     ? createRolloutApi(
         { maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token },

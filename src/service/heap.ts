@@ -1,5 +1,23 @@
 import { PerformanceObserver, constants, type PerformanceEntry } from 'node:perf_hooks';
 import v8 from 'node:v8';
+import vm from 'node:vm';
+
+let gc: (() => void) | null = null;
+
+/**
+ * Runs a full garbage collection now, which also gives the pages it empties back. V8 exposes
+ * `gc` only with `--expose-gc`: the flag is set once, for a new context that hands the function
+ * out (the process itself keeps running without it). Used after journal replay, whose parsing
+ * of every record leaves a heap the size of the backlog committed: replaying a 336 MB journal
+ * left 269 MiB RSS without it, 167 MiB with it after each segment and at the end.
+ */
+export function collectGarbage(): void {
+  if (!gc) {
+    v8.setFlagsFromString('--expose-gc');
+    gc = vm.runInNewContext('gc') as () => void;
+  }
+  gc();
+}
 
 /**
  * Room for V8's old generation to grow past what the last full collection left live, before the

@@ -23,6 +23,8 @@ export interface PipelineDeps {
   /** Seeded from replayed calls so new calls of a resumed rollout continue its `seq`. */
   sequences?: SequenceCounter;
   now?: () => number;
+  /** A full garbage collection, for replay to run between segments (see `Replay`). */
+  collect?: () => void;
 }
 
 /**
@@ -45,7 +47,7 @@ export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
   });
   const applyRecord = createApply(ctx, queue);
   const intake = new Intake(ctx, queue, applyRecord);
-  const replay = new Replay(ctx, { intake, queue, applyRecord, sequences: deps.sequences });
+  const replay = new Replay(ctx, { intake, queue, applyRecord, sequences: deps.sequences, collect: deps.collect });
   let recovery: RecoveryReport | null = null;
   let timer: NodeJS.Timeout | null = null;
 

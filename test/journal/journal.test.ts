@@ -56,6 +56,25 @@ describe('journal', () => {
     await j2.close();
   });
 
+  it('tells the replay after each segment it has read', async () => {
+    const dir = tmp();
+    const { j } = await reopen(dir);
+    for (let i = 0; i < 100; i++) await j.append(Buffer.from(`record-${i}-${'x'.repeat(40)}`)).durable;
+    const segments = j.segmentCount;
+    await j.close();
+    expect(segments).toBeGreaterThan(3);
+    const events: string[] = [];
+    const j2 = new Journal(opts(dir), silentLogger);
+    await j2.open(
+      (offset) => events.push(`r${offset}`),
+      () => events.push('segment'),
+    );
+    expect(events.filter((e) => e === 'segment')).toHaveLength(segments);
+    expect(events.at(-1)).toBe('segment');
+    expect(events.indexOf('segment')).toBeGreaterThan(0);
+    await j2.close();
+  });
+
   it('assigns offsets synchronously, in call order, and group-commits one tick of appends', async () => {
     const { j } = await reopen(tmp(), { fsync: 'always' });
     const a = j.append(Buffer.from('a'));

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { HeapHeadroom } from '../../src/service/heap';
+import { collectGarbage, HeapHeadroom } from '../../src/service/heap';
 
 /**
  * `service.heap_headroom_mib`: after each full collection, V8's growing factor is set so that the
@@ -92,4 +92,18 @@ describe('heap headroom', () => {
     // The room past the live heap grows by what the headroom grows by (56 MiB), give or take a MiB of rounding.
     expect(Math.abs(big.limitKb - big.oldKb - (small.limitKb - small.oldKb) - 56 * 1024)).toBeLessThanOrEqual(2 * 1024);
   }, 120_000);
+});
+
+describe('collectGarbage', () => {
+  it('runs a full collection without --expose-gc on the command line: an object nothing holds is gone', async () => {
+    let ref: WeakRef<object> | null = null;
+    (() => {
+      ref = new WeakRef({ big: new Array(1000).fill('x') });
+    })();
+    // A WeakRef's target is kept until the job that made it ends.
+    await new Promise((r) => setImmediate(r));
+    collectGarbage();
+    collectGarbage();
+    expect(ref!.deref()).toBeUndefined();
+  });
 });
