@@ -149,7 +149,8 @@ export class Journal {
       const reader = new SegmentReader(file);
       // Listed before its frames are handed out: an episode closed during replay reads its
       // calls' bodies from the frames already scanned.
-      const segment: Segment = { first: Number(SEGMENT.exec(name)![1]), file, bytes: reader.size, bodies: new FrameIndex(), readFd: null };
+      const first = Number(SEGMENT.exec(name)![1]);
+      const segment: Segment = { first, file, bytes: reader.size, bodies: new FrameIndex(first), readFd: null };
       this.segments.push(segment);
       let at = 0;
       try {
@@ -569,7 +570,7 @@ export class Journal {
     const next = openSync(file, 'a');
     const previous = this.fd!;
     this.fd = next;
-    this.segments.push({ first, file, bytes: 0, bodies: new FrameIndex(), readFd: null });
+    this.segments.push({ first, file, bytes: 0, bodies: new FrameIndex(first), readFd: null });
     // The finished segment is synced and closed off the event loop (closing a file with much
     // just written can take milliseconds on ext4).
     fdatasync(previous, (err) => {

@@ -34,4 +34,17 @@ describe('FrameIndex', () => {
     idx.add(2 ** 40, 2 ** 33, 5, false);
     expect(idx.pos(idx.find(2 ** 40))).toBe(2 ** 33);
   });
+
+  it("stores offsets from the segment's first one, and still takes a frame from below it", () => {
+    const base = 2 ** 40;
+    const idx = new FrameIndex(base);
+    for (let i = 0; i < 100; i++) idx.add(base + 2 * i, i * 1000, 10, false);
+    expect(idx.offsetAt(idx.find(base + 198))).toBe(base + 198);
+    expect(idx.find(base - 1)).toBe(-1);
+    idx.add(base - 5, 7, 3, true);
+    expect(idx.size).toBe(101);
+    expect([idx.offsetAt(0), idx.pos(0), idx.len(0), idx.isRef(0)]).toEqual([base - 5, 7, 3, true]);
+    expect(idx.find(base + 198)).toBe(100);
+    expect(idx.pos(idx.find(base + 2))).toBe(1000);
+  });
 });
