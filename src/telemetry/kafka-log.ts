@@ -52,9 +52,10 @@ export function createKafkaLogCreator(logger: Logger, options: { retries: number
       flush();
       const fields = pick(entry);
       const msg = `kafka: ${l.message}`;
-      // A consumer that lost its broker crashes and restarts: the attempts above already said why,
-      // so the crash is detail and the restart a retry, not an error.
-      if (/^Crash: .*Connection (error|timeout)/.test(l.message)) log.debug(msg, fields);
+      // A consumer that lost its broker crashes and restarts (or, for a non-retriable crash, our
+      // own handler reconnects it and says so): the attempts above already said why, so the crash
+      // is detail and the restart a retry, not an error.
+      if (/^Crash: .*(Connection (error|timeout)|Closed connection)/.test(l.message)) log.debug(msg, fields);
       else if (/^Restarting the consumer/.test(l.message)) log.warn(msg, fields);
       // A broker (or a proxy before it) that closes the connection during an outage: the pool
       // retries, as for an unreachable broker. A retry round, not an error.

@@ -69,6 +69,7 @@ describe('kafkajs logs through our logger', () => {
     const { lines, log, entry } = setup();
     log(entry(1, 'BrokerPool', { message: 'Closed connection', retryCount: 0, retryTime: 115 }));
     log(entry(1, 'Producer', { message: 'Closed connection' }));
+    log(entry(1, 'Consumer', { message: 'Crash: KafkaJSNonRetriableError: Closed connection', groupId: 'lightning-control' }));
     expect(lines).toEqual([
       expect.objectContaining({ level: 'warn', msg: 'kafka: Closed connection', kafka_namespace: 'BrokerPool', attempt: 1, retry_in_ms: 115 }),
       expect.objectContaining({ level: 'error', msg: 'kafka: Closed connection', kafka_namespace: 'Producer' }),
