@@ -5,6 +5,13 @@ import type { Context } from './context';
 import type { ExportQueue } from './export-queue';
 import type { JournalRecord } from './records';
 
+/** A record that must reach an open episode: its rollout, what it is, where it came from (metric labels). */
+interface Target {
+  rollout: { rolloutId: string; attemptId: string } | null;
+  kind: 'reward' | 'end' | 'tool_span';
+  source: string;
+}
+
 /**
  * Records in: each is appended to the journal first (its offset assigned synchronously) and
  * applied in offset order; rewards, ends and tool spans that can never apply are rejected before
@@ -25,21 +32,20 @@ export class Intake {
    * retry later) or RejectedError (can never apply: late, or for no known rollout).
    */
   submit(record: JournalRecord): Promise<unknown> {
-    const { m, router } = this.ctx;
+    const { m } = this.ctx;
     try {
-      const rejected = this.rejection(record);
-      if (rejected) {
-        const { error, kind, source } = rejected;
+      const target = this.target(record);
+      const rejected = target && this.rejection(target);
+      if (target && rejected) {
+        const { kind, source } = target;
         if (kind === 'tool_span') m.lateRecords.inc({ kind, outcome: 'rejected' });
-        else m.rewards.inc({ source, kind, outcome: error.code });
-        this.ctx.warnLimited(`rejected_${kind}_${error.code}`, error.message, { code: error.code });
-        return Promise.reject(error);
+        else m.rewards.inc({ source, kind, outcome: rejected.code });
+        this.ctx.warnLimited(`rejected_${kind}_${rejected.code}`, rejected.message, { code: rejected.code });
+        return Promise.reject(rejected);
       }
       const durable = this.append(record);
-      if (record.type === 'reward' || record.type === 'end')
-        m.rewards.inc({ source: record.type === 'reward' ? record.source : 'rollout_api', kind: record.type, outcome: 'applied' });
-      else if (record.type === 'span' && record.what.kind === 'reward' && router.rolloutOf(record))
-        m.rewards.inc({ source: 'span', kind: 'reward', outcome: 'applied' });
+      // A reward span of a trace no call has shown yet is parked, not applied (the span metrics count it).
+      if (target && target.kind !== 'tool_span' && target.rollout) m.rewards.inc({ source: target.source, kind: target.kind, outcome: 'applied' });
       return durable;
     } catch (err) {
       return Promise.reject(err instanceof Error ? err : new Error(String(err)));
@@ -103,25 +109,22 @@ export class Intake {
     }
   }
 
+  /** What a reward, end or tool span is for (its rollout: null for a span whose trace is not known yet); null for other records. */
+  private target(record: JournalRecord): Target | null {
+    if (record.type === 'reward') return { rollout: record, kind: 'reward', source: record.source };
+    if (record.type === 'end') return { rollout: record, kind: 'end', source: 'rollout_api' };
+    if (record.type === 'span' && record.what.kind !== 'agent')
+      return { rollout: this.ctx.router.rolloutOf(record), kind: record.what.kind === 'reward' ? 'reward' : 'tool_span', source: 'span' };
+    return null;
+  }
+
   /**
    * Why a reward, end or tool span cannot reach an episode, or null when it can: its episode
    * closed (within the last `closed_window` closes), or, for a reward or end, no episode of its
    * rollout attempt exists. Checked against the assembler's state where the record would apply
    * (call ends not yet applied go first), so what is accepted is applied.
    */
-  private rejection(record: JournalRecord): { error: RejectedError; kind: 'reward' | 'end' | 'tool_span'; source: string } | null {
-    let rollout: { rolloutId: string; attemptId: string } | null;
-    let kind: 'reward' | 'end' | 'tool_span';
-    let source: string;
-    if (record.type === 'reward' || record.type === 'end') {
-      rollout = record;
-      kind = record.type;
-      source = record.type === 'reward' ? record.source : 'rollout_api';
-    } else if (record.type === 'span' && record.what.kind !== 'agent') {
-      rollout = this.ctx.router.rolloutOf(record);
-      kind = record.what.kind === 'reward' ? 'reward' : 'tool_span';
-      source = 'span';
-    } else return null;
+  private rejection({ rollout, kind }: Target): RejectedError | null {
     if (!rollout) return null;
     this.applyDeferred();
     const s = this.ctx.assembler.standing(rollout.rolloutId, rollout.attemptId);
@@ -130,26 +133,18 @@ export class Intake {
     const who = `rollout '${rollout.rolloutId}' attempt '${rollout.attemptId}'`;
     if (s.state === 'closed') {
       const closed = `${s.status} at ${new Date(s.at).toISOString()}, final_reward ${s.finalReward}`;
-      return {
-        error: new RejectedError(
-          'episode_closed',
-          `${what} for ${who} came after its episode closed (${closed}) and cannot be applied; ${this.lateHint(s.status)}`,
-        ),
-        kind,
-        source,
-      };
+      return new RejectedError(
+        'episode_closed',
+        `${what} for ${who} came after its episode closed (${closed}) and cannot be applied; ${this.lateHint(s.status)}`,
+      );
     }
     // A tool span may come before anything else of its rollout (an agent that traces tools only).
     if (kind === 'tool_span') return null;
     const window = this.ctx.config.processors.episodes.closed_window;
-    return {
-      error: new RejectedError(
-        'unknown_rollout',
-        `${what} for ${who}, but no call of that rollout attempt went through this sidecar (or its episode closed more than ${window} closes ago): name the rollout and attempt_id of the calls it rewards`,
-      ),
-      kind,
-      source,
-    };
+    return new RejectedError(
+      'unknown_rollout',
+      `${what} for ${who}, but no call of that rollout attempt went through this sidecar (or its episode closed more than ${window} closes ago): name the rollout and attempt_id of the calls it rewards`,
+    );
   }
 
   private lateHint(status: EpisodeStatus): string {

@@ -41,8 +41,7 @@ export class Replay {
     const { assembler, journal, m, log } = this.ctx;
     assembler.replaying = true;
     const unended: Unended = new Map();
-    const collect = this.deps.collect;
-    const recovery = await journal.open((offset, payload) => this.record(unended, offset, payload), collect && (() => collect()));
+    const recovery = await journal.open((offset, payload) => this.record(unended, offset, payload), this.deps.collect);
     opened(recovery);
     assembler.replaying = false;
     assembler.forgetInFlight();
@@ -52,8 +51,10 @@ export class Replay {
     m.journalRecovered.inc({ kind: 'corrupt_tail' }, recovery.corruptTails);
     m.journalRecovered.inc({ kind: 'corrupt_segment' }, recovery.corruptSegments);
     this.ctx.journalMetrics();
-    if (recovery.records > 0) collect?.();
-    if (recovery.records > 0) log.info('journal replayed', { ...recovery, open_episodes: assembler.openCount, to_export: this.deps.queue.length });
+    if (recovery.records > 0) {
+      this.deps.collect?.();
+      log.info('journal replayed', { ...recovery, open_episodes: assembler.openCount, to_export: this.deps.queue.length });
+    }
     return recovery;
   }
 

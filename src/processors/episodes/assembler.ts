@@ -60,13 +60,6 @@ export interface EpisodeClose {
   closedByRecord?: number;
 }
 
-/** Counts of records that arrived for episodes already closed (for metrics). */
-export interface LateCounts {
-  calls: number;
-  rewards: number;
-  toolSpans: number;
-}
-
 /** What the sidecar knows of a rollout attempt when a reward or end for it arrives. */
 export type Standing = { state: 'open' } | { state: 'closed'; status: EpisodeStatus; at: number; finalReward: number | null } | { state: 'unknown' };
 
@@ -89,7 +82,6 @@ export class EpisodeAssembler {
   private readonly open = new Map<string, OpenEpisode>();
   /** The last `closed_window` closed episodes (oldest first), to answer what arrives after a close. */
   private readonly recentlyClosed = new Map<string, ClosedNote>();
-  readonly late: LateCounts = { calls: 0, rewards: 0, toolSpans: 0 };
   private readonly buildOptions: TransitionOptions;
 
   constructor(private readonly options: AssemblerOptions) {
@@ -166,10 +158,7 @@ export class EpisodeAssembler {
       }
       case 'call': {
         const key = keyOf(event.correlation.rolloutId, event.correlation.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
-          this.late.calls++;
-          this.noteLate('call', event.correlation.rolloutId, event.correlation.attemptId);
-        }
+        this.late(key, 'call', event.correlation.rolloutId, event.correlation.attemptId);
         const ep = this.touch(event.correlation.rolloutId, event.correlation.attemptId, event.endedAt, closed);
         ep.inFlight.delete(event.seq);
         ep.calls.push(event);
@@ -189,11 +178,7 @@ export class EpisodeAssembler {
       }
       case 'tool_span': {
         const key = keyOf(event.rolloutId, event.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
-          this.late.toolSpans++;
-          this.noteLate('tool_span', event.rolloutId, event.attemptId);
-          return closed;
-        }
+        if (this.late(key, 'tool_span', event.rolloutId, event.attemptId)) return closed;
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
         // OTLP clients resend on retryable errors: a span id seen before is the same span.
         if (!ep.toolSpans.some((s) => s.spanId === event.spanId)) ep.toolSpans.push(event);
@@ -202,10 +187,7 @@ export class EpisodeAssembler {
       }
       case 'agent_span': {
         const key = keyOf(event.rolloutId, event.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
-          this.noteLate('agent_span', event.rolloutId, event.attemptId);
-          return closed;
-        }
+        if (this.late(key, 'agent_span', event.rolloutId, event.attemptId)) return closed;
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
         if (!ep.agentSpans.some((s) => s.spanId === event.spanId)) ep.agentSpans.push(event);
         return closed;
@@ -213,11 +195,7 @@ export class EpisodeAssembler {
       case 'reward':
       case 'end': {
         const key = keyOf(event.rolloutId, event.attemptId);
-        if (!this.open.has(key) && this.recentlyClosed.has(key)) {
-          this.late.rewards++;
-          this.noteLate(event.type, event.rolloutId, event.attemptId);
-          return closed;
-        }
+        if (this.late(key, event.type, event.rolloutId, event.attemptId)) return closed;
         const ep = this.touch(event.rolloutId, event.attemptId, event.at, closed);
         if (event.type === 'reward') {
           ep.rewards.push({ name: event.name, value: event.value, final: event.final });
@@ -273,8 +251,11 @@ export class EpisodeAssembler {
     return closed;
   }
 
-  private noteLate(kind: 'call' | 'tool_span' | 'agent_span' | 'reward' | 'end', rolloutId: string, attemptId: string): void {
+  /** Whether a record comes for an episode that closed and is not open again; if so it is reported (`onLate`). */
+  private late(key: string, kind: 'call' | 'tool_span' | 'agent_span' | 'reward' | 'end', rolloutId: string, attemptId: string): boolean {
+    if (this.open.has(key) || !this.recentlyClosed.has(key)) return false;
     if (!this.replaying) this.options.onLate?.(kind, rolloutId, attemptId);
+    return true;
   }
 
   private touch(rolloutId: string, attemptId: string, at: number, closed: EpisodeClose[]): OpenEpisode {

@@ -58,6 +58,9 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
     decoded: Decoded,
   ): Promise<{ ok: true; rejected: number; message: string } | { ok: false; retryAfterMs: number; reason: string }> {
     count(transport, 'rejected', 'invalid_span', decoded.rejected);
+    // Why spans were rejected, each reason with its count: the pipeline's (late) first, then the decoder's.
+    const reasons: string[] = [];
+    let late = 0;
     if (decoded.spans.length > 0) {
       let result: SpanSinkResult;
       try {
@@ -71,16 +74,13 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
         log.once(`refused:${result.reason}`, 'warn', 'spans refused: the pipeline is full; clients are told to retry', { reason: result.reason });
         return { ok: false, retryAfterMs: result.retryAfterMs, reason: result.reason };
       }
-      const late = result.rejected ?? 0;
+      late = result.rejected ?? 0;
       count(transport, 'accepted', 'ok', decoded.spans.length - late);
       count(transport, 'rejected', 'not_applicable', late);
-      if (late > 0) {
-        const invalid = decoded.rejected > 0 ? `; ${decoded.rejected} span(s) rejected: ${decoded.rejectReason}` : '';
-        return { ok: true, rejected: decoded.rejected + late, message: `${late} span(s) rejected: ${result.message ?? ''}${invalid}` };
-      }
+      if (late > 0) reasons.push(`${late} span(s) rejected: ${result.message ?? ''}`);
     }
-    const message = decoded.rejected > 0 ? `${decoded.rejected} span(s) rejected: ${decoded.rejectReason}` : '';
-    return { ok: true, rejected: decoded.rejected, message };
+    if (decoded.rejected > 0) reasons.push(`${decoded.rejected} span(s) rejected: ${decoded.rejectReason}`);
+    return { ok: true, rejected: decoded.rejected + late, message: reasons.join('; ') };
   }
 
   // ---- HTTP -------------------------------------------------------------------------------

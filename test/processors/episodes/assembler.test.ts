@@ -105,12 +105,13 @@ describe('episode assembler', () => {
   });
 
   it('counts a reward for an episode already closed as late and drops it', () => {
-    const a = make();
+    const late: string[] = [];
+    const a = new EpisodeAssembler({ episodes, credit: { mode: 'identical', gamma: 0.5 }, onLate: (kind) => late.push(kind) });
     a.apply(call('r', 0, 1));
     a.apply({ type: 'end', rolloutId: 'r', attemptId: '0', at: 2 });
     expect(a.apply({ type: 'tick', at: 200 })).toHaveLength(1);
     expect(a.apply({ type: 'reward', rolloutId: 'r', attemptId: '0', value: 1, name: 'p', final: true, at: 300, source: 'rollout_api' })).toEqual([]);
-    expect(a.late.rewards).toBe(1);
+    expect(late).toEqual(['reward']);
     expect(a.openCount).toBe(0);
   });
 
@@ -154,12 +155,13 @@ describe('episode assembler', () => {
   });
 
   it('keeps a late call in a new episode rather than losing it', () => {
-    const a = make();
+    const late: string[] = [];
+    const a = new EpisodeAssembler({ episodes, credit: { mode: 'identical', gamma: 0.5 }, onLate: (kind) => late.push(kind) });
     a.apply(call('r', 0, 1));
     a.apply({ type: 'end', rolloutId: 'r', attemptId: '0', at: 2 });
     a.apply({ type: 'tick', at: 200 });
     a.apply(call('r', 1, 300));
-    expect(a.late.calls).toBe(1);
+    expect(late).toEqual(['call']);
     expect(a.openCount).toBe(1);
   });
 
