@@ -182,6 +182,7 @@ export class Journal {
         }
       } finally {
         reader.close();
+        if (!last) segment.bodies.trim();
       }
       segment.bytes = Math.min(at, reader.size);
       onSegment?.();
@@ -570,6 +571,7 @@ export class Journal {
     const next = openSync(file, 'a');
     const previous = this.fd!;
     this.fd = next;
+    this.active().bodies.trim();
     this.segments.push({ first, file, bytes: 0, bodies: new FrameIndex(first), readFd: null });
     // The finished segment is synced and closed off the event loop (closing a file with much
     // just written can take milliseconds on ext4).

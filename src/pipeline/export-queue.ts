@@ -2,20 +2,20 @@ import path from 'node:path';
 import type { Exporter } from '../exporters/exporter';
 import { RefusedError } from '../model/component';
 import type { ClosedEpisode } from '../model/records';
-import { Spill, type SpillRef } from '../journal/spill';
+import { Spill } from '../journal/spill';
 import type { EpisodeClose } from '../processors/episodes/assembler';
 import type { Context } from './context';
 import type { DeliveredMarker, EpisodeClosedMarker } from './records';
+import { SpilledEpisodes } from './spilled-episodes';
 
 /** Closed episodes exported in one batch at most, and how long a first one waits for company. */
 const EXPORT_BATCH = 64;
 const EXPORT_LINGER_MS = 20;
 
+/** A closed episode in memory, at the head of the queue. */
 interface Queued {
-  /** What closed; null while it waits on disk (`spilled`). */
+  /** What closed; null when it could not be read back from disk (quarantined). */
   close: EpisodeClose | null;
-  /** Where it waits on disk, when the backlog in memory is full (`export_backlog_memory_records`). */
-  spilled: SpillRef | null;
   /** Lowest journal offset among its records (what must be kept until delivery). */
   firstOffset: number;
   /** Its transitions, built when its batch is first exported. */
@@ -25,9 +25,11 @@ interface Queued {
   /** Offset of its close marker; set once the marker is appended. */
   marker: number;
   durable: Promise<unknown>;
-  /** Records it holds (see `max_export_backlog`), in memory unless spilled. */
+  /** Records it holds (see `max_export_backlog`). */
   weight: number;
 }
+
+const SETTLED: Promise<unknown> = Promise.resolve();
 
 export interface ExportQueueDeps {
   exporter: Exporter;
@@ -43,7 +45,13 @@ export interface ExportQueueDeps {
  * marker is journaled and the journal's segments below the lowest offset still needed are deleted.
  */
 export class ExportQueue {
+  /**
+   * The queue: its head in memory (`queue`), then what waits on disk (`spilled`). Once an
+   * episode waits on disk, every later one does too until the disk part is empty: the order is
+   * close order, which delivered markers rely on.
+   */
   private readonly queue: Queued[] = [];
+  private readonly spilled = new SpilledEpisodes();
   /**
    * Records (calls, spans, rewards) the queued episodes hold in memory. While the exporter is away
    * closed episodes wait here; above `max_export_backlog` intake is refused as when the journal is
@@ -80,7 +88,7 @@ export class ExportQueue {
 
   /** Closed episodes waiting for the exporter. */
   get length(): number {
-    return this.queue.length;
+    return this.queue.length + this.spilled.length;
   }
 
   /** The backlog is at `max_export_backlog`: intake other than rewards, ends and call ends is refused. */
@@ -111,7 +119,7 @@ export class ExportQueue {
       if (replayMarker === undefined) m.episodesClosed.inc({ status: c.status });
       if (replayMarker !== undefined || c.closedByRecord !== undefined) {
         // Replayed, or closed by its own record (which a replay closes again): no marker to journal.
-        this.add(c, c.closedByRecord ?? replayMarker!, Promise.resolve());
+        this.add(c, c.closedByRecord ?? replayMarker!, SETTLED);
         continue;
       }
       const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId, attemptId, status: c.status, at: c.facts.endedAt };
@@ -121,7 +129,7 @@ export class ExportQueue {
       } catch (err) {
         // The journal refuses (full/closed): export anyway; a replay may close this episode again.
         log.once('marker', 'warn', 'journal refused a close marker; exporting without it', { err });
-        this.add(c, -1, Promise.resolve());
+        this.add(c, -1, SETTLED);
       }
     }
     m.openEpisodes.set(assembler.openCount);
@@ -132,14 +140,22 @@ export class ExportQueue {
   delivered(upTo: number): void {
     let n = 0;
     while (n < this.queue.length && this.queue[n].marker <= upTo) n++;
+    const all = n === this.queue.length;
     this.dequeue(n);
+    if (!all) return;
+    while (this.spilled.firstMarker <= upTo) {
+      const e = this.spilled.shift();
+      this.backlog -= e.weight;
+      if (e.ref) this.spill.release(e.ref);
+    }
+    this.backlogMetrics();
   }
 
   pump(): void {
-    if (this.pumping || this.queue.length === 0 || !this.opened) return;
+    if (this.pumping || this.length === 0 || !this.opened) return;
     this.pumping = this.lingerThenDrain().finally(() => {
       this.pumping = null;
-      if (this.queue.length > 0 && !this.stopping) this.pump();
+      if (this.length > 0 && !this.stopping) this.pump();
     });
   }
 
@@ -147,9 +163,9 @@ export class ExportQueue {
   async stop(): Promise<void> {
     this.stopping = true;
     if (this.pumping) await this.pumping.catch(() => {});
-    if (this.queue.length > 0) {
+    if (this.length > 0) {
       this.pumping = this.drain().catch((err) =>
-        this.ctx.log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: this.queue.length }),
+        this.ctx.log.error('episodes could not be exported before shutdown; they stay in the journal', { err, episodes: this.length }),
       );
       await this.pumping;
     }
@@ -162,27 +178,50 @@ export class ExportQueue {
   private add(close: EpisodeClose, marker: number, durable: Promise<unknown>): void {
     const f = close.facts;
     const weight = f.calls.length + f.toolSpans.length + f.rewards.length + (f.agentSpans?.length ?? 0);
-    const q: Queued = { close, spilled: null, firstOffset: close.firstOffset, built: null, marker, durable, weight };
-    if (this.inMemory + weight > this.maxInMemory && this.queue.length >= 2 * EXPORT_BATCH) {
+    const firstOffset = close.firstOffset;
+    this.backlog += weight;
+    if (this.spilled.length > 0 || (this.inMemory + weight > this.maxInMemory && this.queue.length >= 2 * EXPORT_BATCH)) {
+      let ref = null;
       try {
-        q.spilled = this.spill.write(close);
-        q.close = null;
+        ref = this.spill.write(close);
       } catch (err) {
         this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
       }
+      this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable, durable === SETTLED);
+      if (!ref) this.inMemory += weight;
+    } else {
+      this.queue.push({ close, firstOffset, built: null, marker, durable, weight });
+      this.inMemory += weight;
     }
-    if (q.close) this.inMemory += weight;
-    this.queue.push(q);
-    this.backlog += weight;
     this.backlogMetrics();
+  }
+
+  /**
+   * Up to `n` episodes in memory at the head: those waiting on disk next are read back (one
+   * that cannot be is quarantined when its batch is built).
+   */
+  private promote(n: number): void {
+    while (this.queue.length < n && this.spilled.length > 0) {
+      const e = this.spilled.shift();
+      let close = e.close;
+      if (e.ref) {
+        try {
+          close = this.spill.read(e.ref) as EpisodeClose;
+        } catch (err) {
+          this.ctx.quarantine(e.marker, { episode: { spilled: e.ref } }, err);
+        }
+        this.spill.release(e.ref);
+        if (close) this.inMemory += e.weight;
+      }
+      this.queue.push({ close, firstOffset: e.firstOffset, built: null, quarantined: close === null, marker: e.marker, durable: e.durable, weight: e.weight });
+    }
   }
 
   /** The first `n` queued episodes are delivered. */
   private dequeue(n: number): void {
     for (const q of this.queue.splice(0, n)) {
       this.backlog -= q.weight;
-      if (q.spilled) this.spill.release(q.spilled);
-      else this.inMemory -= q.weight;
+      if (q.close) this.inMemory -= q.weight;
     }
     this.backlogMetrics();
   }
@@ -198,18 +237,14 @@ export class ExportQueue {
    * cannot be processed is: it must not hold every later export back.
    */
   private built(q: Queued): ClosedEpisode | null {
-    if (q.built !== null || q.quarantined) return q.built;
+    if (q.built !== null || q.quarantined || !q.close) return q.built;
+    const close = q.close;
     let c: ClosedEpisode;
-    let close: EpisodeClose | null = null;
     try {
-      // What closed, read back from disk when it waited there.
-      close = q.close ?? (this.spill.read(q.spilled!) as EpisodeClose);
       c = q.built = this.ctx.assembler.build(close);
     } catch (err) {
       q.quarantined = true;
-      const episode = close
-        ? { rolloutId: close.facts.rolloutId, attemptId: close.facts.attemptId, status: close.status, calls: close.facts.calls.map((call) => call.callId) }
-        : { spilled: q.spilled };
+      const episode = { rolloutId: close.facts.rolloutId, attemptId: close.facts.attemptId, status: close.status, calls: close.facts.calls.map((call) => call.callId) };
       this.ctx.quarantine(q.marker, { episode }, err);
       return null;
     }
@@ -261,14 +296,15 @@ export class ExportQueue {
    * or produce request, one delivery marker and one release for many (as a Kafka producer's linger).
    */
   private async lingerThenDrain(): Promise<void> {
-    if (!this.stopping && this.queue.length < EXPORT_BATCH) await new Promise((r) => setTimeout(r, EXPORT_LINGER_MS).unref());
+    if (!this.stopping && this.length < EXPORT_BATCH) await new Promise((r) => setTimeout(r, EXPORT_LINGER_MS).unref());
     await this.drain();
   }
 
   private async drain(): Promise<void> {
     const { m, log } = this.ctx;
     const exporter = this.deps.exporter;
-    while (this.queue.length > 0) {
+    while (this.length > 0) {
+      this.promote(2 * EXPORT_BATCH);
       const batch = this.queue.slice(0, EXPORT_BATCH);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       try {
@@ -341,6 +377,7 @@ export class ExportQueue {
     // outage, more arguments than a call can take.
     let low = Math.min(this.deps.floor(), journal.next);
     for (const q of this.queue) if (q.firstOffset < low) low = q.firstOffset;
+    low = Math.min(low, this.spilled.lowestFirstOffset());
     for (const u of this.unmarked) if (u.floor < low) low = u.floor;
     const removed = await journal.release(low).catch((err) => {
       log.once('release', 'error', 'journal: could not delete delivered segments', { err });

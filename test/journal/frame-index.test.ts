@@ -47,4 +47,44 @@ describe('FrameIndex', () => {
     expect(idx.find(base + 198)).toBe(100);
     expect(idx.pos(idx.find(base + 2))).toBe(1000);
   });
+
+  it('answers as a plain sorted list does, for frames in order and out of it, lookups in any order', () => {
+    // A fixed pseudo-random sequence: mostly in order (as the journal writes), sometimes not.
+    let seed = 20261127;
+    const rand = (n: number): number => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
+    const idx = new FrameIndex(1000);
+    const ref = new Map<number, [number, number, boolean]>();
+    let offset = 1000;
+    let pos = 0;
+    for (let k = 0; k < 3000; k++) {
+      const o = rand(50) === 0 ? 1000 + rand(offset - 999) : (offset += 1 + rand(4));
+      const p = rand(50) === 0 ? rand(2 ** 20) : (pos += rand(300_000));
+      const f: [number, number, boolean] = [p, rand(200_000), rand(5) === 0];
+      idx.add(o, ...f);
+      ref.set(o, f);
+    }
+    const sorted = [...ref.keys()].sort((a, b) => a - b);
+    expect(idx.size).toBe(sorted.length);
+    // Walk in index order, then random lookups (hits and misses).
+    sorted.forEach((o, i) => expect([idx.offsetAt(i), idx.pos(i), idx.len(i), idx.isRef(i)]).toEqual([o, ...ref.get(o)!]));
+    for (let k = 0; k < 3000; k++) {
+      const o = 990 + rand(offset - 980);
+      const i = idx.find(o);
+      if (!ref.has(o)) expect(i).toBe(-1);
+      else expect([i, idx.pos(i), idx.len(i), idx.isRef(i)]).toEqual([sorted.indexOf(o), ...ref.get(o)!]);
+    }
+    expect(() => idx.pos(sorted.length)).toThrow(RangeError);
+  });
+
+  it('holds a frame of a typical segment in under 8 bytes once trimmed', () => {
+    const idx = new FrameIndex(5000);
+    let pos = 0;
+    for (let i = 0; i < 100_000; i++) {
+      const len = 200 + ((i * 7919) % 20_000);
+      idx.add(5000 + 3 * i, (pos += len + 40), len, i % 3 === 0);
+    }
+    idx.trim();
+    expect(idx.heldBytes / idx.size).toBeLessThan(8);
+    expect(idx.len(idx.find(5000 + 3 * 99_999))).toBe(200 + ((99_999 * 7919) % 20_000));
+  });
 });

@@ -1,0 +1,130 @@
+import type { SpillRef } from '../journal/spill';
+import type { EpisodeClose } from '../processors/episodes/assembler';
+
+/** One closed episode waiting on disk, as it comes out of the queue. */
+export interface SpilledEpisode {
+  /** Where it waits; null when it could not be written there and waits in memory (`close`). */
+  ref: SpillRef | null;
+  close: EpisodeClose | null;
+  firstOffset: number;
+  marker: number;
+  weight: number;
+  /** Its close marker's write, while that is not settled; resolved otherwise. */
+  durable: Promise<unknown>;
+}
+
+const SETTLED: Promise<unknown> = Promise.resolve();
+
+/**
+ * The closed episodes that wait for the exporter on disk, in close order: what a long exporter
+ * outage queues (hundreds of thousands of episodes). Each is held as six numbers in typed arrays
+ * (36 bytes), not as an object with its spill reference and promise (about 160 bytes): the
+ * queue's memory stays a small fraction of what it would hold, however long the outage.
+ * An episode that could not be written to disk keeps its place here and its close in memory.
+ */
+export class SpilledEpisodes {
+  private file = new Uint32Array(1024);
+  private at = new Float64Array(1024);
+  private length_ = new Uint32Array(1024);
+  private first = new Float64Array(1024);
+  private marker = new Float64Array(1024);
+  private weight = new Uint32Array(1024);
+  /** The ring's first entry and its count. */
+  private head = 0;
+  private n = 0;
+  /** Entries by sequence number whose close is in memory (a spill write failed). */
+  private readonly held = new Map<number, EpisodeClose>();
+  /** Entries by sequence number whose close marker is not written yet. */
+  private readonly writing = new Map<number, Promise<unknown>>();
+  /** Sequence number of the ring's first entry (grows by one per entry taken). */
+  private seq = 0;
+
+  get length(): number {
+    return this.n;
+  }
+
+  /** The marker of the first entry (Infinity when empty). */
+  get firstMarker(): number {
+    return this.n === 0 ? Infinity : this.marker[this.head];
+  }
+
+  push(e: Omit<SpilledEpisode, 'durable'>, durable: Promise<unknown>, settled: boolean): void {
+    if (this.n === this.file.length) this.grow();
+    const i = (this.head + this.n) % this.file.length;
+    const seq = this.seq + this.n;
+    this.file[i] = e.ref?.file ?? 0;
+    this.at[i] = e.ref?.at ?? -1;
+    this.length_[i] = e.ref?.length ?? 0;
+    this.first[i] = e.firstOffset;
+    this.marker[i] = e.marker;
+    this.weight[i] = e.weight;
+    if (!e.ref) this.held.set(seq, e.close!);
+    if (!settled) {
+      this.writing.set(seq, durable);
+      const forget = (): void => {
+        this.writing.delete(seq);
+      };
+      durable.then(forget, forget);
+    }
+    this.n++;
+  }
+
+  /** Takes the first entry. */
+  shift(): SpilledEpisode {
+    if (this.n === 0) throw new RangeError('no spilled episode to take');
+    const i = this.head;
+    const seq = this.seq;
+    const close = this.held.get(seq) ?? null;
+    const e: SpilledEpisode = {
+      ref: this.at[i] < 0 ? null : { file: this.file[i], at: this.at[i], length: this.length_[i] },
+      close,
+      firstOffset: this.first[i],
+      marker: this.marker[i],
+      weight: this.weight[i],
+      durable: this.writing.get(seq) ?? SETTLED,
+    };
+    this.held.delete(seq);
+    this.writing.delete(seq);
+    this.head = (this.head + 1) % this.file.length;
+    this.n--;
+    this.seq++;
+    if (this.n === 0) this.reset();
+    return e;
+  }
+
+  /** The lowest first offset among the entries (Infinity when empty). */
+  lowestFirstOffset(): number {
+    let low = Infinity;
+    const size = this.file.length;
+    for (let k = 0, i = this.head; k < this.n; k++, i = i + 1 === size ? 0 : i + 1) if (this.first[i] < low) low = this.first[i];
+    return low;
+  }
+
+  /** Empty again: the arrays a long outage grew are given back. */
+  private reset(): void {
+    this.head = 0;
+    if (this.file.length === 1024) return;
+    this.file = new Uint32Array(1024);
+    this.at = new Float64Array(1024);
+    this.length_ = new Uint32Array(1024);
+    this.first = new Float64Array(1024);
+    this.marker = new Float64Array(1024);
+    this.weight = new Uint32Array(1024);
+  }
+
+  private grow(): void {
+    const size = this.file.length + (this.file.length >> 1);
+    const move = <T extends Uint32Array | Float64Array>(a: T, make: (n: number) => T): T => {
+      const b = make(size);
+      for (let k = 0; k < this.n; k++) b[k] = a[(this.head + k) % a.length];
+      return b;
+    };
+    this.file = move(this.file, (s) => new Uint32Array(s));
+    this.at = move(this.at, (s) => new Float64Array(s));
+    this.length_ = move(this.length_, (s) => new Uint32Array(s));
+    this.first = move(this.first, (s) => new Float64Array(s));
+    this.marker = move(this.marker, (s) => new Float64Array(s));
+    this.weight = move(this.weight, (s) => new Uint32Array(s));
+    this.head = 0;
+  }
+}
