@@ -35,10 +35,10 @@ export const runCommand: Command = {
   async run({ values }, io) {
     const config = loadConfig({ file: (values.config as string | undefined) ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
     const logger = createLogger({ level: config.service.log_level, component: 'lightning-sidecar', write: (line) => io.err.write(line) });
-    new HeapHeadroom(config.service.heap_headroom_mib * 1024 * 1024).start();
+    const heap = new HeapHeadroom(config.service.heap_headroom_mib * 1024 * 1024).start();
     let app: ReturnType<typeof createApp>;
     try {
-      app = createApp(config, { logger });
+      app = createApp(config, { logger, backlogOnDisk: (onDisk) => heap.pressure(onDisk) });
     } catch (err) {
       // E.g. a data_dir that is a file: one line that says what, not a stack trace.
       logger.error('start-up failed', { err, data_dir: config.service.data_dir });

@@ -37,6 +37,8 @@ export interface ExportQueueDeps {
   floor: () => number;
   /** An episode closed: what the pipeline keeps for its rollout attempt goes. */
   closed: (rolloutId: string, attemptId: string) => void;
+  /** Episodes began (true) or stopped (false) waiting on disk. */
+  onDisk?: (onDisk: boolean) => void;
 }
 
 /**
@@ -52,6 +54,8 @@ export class ExportQueue {
    */
   private readonly queue: Queued[] = [];
   private readonly spilled = new SpilledEpisodes();
+  /** `spilled` was not empty when the backlog was last counted. */
+  private wasOnDisk = false;
   /**
    * Records (calls, spans, rewards) the queued episodes hold in memory. While the exporter is away
    * closed episodes wait here; above `max_export_backlog` intake is refused as when the journal is
@@ -187,6 +191,7 @@ export class ExportQueue {
       } catch (err) {
         this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
       }
+      if (this.spilled.length === 0) this.deps.onDisk?.(true);
       this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable, durable === SETTLED);
       if (!ref) this.inMemory += weight;
     } else {
@@ -227,6 +232,8 @@ export class ExportQueue {
   }
 
   private backlogMetrics(): void {
+    if (this.spilled.length === 0 && this.wasOnDisk) this.deps.onDisk?.(false);
+    this.wasOnDisk = this.spilled.length > 0;
     this.ctx.m.exportBacklog.set(this.backlog);
     this.ctx.m.exportBacklogSpilled.set(this.backlog - this.inMemory);
   }
@@ -244,7 +251,12 @@ export class ExportQueue {
       c = q.built = this.ctx.assembler.build(close);
     } catch (err) {
       q.quarantined = true;
-      const episode = { rolloutId: close.facts.rolloutId, attemptId: close.facts.attemptId, status: close.status, calls: close.facts.calls.map((call) => call.callId) };
+      const episode = {
+        rolloutId: close.facts.rolloutId,
+        attemptId: close.facts.attemptId,
+        status: close.status,
+        calls: close.facts.calls.map((call) => call.callId),
+      };
       this.ctx.quarantine(q.marker, { episode }, err);
       return null;
     }

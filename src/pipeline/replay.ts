@@ -18,7 +18,7 @@ export interface ReplayDeps {
   /** Seeded from replayed calls so new calls of a resumed rollout continue its `seq`. */
   sequences?: SequenceCounter;
   /**
-   * A full garbage collection, run after each replayed segment and at the end: replay parses
+   * A full garbage collection, run after every 16 MiB replayed and at the end: replay parses
    * every record of a journal that may have grown for a whole exporter outage, and the heap V8
    * keeps committed for that garbage would otherwise stay in the process's memory.
    */

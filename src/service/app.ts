@@ -34,6 +34,8 @@ export interface AppDeps {
   producer?: Producer;
   /** Replaces the kafkajs client of the control consumer (tests). */
   kafka?: Kafka;
+  /** Told when closed episodes begin or stop waiting on disk for the exporter (`HeapHeadroom.pressure`). */
+  backlogOnDisk?: (onDisk: boolean) => void;
 }
 
 /**
@@ -67,7 +69,15 @@ export function createApp(config: Config, deps: AppDeps) {
       records: config.exporters.records,
     });
   const sequences = new SequenceCounter();
-  const pipeline = createPipeline(config, { logger: log, metrics, exporter, sequences, now: deps.now, collect: collectGarbage });
+  const pipeline = createPipeline(config, {
+    logger: log,
+    metrics,
+    exporter,
+    sequences,
+    now: deps.now,
+    collect: collectGarbage,
+    backlogOnDisk: deps.backlogOnDisk,
+  });
   const rolloutApi = config.receivers.rollout_api.enabled
     ? createRolloutApi(
         { maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token },

@@ -25,6 +25,8 @@ export interface PipelineDeps {
   now?: () => number;
   /** A full garbage collection, for replay to run between segments (see `Replay`). */
   collect?: () => void;
+  /** Closed episodes began (true) or stopped (false) waiting on disk: the exporter is behind. */
+  backlogOnDisk?: (onDisk: boolean) => void;
 }
 
 /**
@@ -44,6 +46,7 @@ export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
     floor: () => Math.min(assembler.minOffset(), router.minParkedOffset(), writers.floor()),
     // Its calls are no base for a later episode's.
     closed: (rolloutId, attemptId) => writers.forget(keyOf(rolloutId, attemptId)),
+    onDisk: deps.backlogOnDisk,
   });
   const applyRecord = createApply(ctx, queue);
   const intake = new Intake(ctx, queue, applyRecord);

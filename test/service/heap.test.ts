@@ -33,6 +33,20 @@ describe('heap headroom', () => {
     expect(set).toEqual(['--heap-growing-percent=200', '--heap-growing-percent=50', '--heap-growing-percent=300', '--heap-growing-percent=0']);
   });
 
+  it('gives the room back to V8 while the exporter is behind (pressure), and takes it again after', () => {
+    const set: string[] = [];
+    const h = new HeapHeadroom(
+      32 * MiB,
+      (f) => set.push(f),
+      () => 16 * MiB,
+    ).start();
+    h.pressure(true);
+    h.pressure(true);
+    h.pressure(false);
+    h.stop();
+    expect(set).toEqual(['--heap-growing-percent=200', '--heap-growing-percent=10', '--heap-growing-percent=200']);
+  });
+
   it('does nothing at 0', () => {
     const set: string[] = [];
     const h = new HeapHeadroom(

@@ -9,6 +9,16 @@ import { beginCall, chatAnswer, endCall, startPipeline, tempDirs, until } from '
  * disk, not in memory; when it is back they are read back and exported whole, in order, and the
  * files are deleted.
  */
+/** `n` one-call rollouts r0… with a final reward each: `n` closed episodes. */
+async function rollouts(p: ReturnType<typeof startPipeline>, n: number): Promise<void> {
+  for (let i = 0; i < n; i++) {
+    const c = beginCall(p, `r${i}`, 0, `question ${i}`);
+    c.response(chatAnswer(`answer ${i}`));
+    endCall(p, c);
+    await p.submit({ type: 'reward', rolloutId: `r${i}`, attemptId: '0', name: 'final', value: 1, final: true, at: Date.now(), source: 'rollout_api' });
+  }
+}
+
 describe('closed episodes waiting for the exporter', () => {
   const { dir, remove } = tempDirs('lightning-spill-');
   afterAll(remove);
@@ -22,6 +32,7 @@ describe('closed episodes waiting for the exporter', () => {
     const d = dir();
     let up = false;
     const exported: { rollout: string; request: string }[] = [];
+    const onDisk: boolean[] = [];
     const p = startPipeline(
       d,
       {},
@@ -30,16 +41,12 @@ describe('closed episodes waiting for the exporter', () => {
         for (const c of batch) for (const t of c.transitions) exported.push({ rollout: t.rollout_id, request: read(t.source!.request).toString('utf8') });
       },
       { export_backlog_memory_records: 10 },
+      { backlogOnDisk: (b) => onDisk.push(b) },
     );
     await p.start();
     const n = 300;
     try {
-      for (let i = 0; i < n; i++) {
-        const c = beginCall(p, `r${i}`, 0, `question ${i}`);
-        c.response(chatAnswer(`answer ${i}`));
-        endCall(p, c);
-        await p.submit({ type: 'reward', rolloutId: `r${i}`, attemptId: '0', name: 'final', value: 1, final: true, at: Date.now(), source: 'rollout_api' });
-      }
+      await rollouts(p, n);
       // All but the first batches due (kept in memory) and the few records the bound allows wait on disk.
       await until(() => spillBytes(d) > 0);
       expect(spillBytes(d)).toBeGreaterThan(0);
@@ -49,6 +56,8 @@ describe('closed episodes waiting for the exporter', () => {
       for (const [i, e] of exported.entries()) expect(JSON.parse(e.request).messages[0].content).toBe(`question ${i}`);
       await until(() => spillBytes(d) === 0);
       expect(existsSync(path.join(d, 'spill')) ? readdirSync(path.join(d, 'spill')) : []).toEqual([]);
+      // The heap's headroom was told when the backlog went to disk and when it came back.
+      expect(onDisk).toEqual([true, false]);
     } finally {
       await p.shutdown();
     }
@@ -70,12 +79,7 @@ describe('closed episodes waiting for the exporter', () => {
     );
     await p.start();
     try {
-      for (let i = 0; i < n; i++) {
-        const c = beginCall(p, `r${i}`, 0, `question ${i}`);
-        c.response(chatAnswer(`answer ${i}`));
-        endCall(p, c);
-        await p.submit({ type: 'reward', rolloutId: `r${i}`, attemptId: '0', name: 'final', value: 1, final: true, at: Date.now(), source: 'rollout_api' });
-      }
+      await rollouts(p, n);
       await until(() => first.length >= 100 && spillBytes(d) > 0);
     } finally {
       await p.shutdown();

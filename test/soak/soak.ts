@@ -116,6 +116,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
     LIGHTNING_CONFIG: writeConfig(dataDir, opts.journalMaxBytes),
     // SOAK_NODE_OPTIONS: node flags for the sidecar, e.g. --heapsnapshot-signal=SIGUSR2 to look at its heap mid-run.
     ...(process.env.SOAK_NODE_OPTIONS ? { NODE_OPTIONS: process.env.SOAK_NODE_OPTIONS } : {}),
+    // glibc's malloc settings (MALLOC_*), as an image or pod would set them.
+    ...Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith('MALLOC_') && e[1] !== undefined)),
   };
   let sidecar: ChildSidecar = await startChildSidecar(env);
   let restarting: Promise<void> | null = null;

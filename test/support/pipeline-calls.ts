@@ -6,7 +6,7 @@ import type { Config } from '../../src/config/schema';
 import type { BodyReader } from '../../src/formats/extract';
 import type { ClosedEpisode } from '../../src/model/records';
 import { CallCapture } from '../../src/receivers/llm-proxy/capture';
-import { createPipeline, type Pipeline } from '../../src/service/pipeline';
+import { createPipeline, type Pipeline, type PipelineDeps } from '../../src/service/pipeline';
 import { silentLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
 import { memoryExporter } from './memory-exporter';
@@ -21,6 +21,7 @@ export function startPipeline(
   journal: Partial<Config['service']['journal']>,
   onBatch: (batch: ClosedEpisode[], read: BodyReader) => void,
   service: Partial<Omit<Config['service'], 'journal'>> = {},
+  deps: Partial<PipelineDeps> = {},
 ): Pipeline {
   const config = loadConfig({
     env: {},
@@ -29,7 +30,7 @@ export function startPipeline(
       processors: { episodes: { idle_timeout_ms: 3_600_000, tool_span_wait_ms: 0 } },
     },
   });
-  return createPipeline(config, { logger: silentLogger, metrics: createMetrics(), exporter: memoryExporter(onBatch) });
+  return createPipeline(config, { logger: silentLogger, metrics: createMetrics(), exporter: memoryExporter(onBatch), ...deps });
 }
 
 /** A chat call of `rollout` (named by header) whose request was sent and whose answer is about to begin. */
