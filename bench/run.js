@@ -11,7 +11,7 @@ const { analyzeProfile, nowUs } = require('./profile');
 const { startPortkey, checkAnswer, upstreamRequests } = require('./portkey');
 
 const QUICK = process.argv.includes('--quick');
-// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, profile).
+// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, token-in, profile).
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
   return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
@@ -433,6 +433,28 @@ async function main() {
     await stop(agentBare.proc);
     await stop(agentPersist.proc);
     await stop(agentModel.proc);
+  }
+
+  // Token-in on and off, on growing tool loops against Qwen3's real template and tokenizer.
+  if (want('token-in')) {
+    log('token-in');
+    const qwen = await startNodeChild(path.join(__dirname, 'qwen3-model-server.js'), []);
+    children.push(qwen.proc);
+    const off = await startSidecar(qwen.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    const on = await startSidecar(qwen.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000', LIGHTNING_TOKEN_IN: 'true' });
+    results.scenarios.token_in = await require('./token-in').benchTokenIn({
+      model: qwen,
+      off,
+      on,
+      proc,
+      agents: 4,
+      results: 12,
+      rounds: QUICK ? 1 : 3,
+      warmup: QUICK ? 0 : 2,
+    });
+    await stop(on.proc);
+    await stop(off.proc);
+    await stop(qwen.proc);
   }
 
   // Warm-up, not measured: every proxy serves JSON and streams for a while first. V8 goes on

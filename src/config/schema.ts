@@ -22,6 +22,10 @@ export const DEFAULT_SECRET_HEADERS = [
   'openai-project',
 ];
 
+/** Token-in's output parsers by vLLM's names (each a module in src/receivers/llm-proxy/token-in/). */
+export const TOOL_CALL_PARSERS = ['hermes'] as const;
+export const REASONING_PARSERS = ['qwen3'] as const;
+
 export const llmProxySchema = z
   .object({
     endpoint: address.default('127.0.0.1:4000'),
@@ -45,6 +49,24 @@ export const llmProxySchema = z
     max_request_bytes: positiveInt.default(64 * MiB),
     max_capture_bytes: positiveInt.default(32 * MiB),
     secret_headers: z.array(z.string().min(1).toLowerCase()).default(DEFAULT_SECRET_HEADERS),
+    /**
+     * Token-in (docs/token-in.md): chat calls of a rollout go to a vLLM server's `/v1/completions`
+     * as token ids that continue what the model sampled, and the answer is parsed back into chat.
+     */
+    token_in: z
+      .object({
+        enabled: z.boolean().default(false),
+        /** vLLM's `--tool-call-parser` name for the served model. */
+        tool_call_parser: z.enum(TOOL_CALL_PARSERS).default('hermes'),
+        /** vLLM's `--reasoning-parser` name for the served model. */
+        reasoning_parser: z.enum(REASONING_PARSERS).default('qwen3'),
+        /** Rollout attempts whose last call is remembered (least recently used go first). */
+        max_rollouts: positiveInt.default(10_000),
+        /** Token ids held for them in all (4 bytes each). */
+        max_held_tokens: positiveInt.default(16_000_000),
+      })
+      .strict()
+      .prefault({}),
   })
   .strict();
 
@@ -319,7 +341,7 @@ export const configSchema = z
          * Records closed episodes waiting for the exporter keep in memory; beyond it they wait on disk
          * (`{data_dir}/spill`, a copy of what the journal holds) and are read back when exported.
          */
-        export_backlog_memory_records: positiveInt.default(20_000),
+        export_backlog_memory_records: positiveInt.default(4_000),
         /**
          * Room for the heap's old generation to grow past what the last full collection left live
          * before the next one starts (MiB); 0 leaves it to V8 (see src/service/heap.ts).

@@ -107,6 +107,8 @@ export interface CallRecord {
   translation?: Translation;
   /** Why the call has no token ids although it was captured (e.g. a feature translation cannot map). */
   tokenIdsMissing?: string;
+  /** How token-in served the call (`spliced`, `rendered:<reason>`, `fallback:<reason>`); absent when token-in is off. */
+  tokenIn?: string;
   model?: string | null;
   /** Request body as sent upstream (parsed JSON), or null when it could not be parsed. */
   request?: unknown;
@@ -244,6 +246,8 @@ export interface Transition {
   translation: { upstream_api: Api; notes: string[] } | null;
   /** Why `prompt_token_ids` is null although the call was captured (e.g. a feature translation cannot map). */
   token_ids_missing: string | null;
+  /** How token-in served the call (docs/token-in.md); null when token-in is off. */
+  token_in: string | null;
 }
 
 /** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */

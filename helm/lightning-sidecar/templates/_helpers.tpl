@@ -38,7 +38,8 @@ set without a chart change.
 {{- end -}}
 {{- $cfg := dict
   "receivers" (dict
-    "llm_proxy" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.proxy)) "upstream_url" $v.upstream.url "upstream_flavor" $v.upstream.flavor)
+    "llm_proxy" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.proxy)) "upstream_url" $v.upstream.url "upstream_flavor" $v.upstream.flavor
+      "token_in" (dict "enabled" (default false $v.upstream.tokenIn.enabled) "tool_call_parser" (default "hermes" $v.upstream.tokenIn.toolCallParser) "reasoning_parser" (default "qwen3" $v.upstream.tokenIn.reasoningParser)))
     "otlp" (dict "protocols" (dict
       "grpc" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.otlpGrpc)))
       "http" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.otlpHttp))))))

@@ -10,6 +10,10 @@ import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
 import { fieldsFor } from './inject';
 import { passThrough } from './pass-through';
+import { TokenStates } from './token-in/conversation';
+import { REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
+import { readTokenInRequest, type TokenInRequest } from './token-in/request';
+import { serveTokenIn } from './token-in/token-in-call';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslationPlan } from './translated-call';
 import type { UpstreamResponse } from './upstream-client';
 
@@ -27,7 +31,9 @@ export type Plan =
   /** The agent's call as it is (`body`: read already, when planning had to read it). */
   | { kind: 'pass-through'; body: Buffer | null }
   /** A Responses / Anthropic call served over chat completions. */
-  | { kind: 'translated'; body: Buffer; translation: TranslationPlan };
+  | { kind: 'translated'; body: Buffer; translation: TranslationPlan }
+  /** A chat call served over completions with token ids (docs/token-in.md). */
+  | { kind: 'token-in'; body: Buffer; request: TokenInRequest };
 
 /** What the engine needs of the proxy's dependencies. */
 export interface EngineDeps {
@@ -46,6 +52,8 @@ export class CallEngine implements Engine {
   readonly metrics: Metrics;
   readonly redacts: boolean;
   private readonly now: () => number;
+  /** The last call of each rollout attempt, under token-in. */
+  private readonly tokenStates: TokenStates | null;
 
   constructor(
     readonly config: LlmProxyConfig,
@@ -59,15 +67,23 @@ export class CallEngine implements Engine {
     this.metrics = deps.metrics;
     this.redacts = !!deps.redact;
     this.now = deps.now ?? Date.now;
+    const t = config.token_in;
+    this.tokenStates = t.enabled ? new TokenStates(t.max_rollouts, t.max_held_tokens) : null;
   }
 
   /** Serves one admitted call; resolves once it has ended. */
   run(call: Call): Promise<void> {
-    // A call that is not translated starts at once: its body streams upstream as it arrives.
-    if (!call.capture || !this.translatable(call.capture.api, call.req)) return this.execute(call, { kind: 'pass-through', body: null });
     const capture = call.capture;
-    return this.planTranslated(call, capture.api as TranslatedApi)
-      .then((plan) => (plan ? this.execute(call, plan) : undefined))
+    if (capture && this.tokenInFor(call)) return this.planned(call, this.planTokenIn(call));
+    // A call that is not translated starts at once: its body streams upstream as it arrives.
+    if (!capture || !this.translatable(capture.api, call.req)) return this.execute(call, { kind: 'pass-through', body: null });
+    return this.planned(call, this.planTranslated(call, capture.api));
+  }
+
+  private planned(call: Call, plan: Promise<Plan | null>): Promise<void> {
+    const capture = call.capture!;
+    return plan
+      .then((p) => (p ? this.execute(call, p) : undefined))
       .catch((err: unknown) => {
         this.log.once('translate_error', 'error', 'a translated call failed inside the sidecar', { err });
         if (!call.res.headersSent) sendProxyError(call.res, 500, 'translation_failed', 'the sidecar could not translate this call', call.api);
@@ -82,7 +98,56 @@ export class CallEngine implements Engine {
         return passThrough(this, call, plan.body);
       case 'translated':
         return this.serveTranslated(call, plan.body, plan.translation);
+      case 'token-in':
+        return this.serveTokenIn(call, plan.body, plan.request);
     }
+  }
+
+  /** Token-in serves chat calls of a rollout to a vLLM server (SGLang and others: not yet). */
+  private tokenInFor(call: Call): boolean {
+    const c = call.capture!;
+    if (!this.tokenStates || c.api !== 'chat.completions' || call.req.headers['content-encoding']) return false;
+    if (this.flavors.current() !== 'vllm') {
+      this.tokenIn('fallback', 'server_not_vllm', c);
+      return false;
+    }
+    return true;
+  }
+
+  private tokenIn(result: 'spliced' | 'rendered' | 'fallback', reason: string, capture: CallCapture): void {
+    this.metrics.tokenInCalls.inc({ result, reason });
+    capture.tokenIn = result === 'spliced' ? 'spliced' : `${result}:${reason}`;
+  }
+
+  private async planTokenIn(call: Call): Promise<Plan | null> {
+    const capture = call.capture!;
+    const body = await this.readBody(call);
+    if (body === null) return null;
+    const request = readTokenInRequest(body);
+    if ('reason' in request) {
+      this.tokenIn('fallback', request.reason, capture);
+      return { kind: 'pass-through', body };
+    }
+    return { kind: 'token-in', body, request };
+  }
+
+  private serveTokenIn(call: Call, body: Buffer, request: TokenInRequest): Promise<void> {
+    const capture = call.capture!;
+    const t = this.config.token_in;
+    return serveTokenIn(this, call, body, request, {
+      states: this.tokenStates!,
+      key: `${capture.correlation.rolloutId}\u0000${capture.correlation.attemptId}`,
+      reasoning: REASONING_PARSERS[t.reasoning_parser],
+      tools: TOOL_CALL_PARSERS[t.tool_call_parser],
+      served: (how) => {
+        const [result, reason] = how.split(':');
+        this.tokenIn(result as 'spliced' | 'rendered', reason ?? 'continued', capture);
+      },
+      fallback: (reason) => {
+        this.tokenIn('fallback', reason, capture);
+        return passThrough(this, call, body);
+      },
+    });
   }
 
   /** Responses / Anthropic calls go over chat completions (for token ids) when the server is vLLM or SGLang. */
@@ -96,17 +161,24 @@ export class CallEngine implements Engine {
   }
 
   /** Reads the agent's body and plans it translated, or passed through with the reason; null when the call ended. */
-  private async planTranslated(call: Call, api: TranslatedApi): Promise<Plan | null> {
-    const capture = call.capture!;
+  /** The agent's whole body; null when the call ended instead (too large, or the agent went away). */
+  private async readBody(call: Call): Promise<Buffer | null> {
     const body = await readWhole(call.req, this.config.max_request_bytes);
     if (body === 'too_large') {
       this.tooLarge(call);
       return null;
     }
     if (body === 'aborted') {
-      this.finishCapture(capture, 'aborted', 'the client stopped sending its request body', call.t0);
+      this.finishCapture(call.capture!, 'aborted', 'the client stopped sending its request body', call.t0);
       return null;
     }
+    return body;
+  }
+
+  private async planTranslated(call: Call, api: TranslatedApi): Promise<Plan | null> {
+    const capture = call.capture!;
+    const body = await this.readBody(call);
+    if (body === null) return null;
     const planned = planTranslation(api, body);
     if (!planned.ok) {
       this.metrics.translatedCalls.inc({ api, result: 'passed_through' });
@@ -167,9 +239,13 @@ export class CallEngine implements Engine {
     });
   }
 
+  redactedBody(body: Buffer): Buffer | null {
+    return redacted(this.deps.redact, body);
+  }
+
   journalRequest(capture: CallCapture, body: Buffer): void {
     // A body that is not JSON cannot be redacted: it is recorded as null, so nothing of it is journaled.
-    const bytes = redacted(this.deps.redact, body);
+    const bytes = this.redactedBody(body);
     if (bytes) capture.request(bytes);
   }
 

@@ -136,6 +136,8 @@ export interface Engine {
   refused(field: string, detail: string): void;
   /** The upstream request got no answer (its error, and how the agent is answered). */
   upstreamFailed(err: NodeJS.ErrnoException, failure: UpstreamFailure): void;
+  /** A request body as it may be journaled: redacted when configured; null when it cannot be (not JSON). */
+  redactedBody(body: Buffer): Buffer | null;
   /** Journals the request as sent upstream, redacted first when configured. */
   journalRequest(capture: CallCapture, body: Buffer): void;
   /** The request bytes journaled so far for a call. */

@@ -22,6 +22,8 @@ export class CallCapture {
   translation: Translation | null = null;
   /** Why this call will have no token ids (set when the sidecar knows it). */
   tokenIdsMissing: string | null = null;
+  /** How token-in served it (`spliced`, `rendered:<reason>`, `fallback:<reason>`); null when token-in is off. */
+  tokenIn: string | null = null;
   private captured = 0;
   /** A streamed answer's chunks not yet handed to the sink (see `response`). */
   private streaming: Buffer[] = [];
@@ -239,6 +241,7 @@ export class CallCapture {
       },
       ...(this.translation ? { translation: this.translation } : {}),
       ...(this.tokenIdsMissing ? { tokenIdsMissing: this.tokenIdsMissing } : {}),
+      ...(this.tokenIn ? { tokenIn: this.tokenIn } : {}),
       streamed: this.streamed,
       status: outcome.status,
       httpStatus: this.responseStatus,

