@@ -447,9 +447,9 @@ async function main() {
       off,
       on,
       proc,
-      agents: 4,
-      results: 12,
-      rounds: QUICK ? 1 : 3,
+      agents: 8,
+      results: 16,
+      rounds: QUICK ? 1 : 5,
       warmup: QUICK ? 0 : 2,
     });
     await stop(on.proc);
