@@ -157,7 +157,17 @@ describe('token-in splicing', () => {
       return 'reason' in r ? r.reason : 'ok';
     };
     expect(reason({})).toBe('ok');
-    expect(reason({ temperature: 0.7, max_tokens: 5, stream: true, stream_options: { include_usage: true }, tool_choice: 'auto' })).toBe('ok');
+    expect(
+      reason({
+        temperature: 0.7,
+        max_tokens: 5,
+        stream: true,
+        stream_options: { include_usage: true },
+        tool_choice: 'auto',
+        store: false,
+        metadata: { run: 'x' },
+      }),
+    ).toBe('ok');
     expect(reason({ n: 2 })).toBe('n_above_1');
     expect(reason({ logprobs: true })).toBe('logprobs_requested');
     expect(reason({ tool_choice: 'required' })).toBe('tool_choice');

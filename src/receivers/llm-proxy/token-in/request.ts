@@ -23,8 +23,13 @@ const SAMPLING = [
   'logit_bias',
   'user',
 ];
-/** Chat request fields token-in handles itself. */
+/**
+ * Chat request fields token-in handles itself, or that do not shape the answer (`store`,
+ * `metadata`: OpenAI's bookkeeping, which SDKs and agent frameworks may send to any server).
+ */
 const HANDLED = new Set([
+  'store',
+  'metadata',
   'model',
   'messages',
   'tools',
