@@ -6,7 +6,7 @@ import { Spill } from '../journal/spill';
 import type { EpisodeClose } from '../processors/episodes/assembler';
 import type { Context } from './context';
 import type { DeliveredMarker, EpisodeClosedMarker } from './records';
-import { SpilledEpisodes } from './spilled-episodes';
+import { SETTLED, SpilledEpisodes } from './spilled-episodes';
 
 /** Closed episodes exported in one batch at most, and how long a first one waits for company. */
 const EXPORT_BATCH = 64;
@@ -28,8 +28,6 @@ interface Queued {
   /** Records it holds (see `max_export_backlog`). */
   weight: number;
 }
-
-const SETTLED: Promise<unknown> = Promise.resolve();
 
 export interface ExportQueueDeps {
   exporter: Exporter;
@@ -54,7 +52,7 @@ export class ExportQueue {
    */
   private readonly queue: Queued[] = [];
   private readonly spilled = new SpilledEpisodes();
-  /** `spilled` was not empty when the backlog was last counted. */
+  /** `spilled` was not empty when the backlog was last counted (what `onDisk` was last told). */
   private wasOnDisk = false;
   /**
    * Records (calls, spans, rewards) the queued episodes hold in memory. While the exporter is away
@@ -191,8 +189,7 @@ export class ExportQueue {
       } catch (err) {
         this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
       }
-      if (this.spilled.length === 0) this.deps.onDisk?.(true);
-      this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable, durable === SETTLED);
+      this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable);
       if (!ref) this.inMemory += weight;
     } else {
       this.queue.push({ close, firstOffset, built: null, marker, durable, weight });
@@ -232,8 +229,11 @@ export class ExportQueue {
   }
 
   private backlogMetrics(): void {
-    if (this.spilled.length === 0 && this.wasOnDisk) this.deps.onDisk?.(false);
-    this.wasOnDisk = this.spilled.length > 0;
+    const onDisk = this.spilled.length > 0;
+    if (onDisk !== this.wasOnDisk) {
+      this.wasOnDisk = onDisk;
+      this.deps.onDisk?.(onDisk);
+    }
     this.ctx.m.exportBacklog.set(this.backlog);
     this.ctx.m.exportBacklogSpilled.set(this.backlog - this.inMemory);
   }

@@ -13,7 +13,11 @@ export interface SpilledEpisode {
   durable: Promise<unknown>;
 }
 
-const SETTLED: Promise<unknown> = Promise.resolve();
+/** The `durable` of an episode whose close marker needs no wait (replayed, or none journaled). */
+export const SETTLED: Promise<unknown> = Promise.resolve();
+
+/** The ring's size when empty. */
+const INITIAL = 1024;
 
 /**
  * The closed episodes that wait for the exporter on disk, in close order: what a long exporter
@@ -23,12 +27,12 @@ const SETTLED: Promise<unknown> = Promise.resolve();
  * An episode that could not be written to disk keeps its place here and its close in memory.
  */
 export class SpilledEpisodes {
-  private file = new Uint32Array(1024);
-  private at = new Float64Array(1024);
-  private length_ = new Uint32Array(1024);
-  private first = new Float64Array(1024);
-  private marker = new Float64Array(1024);
-  private weight = new Uint32Array(1024);
+  private file!: Uint32Array;
+  private at!: Float64Array;
+  private length_!: Uint32Array;
+  private first!: Float64Array;
+  private marker!: Float64Array;
+  private weight!: Uint32Array;
   /** The ring's first entry and its count. */
   private head = 0;
   private n = 0;
@@ -39,6 +43,10 @@ export class SpilledEpisodes {
   /** Sequence number of the ring's first entry (grows by one per entry taken). */
   private seq = 0;
 
+  constructor() {
+    this.resize(INITIAL);
+  }
+
   get length(): number {
     return this.n;
   }
@@ -48,8 +56,8 @@ export class SpilledEpisodes {
     return this.n === 0 ? Infinity : this.marker[this.head];
   }
 
-  push(e: Omit<SpilledEpisode, 'durable'>, durable: Promise<unknown>, settled: boolean): void {
-    if (this.n === this.file.length) this.grow();
+  push(e: Omit<SpilledEpisode, 'durable'>, durable: Promise<unknown>): void {
+    if (this.n === this.file.length) this.resize(this.file.length + (this.file.length >> 1));
     const i = (this.head + this.n) % this.file.length;
     const seq = this.seq + this.n;
     this.file[i] = e.ref?.file ?? 0;
@@ -59,7 +67,7 @@ export class SpilledEpisodes {
     this.marker[i] = e.marker;
     this.weight[i] = e.weight;
     if (!e.ref) this.held.set(seq, e.close!);
-    if (!settled) {
+    if (durable !== SETTLED) {
       this.writing.set(seq, durable);
       const forget = (): void => {
         this.writing.delete(seq);
@@ -88,7 +96,9 @@ export class SpilledEpisodes {
     this.head = (this.head + 1) % this.file.length;
     this.n--;
     this.seq++;
-    if (this.n === 0) this.reset();
+    // Empty again: the arrays a long outage grew are given back.
+    if (this.n === 0 && this.file.length !== INITIAL) this.resize(INITIAL);
+    else if (this.n === 0) this.head = 0;
     return e;
   }
 
@@ -100,23 +110,11 @@ export class SpilledEpisodes {
     return low;
   }
 
-  /** Empty again: the arrays a long outage grew are given back. */
-  private reset(): void {
-    this.head = 0;
-    if (this.file.length === 1024) return;
-    this.file = new Uint32Array(1024);
-    this.at = new Float64Array(1024);
-    this.length_ = new Uint32Array(1024);
-    this.first = new Float64Array(1024);
-    this.marker = new Float64Array(1024);
-    this.weight = new Uint32Array(1024);
-  }
-
-  private grow(): void {
-    const size = this.file.length + (this.file.length >> 1);
-    const move = <T extends Uint32Array | Float64Array>(a: T, make: (n: number) => T): T => {
+  /** New arrays of `size` holding the entries in order from index 0 (none on the first call). */
+  private resize(size: number): void {
+    const move = <T extends Uint32Array | Float64Array>(a: T | undefined, make: (n: number) => T): T => {
       const b = make(size);
-      for (let k = 0; k < this.n; k++) b[k] = a[(this.head + k) % a.length];
+      for (let k = 0; k < this.n; k++) b[k] = a![(this.head + k) % a!.length];
       return b;
     };
     this.file = move(this.file, (s) => new Uint32Array(s));

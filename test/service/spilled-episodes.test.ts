@@ -1,10 +1,9 @@
-import { SpilledEpisodes } from '../../src/pipeline/spilled-episodes';
+import { SETTLED, SpilledEpisodes } from '../../src/pipeline/spilled-episodes';
 import type { EpisodeClose } from '../../src/processors/episodes/assembler';
 
 describe('SpilledEpisodes', () => {
   it('gives entries back in the order they came, across the ring wrapping and growing', () => {
     const s = new SpilledEpisodes();
-    const settled = Promise.resolve();
     let pushed = 0;
     let taken = 0;
     // Push and take unevenly, so the ring wraps before it grows, several times.
@@ -12,8 +11,7 @@ describe('SpilledEpisodes', () => {
       for (let k = 0; k < 300; k++, pushed++)
         s.push(
           { ref: { file: pushed % 7, at: pushed * 100, length: pushed + 1 }, close: null, firstOffset: 1e9 - pushed, marker: 2 * pushed, weight: pushed % 5 },
-          settled,
-          true,
+          SETTLED,
         );
       for (let k = 0; k < 200; k++, taken++) {
         expect(s.firstMarker).toBe(2 * taken);
@@ -38,8 +36,8 @@ describe('SpilledEpisodes', () => {
     const close = { firstOffset: 3 } as unknown as EpisodeClose;
     let written!: () => void;
     const writing = new Promise<void>((r) => (written = r));
-    s.push({ ref: null, close, firstOffset: 3, marker: 4, weight: 2 }, writing, false);
-    s.push({ ref: { file: 0, at: 0, length: 1 }, close: null, firstOffset: 5, marker: 6, weight: 1 }, writing, false);
+    s.push({ ref: null, close, firstOffset: 3, marker: 4, weight: 2 }, writing);
+    s.push({ ref: { file: 0, at: 0, length: 1 }, close: null, firstOffset: 5, marker: 6, weight: 1 }, writing);
     const a = s.shift();
     expect([a.ref, a.close, a.durable]).toEqual([null, close, writing]);
     written();

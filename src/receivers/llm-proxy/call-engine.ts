@@ -160,7 +160,6 @@ export class CallEngine implements Engine {
     );
   }
 
-  /** Reads the agent's body and plans it translated, or passed through with the reason; null when the call ended. */
   /** The agent's whole body; null when the call ended instead (too large, or the agent went away). */
   private async readBody(call: Call): Promise<Buffer | null> {
     const body = await readWhole(call.req, this.config.max_request_bytes);
@@ -175,6 +174,7 @@ export class CallEngine implements Engine {
     return body;
   }
 
+  /** Reads the agent's body and plans it translated, or passed through with the reason; null when the call ended. */
   private async planTranslated(call: Call, api: TranslatedApi): Promise<Plan | null> {
     const capture = call.capture!;
     const body = await this.readBody(call);

@@ -75,6 +75,24 @@ export function openUpstream(
   return r;
 }
 
+/**
+ * Writes an answer's bytes to the agent: when the agent's connection is full the upstream answer
+ * is paused until it drains (one wait at a time however many writes fill it), so a slow agent
+ * holds the model server's bytes in the kernel, not in the sidecar.
+ */
+export function agentWriter(res: ServerResponse, ures: UpstreamResponse): (bytes: Buffer) => void {
+  let paused = false;
+  return (bytes) => {
+    if (res.write(bytes) || paused) return;
+    paused = true;
+    ures.pause();
+    res.once('drain', () => {
+      paused = false;
+      ures.resume();
+    });
+  };
+}
+
 /** How an upstream request that got no answer is answered: 504 when it timed out, else 502. */
 export interface UpstreamFailure {
   status: 502 | 504;

@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import { openUpstream, REFUSAL_READ_LIMIT, refusal, upstreamFailure, upstreamPath, UpstreamTimeout, type Call, type Engine } from './call';
+import { agentWriter, openUpstream, REFUSAL_READ_LIMIT, refusal, upstreamFailure, upstreamPath, UpstreamTimeout, type Call, type Engine } from './call';
 import { sendProxyError } from './errors';
 import type { Flavor } from './flavor';
 import { forwardHeaders } from './forward-headers';
@@ -262,12 +262,10 @@ class PassThrough {
     const declared = capture && !sse ? Number(ures.headers['content-length']) : NaN;
     let passed = 0;
     let held: Buffer | undefined;
+    const toAgent = agentWriter(res, ures);
     const write = (chunk: Buffer): void => {
       wrote = true;
-      if (!res.write(chunk)) {
-        ures.pause();
-        res.once('drain', () => ures.resume());
-      }
+      toAgent(chunk);
     };
     ures.on('data', (chunk: Buffer) => {
       if (capture) {

@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import type { SseEvent } from '../../formats/sse';
-import { openUpstream, redacted, refusal, REFUSAL_READ_LIMIT, upstreamFailure, type Upstream } from './call';
+import { agentWriter, openUpstream, redacted, refusal, REFUSAL_READ_LIMIT, upstreamFailure, type Upstream } from './call';
 import type { CallCapture } from './capture';
 import { forwardHeaders, rawHeader } from './forward-headers';
 import { SseEventTooLargeError, SseSplitter } from '../../formats/sse';
@@ -119,7 +119,8 @@ class TranslatedCall {
   private ures: UpstreamResponse | null = null;
   private done = false;
   private timedOut = false;
-  private paused = false;
+  /** Writes to the agent with the upstream answer paused while the agent is full (set when a stream is relayed). */
+  private toAgent: ((bytes: Buffer) => void) | null = null;
   private agentStatus: number | null = null;
   private agentStreamed = false;
   private readonly capture: CallCapture | null;
@@ -295,6 +296,7 @@ class TranslatedCall {
     }
     this.res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
     this.res.flushHeaders();
+    this.toAgent = agentWriter(this.res, ures);
     const take = (events: SseEvent[]): boolean => {
       for (const e of events) {
         if (e.data === '') continue;
@@ -357,15 +359,7 @@ class TranslatedCall {
     if (text === '') return;
     const bytes = Buffer.from(text);
     this.noteAgentBytes(bytes);
-    if (!this.res.write(bytes) && !this.paused && this.ures) {
-      const ures = this.ures;
-      this.paused = true;
-      ures.pause();
-      this.res.once('drain', () => {
-        this.paused = false;
-        ures.resume();
-      });
-    }
+    this.toAgent!(bytes);
   }
 
   private noteAgentBytes(bytes: Buffer): void {

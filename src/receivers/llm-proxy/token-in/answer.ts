@@ -44,7 +44,7 @@ export class SampledText {
       content: p.content === '' ? null : p.content,
       reasoning_content: reasoning,
       reasoning,
-      tool_calls: p.calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } })),
+      tool_calls: p.calls.map(chatToolCall),
     };
   }
 
@@ -73,6 +73,11 @@ export class SampledText {
   }
 }
 
+/** A parsed tool call as chat completions gives it (whole in a message, or in one stream delta). */
+function chatToolCall(c: ChatPieces['calls'][number]): Record<string, unknown> {
+  return { id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } };
+}
+
 /** The chat finish reason: `tool_calls` when calls were parsed, else the server's. */
 export function chatFinish(serverFinish: string | null, toolCalls: number): string {
   return toolCalls > 0 ? 'tool_calls' : (serverFinish ?? 'stop');
@@ -96,8 +101,6 @@ export function deltasOf(p: ChatPieces, toolIndex: number): Record<string, unkno
   const out: Record<string, unknown>[] = [];
   if (p.reasoning !== '') out.push({ reasoning_content: p.reasoning, reasoning: p.reasoning });
   if (p.content !== '') out.push({ content: p.content });
-  p.calls.forEach((c, i) =>
-    out.push({ tool_calls: [{ index: toolIndex + i, id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }] }),
-  );
+  p.calls.forEach((c, i) => out.push({ tool_calls: [{ index: toolIndex + i, ...chatToolCall(c) }] }));
   return out;
 }

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { SseEventTooLargeError, SseSplitter, type SseEvent } from '../../../formats/sse';
-import { openUpstream, UpstreamTimeout, type Call, type Engine, type Upstream } from '../call';
+import { agentWriter, openUpstream, UpstreamTimeout, type Call, type Engine, type Upstream } from '../call';
 import { sendProxyError } from '../errors';
 import { forwardHeaders } from '../forward-headers';
 import type { UpstreamResponse } from '../upstream-client';
@@ -31,14 +31,22 @@ export interface TokenInDeps {
   served: (how: string) => void;
 }
 
-/** What the previous call's state gives this one: the prompt to send, or why it is rendered afresh. */
-export function splice(state: TokenState | undefined, r: TokenInRequest, rendered: number[]): { prompt: Uint32Array; how: string } {
+/**
+ * What the previous call's state gives this one: the prompt to send, or why it is rendered afresh.
+ * `digest` is fed the messages it compares (a prefix of the call's), so the caller can go on from
+ * there for the state it keeps instead of hashing the history again.
+ */
+export function splice(
+  state: TokenState | undefined,
+  r: TokenInRequest,
+  rendered: number[],
+  digest = new PrefixDigest(),
+): { prompt: Uint32Array; how: string } {
   const fresh = (why: string) => ({ prompt: Uint32Array.from(rendered), how: `rendered:${why}` });
   if (!state) return fresh('first_call');
   if (state.context !== r.context) return fresh('context_changed');
   if (!state.stopped) return fresh('previous_cut');
   if (r.canonical.length <= state.messages) return fresh('edited_history');
-  const digest = new PrefixDigest();
   for (let i = 0; i < state.messages; i++) digest.add(r.canonical[i]);
   if (digest.peek() !== state.digest) return fresh('edited_history');
   // The boundary: the turn the model ended is the (n+1)-th end-of-turn token of the server's
@@ -63,12 +71,7 @@ export function splice(state: TokenState | undefined, r: TokenInRequest, rendere
 }
 
 /** A JSON POST to the model server, read whole: its status and body, or the error. */
-function post(
-  engine: Engine,
-  call: Call,
-  path: string,
-  body: Buffer,
-): Promise<{ status: number; body: Buffer; ures: UpstreamResponse } | { error: NodeJS.ErrnoException }> {
+function post(engine: Engine, call: Call, path: string, body: Buffer): Promise<{ status: number; body: Buffer } | { error: NodeJS.ErrnoException }> {
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
@@ -78,7 +81,7 @@ function post(
         response: (ures) => {
           const parts: Buffer[] = [];
           ures.on('data', (c: Buffer) => parts.push(c));
-          ures.on('end', () => resolve({ status: ures.statusCode ?? 502, body: Buffer.concat(parts), ures }));
+          ures.on('end', () => resolve({ status: ures.statusCode ?? 502, body: Buffer.concat(parts) }));
           ures.on('error', (err) => resolve({ error: err }));
         },
         error: (err) => resolve({ error: err }),
@@ -117,20 +120,18 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   } catch {
     return deps.fallback('tokenize_answer');
   }
-  if (call.res.destroyed) {
-    // The agent went away while the conversation was rendered: nothing is sent.
-    engine.settle(
-      call,
-      { status: 'aborted', error: 'client closed the connection before the call was sent', statusClass: 'client_abort', streamed: false },
-      null,
-    );
-    return;
-  }
+  // The agent went away while the conversation was rendered: nothing is sent.
+  if (call.res.destroyed) return agentLeft(engine, call);
   const state = deps.states.get(deps.key);
-  const { prompt, how } = splice(state, r, rendered);
+  const digest = new PrefixDigest();
+  const { prompt, how } = splice(state, r, rendered, digest);
   const request = completionsBody(r, prompt, maxModelLen);
   const sentAt = performance.now();
   const begun = await open(engine, call, request, r.stream);
+  if ('aborted' in begun) {
+    deps.states.delete(deps.key);
+    return agentLeft(engine, call);
+  }
   if ('fallback' in begun) {
     deps.states.delete(deps.key);
     return deps.fallback(begun.fallback);
@@ -161,8 +162,8 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     deps.states.delete(deps.key);
     return;
   }
-  const digest = new PrefixDigest();
-  for (const m of r.canonical) digest.add(m);
+  // The messages splice did not hash, then the answer.
+  for (let i = digest.count; i < r.canonical.length; i++) digest.add(r.canonical[i]);
   digest.add(canonicalMessage(text.message()));
   deps.states.set(deps.key, {
     digest: digest.peek(),
@@ -174,6 +175,15 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   });
 }
 
+/** The agent went away before the answer began: the call is recorded aborted, and nothing is sent. */
+function agentLeft(engine: Engine, call: Call): void {
+  engine.settle(
+    call,
+    { status: 'aborted', error: 'client closed the connection before the call was sent', statusClass: 'client_abort', streamed: false },
+    null,
+  );
+}
+
 /**
  * Sends the completions request and waits for its answer to begin: a 2xx (its first body bytes
  * may have come), or why the call should go through as chat instead.
@@ -183,7 +193,7 @@ function open(
   call: Call,
   request: Buffer,
   stream: boolean,
-): Promise<{ ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true }> {
+): Promise<{ ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true } | { aborted: true }> {
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
@@ -200,7 +210,9 @@ function open(
           ures.resume();
           resolve({ fallback: `completions_status_${status}` });
         },
-        error: (err) => resolve(err instanceof UpstreamTimeout ? { timeout: true } : { fallback: 'completions_unreachable' }),
+        // The agent's leaving destroys the request (below): not a reason to send the call as chat.
+        error: (err) =>
+          resolve(call.res.destroyed ? { aborted: true } : err instanceof UpstreamTimeout ? { timeout: true } : { fallback: 'completions_unreachable' }),
       },
     );
     call.res.once('close', () => {
@@ -311,14 +323,12 @@ class TokenInAnswer {
     const splitter = new SseSplitter();
     let started = false;
     let toolIndex = 0;
+    const toAgent = agentWriter(call.res, ures);
     const write = (s: string): void => {
       if (s === '') return;
       const bytes = Buffer.from(s);
       this.noteAgentBytes(bytes);
-      if (!call.res.write(bytes)) {
-        ures.pause();
-        call.res.once('drain', () => ures.resume());
-      }
+      toAgent(bytes);
     };
     const start = (): void => {
       if (started) return;
