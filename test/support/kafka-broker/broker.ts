@@ -70,6 +70,9 @@ function decoded(p: Partition, index: number, from = 0): (StoredRecord & { parti
   return p.batches.slice(from).flatMap((b) => decodeRecords(b.bytes).map((r) => ({ ...r, partition: index })));
 }
 
+/** The most requests in a row a rate fault (setErrorRate) fails. */
+const MAX_FAULT_RUN = 3;
+
 export interface KafkaTestBrokerOptions {
   port?: number;
   autoCreateTopics?: boolean;
@@ -88,7 +91,9 @@ export class KafkaTestBroker {
   private nextProducerId = 1000n;
   private refusing = false;
   private latencyMs = 0;
-  private readonly failures = new Map<number, { code: number; count: number; rate: number }>();
+  private readonly failures = new Map<number, { code: number; count: number; rate: number; run: number }>();
+  /** Faults drawn from a fixed-seed generator, so a test run sees the same faults every time. */
+  private faultSeed = 0x9e3779b9;
   private sweeper: NodeJS.Timeout | null = null;
   port = 0;
   /** Requests seen, by API name (for tests that check what a client did). */
@@ -141,13 +146,17 @@ export class KafkaTestBroker {
 
   /** Answers the next `count` requests of `apiKey` with `code` (partition-level errors, nothing stored). */
   failNext(apiKey: number, code: number, count = 1): void {
-    this.failures.set(apiKey, { code, count, rate: 0 });
+    this.failures.set(apiKey, { code, count, rate: 0, run: 0 });
   }
 
-  /** Answers a `fraction` of `apiKey` requests with `code` until cleared with fraction 0. */
+  /**
+   * Answers a `fraction` of `apiKey` requests with `code` until cleared with fraction 0. The draws are
+   * deterministic (fixed seed) and never fail more than MAX_FAULT_RUN requests in a row, so a client
+   * with a few retries always gets through: the fault tests retrying, not a client's retry budget.
+   */
   setErrorRate(apiKey: number, code: number, fraction: number): void {
     if (fraction <= 0) this.failures.delete(apiKey);
-    else this.failures.set(apiKey, { code, count: 0, rate: fraction });
+    else this.failures.set(apiKey, { code, count: 0, rate: fraction, run: 0 });
   }
 
   createTopic(name: string, partitions = this.options.defaultPartitions ?? 1): boolean {
@@ -255,7 +264,20 @@ export class KafkaTestBroker {
       if (--f.count === 0) this.failures.delete(apiKey);
       return f.code;
     }
-    return f.rate > 0 && Math.random() < f.rate ? f.code : null;
+    if (f.rate <= 0 || f.run >= MAX_FAULT_RUN || this.nextFaultDraw() >= f.rate) {
+      f.run = 0;
+      return null;
+    }
+    f.run++;
+    return f.code;
+  }
+
+  /** mulberry32: a uniform draw in [0, 1) from the broker's fault seed. */
+  private nextFaultDraw(): number {
+    let t = (this.faultSeed = (this.faultSeed + 0x6d2b79f5) | 0);
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   }
 
   private async dispatch(apiKey: number, version: number, r: Reader, clientId: string): Promise<Buffer | null> {
