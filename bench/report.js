@@ -140,6 +140,24 @@ function markdown(r) {
       '',
     );
   }
+  const rt = r.scenarios.routing;
+  if (rt) {
+    L.push(
+      `## Routing: ${rt.agents} agents with growing contexts over ${rt.replicas} model-server replicas with prefix caches`,
+      '',
+      `Each replica stand-in (bench/prefix-cache-server.js) keeps a prefix cache of ${rt.capacity_tokens} tokens in ${rt.block_tokens}-token blocks (chained block hashes, least recently used evicted) and prefills what it does not find at ${rt.per_token_us} µs a token, one prefill at a time, plus ${rt.base_ms} ms. Every agent makes ${rt.turns} streamed calls, resending its whole history each time, with a tool pause between. Ideal prefill (every call a hit on its previous prompt): ${rt.ideal_prefill_tokens} tokens. \`service\` is one address spreading connections at random over the replicas, as kube-proxy does; the others are the sidecar given all ${rt.replicas} URLs.`,
+      '',
+      '| routing | TTFT p50 ms | TTFT p99 ms | wall s | prefill tokens | vs ideal | cache hit rate | calls per replica | max / mean | failed |',
+      '|---|---|---|---|---|---|---|---|---|---|',
+    );
+    for (const [name, c] of Object.entries(rt.cases))
+      L.push(
+        c.error
+          ? `| ${name} | ${c.error} | | | | | | | | |`
+          : `| ${name} | ${f(c.ttft_ms.p50, 1)} | ${f(c.ttft_ms.p99, 1)} | ${f(c.wall_s, 1)} | ${c.prefill_tokens} | ${f(c.prefill_vs_ideal)}× | ${f(c.cache_hit_rate * 100, 1)} % | ${c.calls_per_replica.join(' / ')} | ${f(c.calls_max_over_mean)} | ${c.failures + c.not_made} |`,
+      );
+    L.push('');
+  }
   const o = r.scenarios.otlp;
   if (o) {
     L.push('## OTLP ingest (batches of 512 spans, 10 % tool spans)', '');
@@ -483,6 +501,20 @@ function bars(r) {
       k.drain_64k.vs_bare >= 0.5,
     );
   row('Kafka: zero loss across a broker outage and a SIGKILL', 'not a benchmark: test/e2e/kafka-delivery.test.ts (in npm test)', null);
+  const sticky = r.scenarios.routing?.cases?.sticky;
+  if (sticky && !sticky.error) {
+    const whole = sticky.failures + sticky.not_made === 0;
+    row(
+      'Routing: sticky prefill tokens ≤ 1.2× the ideal (4 replicas, 16 agents, growing contexts)',
+      `${f(sticky.prefill_vs_ideal, 3)}× (${sticky.prefill_tokens} tokens; one Service address ${f(r.scenarios.routing.cases.service?.prefill_vs_ideal)}×, round-robin ${f(r.scenarios.routing.cases.round_robin?.prefill_vs_ideal)}×)`,
+      whole && sticky.prefill_vs_ideal <= 1.2,
+    );
+    row(
+      'Routing: sticky, no replica above 1.5× the mean load',
+      `max / mean calls ${f(sticky.calls_max_over_mean, 3)} (${sticky.calls_per_replica.join(' / ')})`,
+      whole && sticky.calls_max_over_mean <= 1.5,
+    );
+  }
   const m = r.scenarios.memory;
   if (m)
     row(

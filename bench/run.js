@@ -11,7 +11,7 @@ const { analyzeProfile, nowUs } = require('./profile');
 const { startPortkey, checkAnswer, upstreamRequests } = require('./portkey');
 
 const QUICK = process.argv.includes('--quick');
-// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, token-in, profile).
+// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, token-in, routing, profile).
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
   return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
@@ -455,6 +455,12 @@ async function main() {
     await stop(on.proc);
     await stop(off.proc);
     await stop(qwen.proc);
+  }
+
+  // Routing over 4 replicas with prefix caches: one Service address, round-robin, sticky.
+  if (want('routing')) {
+    log('routing');
+    results.scenarios.routing = await require('./routing').benchRouting({ startSidecar, stop, quick: QUICK, log });
   }
 
   // Warm-up, not measured: every proxy serves JSON and streams for a while first. V8 goes on

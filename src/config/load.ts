@@ -6,6 +6,7 @@ import { configSchema, type Config } from './schema';
 /** Env vars and the config key each one overrides (docs/configuration.md). */
 export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => unknown }> = {
   LIGHTNING_UPSTREAM_URL: { path: ['receivers', 'llm_proxy', 'upstream_url'] },
+  LIGHTNING_UPSTREAM_ROUTING: { path: ['receivers', 'llm_proxy', 'routing', 'policy'] },
   LIGHTNING_UPSTREAM_FLAVOR: { path: ['receivers', 'llm_proxy', 'upstream_flavor'] },
   LIGHTNING_PROXY_ADDR: { path: ['receivers', 'llm_proxy', 'endpoint'] },
   LIGHTNING_TOKEN_IN: { path: ['receivers', 'llm_proxy', 'token_in', 'enabled'], parse: (v) => (v === 'true' ? true : v === 'false' ? false : v) },

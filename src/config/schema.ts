@@ -26,14 +26,59 @@ export const DEFAULT_SECRET_HEADERS = [
 export const TOOL_CALL_PARSERS = ['hermes'] as const;
 export const REASONING_PARSERS = ['qwen3'] as const;
 
+/**
+ * The model server: one URL, several (a list, or comma-separated), each a replica or a host name
+ * whose addresses are replicas (docs/routing.md). Kept as one comma-separated string.
+ */
+const upstreamUrl = z
+  .union([z.string(), z.array(z.string()).min(1, 'must name at least one URL')])
+  .transform((v) => (Array.isArray(v) ? v : v.split(',')).map((u) => u.trim()).filter((u) => u.length > 0))
+  .superRefine((urls, ctx) => {
+    if (urls.length === 0) ctx.addIssue({ code: 'custom', message: 'must name at least one URL' });
+    let path: string | null = null;
+    for (const u of urls) {
+      let url: URL;
+      try {
+        url = new URL(u);
+      } catch {
+        ctx.addIssue({ code: 'custom', message: `'${u}' must be an absolute http(s) URL` });
+        continue;
+      }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') ctx.addIssue({ code: 'custom', message: `'${u}' must start with http:// or https://` });
+      const p = url.pathname.replace(/\/+$/, '');
+      if (path !== null && p !== path) ctx.addIssue({ code: 'custom', message: `every replica URL must have the same path ('${path}' and '${p}')` });
+      path ??= p;
+    }
+  })
+  .transform((urls) => urls.join(','));
+
+/** How calls are spread over the model-server replicas (docs/routing.md). */
+export const routingSchema = z
+  .object({
+    /** `sticky`: a rollout stays on the replica its first call went to (least loaded); `round_robin`, `random`: per call. */
+    policy: z.enum(['sticky', 'round_robin', 'random']).default('sticky'),
+    /** A sticky replica is overloaded, and its rollout moves, at this many times the replicas' mean load… */
+    overload_factor: z.number().gt(1).default(2),
+    /** …and at least this load (calls in flight, or the server's running + waiting requests). */
+    overload_min_load: positiveInt.default(8),
+    /** Rollouts whose replica is remembered (least recently used forgotten first). */
+    max_placements: positiveInt.default(100_000),
+    /** Host names are resolved again this often (ms; 0 = only at start). */
+    dns_refresh_ms: z.number().int().nonnegative().default(5_000),
+    /** A replica marked down is probed (GET /health) this often. */
+    probe_interval_ms: positiveInt.default(1_000),
+    /** With several replicas, each one's /metrics is read this often for its load (0 = never). */
+    scrape_interval_ms: z.number().int().nonnegative().default(1_000),
+    /** Request bodies up to this size are kept until the answer begins, so a failed replica's call can go to another. */
+    failover_body_bytes: positiveInt.default(8 * MiB),
+  })
+  .strict();
+
 export const llmProxySchema = z
   .object({
     endpoint: address.default('127.0.0.1:4000'),
-    upstream_url: z
-      .string()
-      .url('must be an absolute http(s) URL')
-      .refine((v) => /^https?:\/\//.test(v), 'must start with http:// or https://')
-      .default('http://127.0.0.1:8000/v1'),
+    upstream_url: upstreamUrl.default('http://127.0.0.1:8000/v1'),
+    routing: routingSchema.prefault({}),
     /** `auto` identifies vLLM / SGLang by their own endpoints; `openai` never adds fields; `vllm` / `sglang` force it. */
     upstream_flavor: z.enum(['auto', 'openai', 'vllm', 'sglang']).default('auto'),
     /** APIs translated to chat completions (for token ids) when the model server is vLLM or SGLang. */
@@ -375,6 +420,7 @@ export const configSchema = z
 
 export type Config = z.infer<typeof configSchema>;
 export type LlmProxyConfig = z.infer<typeof llmProxySchema>;
+export type RoutingConfig = z.infer<typeof routingSchema>;
 export type EpisodesConfig = z.infer<typeof episodesSchema>;
 export type CreditConfig = z.infer<typeof creditSchema>;
 export type AirConfig = z.infer<typeof airSchema>;

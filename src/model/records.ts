@@ -109,6 +109,8 @@ export interface CallRecord {
   tokenIdsMissing?: string;
   /** How token-in served the call (`spliced`, `rendered:<reason>`, `fallback:<reason>`); absent when token-in is off. */
   tokenIn?: string;
+  /** The model-server replica that served the call (`address:port`, docs/routing.md). */
+  upstreamReplica?: string;
   model?: string | null;
   /** Request body as sent upstream (parsed JSON), or null when it could not be parsed. */
   request?: unknown;
@@ -248,6 +250,8 @@ export interface Transition {
   token_ids_missing: string | null;
   /** How token-in served the call (docs/token-in.md); null when token-in is off. */
   token_in: string | null;
+  /** The model-server replica that served the call (`address:port`); null when no request reached one. */
+  upstream_replica: string | null;
 }
 
 /** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */

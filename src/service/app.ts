@@ -10,7 +10,7 @@ import { createKafkaExporter } from '../exporters/kafka/kafka-exporter';
 import { createKafkaClient, createKafkajsProducer, kafkaClientOptions } from '../exporters/kafka/kafkajs-producer';
 import type { Producer } from '../exporters/kafka/producer';
 import type { Kafka } from 'kafkajs';
-import { createLlmProxy } from '../receivers/llm-proxy/proxy';
+import { createLlmProxy, type LlmProxy } from '../receivers/llm-proxy/proxy';
 import { compileRedaction } from '../processors/capture/redact';
 import { createOtlpReceiver, type SpanSinkResult } from '../receivers/otlp/receiver';
 import type { Span } from '../model/span';
@@ -36,6 +36,8 @@ export interface AppDeps {
   kafka?: Kafka;
   /** Told when closed episodes begin or stop waiting on disk for the exporter (`HeapHeadroom.pressure`). */
   backlogOnDisk?: (onDisk: boolean) => void;
+  /** Resolves upstream host names to addresses (tests replace DNS). */
+  resolve?: (hostname: string) => Promise<string[]>;
 }
 
 /**
@@ -109,6 +111,7 @@ export function createApp(config: Config, deps: AppDeps) {
     redact: compileRedaction(config.processors.capture.redact_request_fields),
     localRoutes: rolloutApi,
     now: deps.now,
+    resolve: deps.resolve,
   });
   const otlpConfig = config.receivers.otlp;
   const otlp =
@@ -158,6 +161,7 @@ export function createApp(config: Config, deps: AppDeps) {
       { name: 'journal', check: () => pipeline.journal.writable() },
       { name: 'export_backlog', check: () => pipeline.backlogFull() },
       { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
+      { name: 'upstream_replicas', informational: true, check: () => replicasCheck(proxy.routing()) },
       ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],
     routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),
@@ -205,6 +209,11 @@ export function createApp(config: Config, deps: AppDeps) {
 export type App = ReturnType<typeof createApp>;
 
 /** /readyz detail about the model server: null when fields for token ids are being added. */
+function replicasCheck(r: ReturnType<LlmProxy['routing']>): string | null {
+  const down = r.replicas.filter((x) => !x.up).map((x) => x.id);
+  return down.length === 0 ? null : `${down.length} of ${r.replicas.length} replicas down (probed until they answer): ${down.join(', ')}`;
+}
+
 function upstreamCheck(u: FlavorState): string | null {
   if (u.rejected) return `the model server refused an added field (${u.rejected}); no token ids are requested`;
   if (u.flavor === 'openai')

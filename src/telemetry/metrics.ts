@@ -171,6 +171,40 @@ function upstreamMetrics(registry: Registry) {
       labelNames: ['api', 'result'] as const,
       registers: [registry],
     }),
+    upstreamCalls: new Counter({
+      name: 'lightning_sidecar_upstream_replica_calls_total',
+      help: 'Requests sent to each model-server replica (address:port), a call moved to another replica counted on both.',
+      labelNames: ['replica'] as const,
+      registers: [registry],
+    }),
+    upstreamInFlight: new Gauge({
+      name: 'lightning_sidecar_upstream_replica_in_flight',
+      help: 'Requests in flight through this sidecar to each model-server replica.',
+      labelNames: ['replica'] as const,
+      registers: [registry],
+    }),
+    upstreamUp: new Gauge({
+      name: 'lightning_sidecar_upstream_replica_up',
+      help: 'Whether each model-server replica is taken to be up (1) or down after refusing or dropping a call (0, probed until it answers).',
+      labelNames: ['replica'] as const,
+      registers: [registry],
+    }),
+    upstreamPlacements: new Gauge({
+      name: 'lightning_sidecar_upstream_placements',
+      help: 'Rollouts whose calls are kept on one replica (sticky routing), at most receivers.llm_proxy.routing.max_placements.',
+      registers: [registry],
+    }),
+    upstreamPlacementsMade: new Counter({
+      name: 'lightning_sidecar_upstream_placements_total',
+      help: 'Rollouts placed on a replica by their first call (sticky routing).',
+      registers: [registry],
+    }),
+    upstreamMoves: new Counter({
+      name: 'lightning_sidecar_upstream_placement_moves_total',
+      help: 'Rollouts moved to another replica: replica_down, overloaded, replica_removed (gone from DNS or the configuration).',
+      labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
     tokenInCalls: new Counter({
       name: 'lightning_sidecar_token_in_calls_total',
       help: "Chat calls under token-in: spliced (continuing the previous call's ids), rendered afresh, or gone through as chat (fallback); with the reason.",

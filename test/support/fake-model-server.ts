@@ -84,6 +84,8 @@ export interface FakeModelServerOptions {
   model?: string;
   /** gzip JSON bodies when the client accepts it (like OpenAI's API does). */
   gzip?: boolean;
+  /** Listen on this port (a replica brought back where it was); any free one by default. */
+  port?: number;
 }
 
 export interface FakeModelServer {
@@ -333,7 +335,7 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
     res.end(bytes);
   }
 
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(options.port ?? 0, '127.0.0.1', resolve));
   const port = (server.address() as AddressInfo).port;
   return {
     url: `http://127.0.0.1:${port}/v1`,

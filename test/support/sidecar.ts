@@ -2,7 +2,7 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../../src/config/load';
-import { createApp, type App } from '../../src/service/app';
+import { createApp, type App, type AppDeps } from '../../src/service/app';
 import type { EpisodeSummary, Trajectory, Transition } from '../../src/model/records';
 import { createLogger } from '../../src/telemetry/logger';
 import { createMetrics } from '../../src/telemetry/metrics';
@@ -25,7 +25,7 @@ export interface TestSidecar {
 }
 
 /** Starts the whole sidecar in-process on port 0, with a temp data dir and captured logs. */
-export async function startSidecar(upstreamUrl: string, overrides: Record<string, unknown> = {}): Promise<TestSidecar> {
+export async function startSidecar(upstreamUrl: string, overrides: Record<string, unknown> = {}, deps: Partial<AppDeps> = {}): Promise<TestSidecar> {
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'lightning-test-'));
   const base = {
     receivers: {
@@ -41,7 +41,7 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
   };
   const config = loadConfig({ env: {}, overrides: merge(base, overrides) });
   const logs: string[] = [];
-  const app = createApp(config, { logger: createLogger({ level: 'debug', write: (l) => logs.push(l) }), metrics: createMetrics() });
+  const app = createApp(config, { logger: createLogger({ level: 'debug', write: (l) => logs.push(l) }), metrics: createMetrics(), ...deps });
   await app.start();
   const origin = `http://127.0.0.1:${app.proxy.port()}`;
   const read = <T>(kind: string): T[] => {

@@ -39,6 +39,7 @@ set without a chart change.
 {{- $cfg := dict
   "receivers" (dict
     "llm_proxy" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.proxy)) "upstream_url" $v.upstream.url "upstream_flavor" $v.upstream.flavor
+      "routing" (dict "policy" (default "sticky" ($v.upstream.routing).policy) "dns_refresh_ms" (int (default 5000 ($v.upstream.routing).dnsRefreshMs)))
       "token_in" (dict "enabled" (default false $v.upstream.tokenIn.enabled) "tool_call_parser" (default "hermes" $v.upstream.tokenIn.toolCallParser) "reasoning_parser" (default "qwen3" $v.upstream.tokenIn.reasoningParser)))
     "otlp" (dict "protocols" (dict
       "grpc" (dict "endpoint" (printf "127.0.0.1:%d" (int $v.ports.otlpGrpc)))

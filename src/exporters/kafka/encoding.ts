@@ -87,6 +87,7 @@ export function decodeTransition(bytes: Buffer, encoding: Encoding): OutgoingTra
     : null;
   out.token_ids_missing = o.token_ids_missing ?? null;
   out.token_in = o.token_in ?? null;
+  out.upstream_replica = o.upstream_replica ?? null;
   const d = o.prompt_token_ids_delta as { previous_transition_id: string; prefix_length: number; suffix: number[] } | undefined;
   if (d) out.prompt_token_ids_delta = { previous_transition_id: d.previous_transition_id, prefix_length: d.prefix_length, suffix: d.suffix };
   return out as unknown as OutgoingTransition;

@@ -158,6 +158,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         translation: call.translation ? { upstream_api: call.translation.upstreamApi, notes: call.translation.notes } : null,
         token_ids_missing: promptIds === null || responseIds === null ? missingIdsReason(call, promptIds === null) : null,
         token_in: call.tokenIn ?? null,
+        upstream_replica: call.upstreamReplica ?? null,
       };
       if (call.bodies) t.source = call.bodies;
       transitions.push(t);

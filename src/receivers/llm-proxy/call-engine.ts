@@ -4,7 +4,7 @@ import type { LlmProxyConfig } from '../../config/schema';
 import type { CaptureSink } from '../../model/component';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
-import { parseUpstream, POLICY_VERSION, redacted, type Call, type CallEnd, type Engine, type Upstream, type UpstreamFailure } from './call';
+import { POLICY_VERSION, redacted, type Call, type CallEnd, type Engine, type Upstream, type UpstreamFailure } from './call';
 import type { CallCapture } from './capture';
 import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
@@ -16,6 +16,7 @@ import { readTokenInRequest, type TokenInRequest } from './token-in/request';
 import { serveTokenIn } from './token-in/token-in-call';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslationPlan } from './translated-call';
 import type { UpstreamResponse } from './upstream-client';
+import { UpstreamPool } from './upstream-pool';
 
 /**
  * The call engine: every admitted call is planned (how to call the model server for it), then
@@ -45,6 +46,8 @@ export interface EngineDeps {
   policyHeader?: string;
   /** Removes configured secret fields from a parsed request body before it is journaled. */
   redact?: ((body: unknown) => unknown) | null;
+  /** Resolves an upstream host name to its addresses (tests replace DNS). */
+  resolve?: (hostname: string) => Promise<string[]>;
 }
 
 export class CallEngine implements Engine {
@@ -63,7 +66,12 @@ export class CallEngine implements Engine {
     /** How many calls are in flight (a call alone writes through at once). */
     private readonly inFlight: () => number,
   ) {
-    this.upstream = parseUpstream(config.upstream_url);
+    this.upstream = new UpstreamPool(
+      config.upstream_url.split(','),
+      config.routing,
+      { logger: deps.logger, metrics: deps.metrics, resolve: deps.resolve, now: deps.now },
+      config.routing.failover_body_bytes,
+    );
     this.metrics = deps.metrics;
     this.redacts = !!deps.redact;
     this.now = deps.now ?? Date.now;

@@ -4,7 +4,8 @@ import type { Api } from '../../model/records';
 import type { Metrics } from '../../telemetry/metrics';
 import type { CallCapture } from './capture';
 import type { Flavor } from './flavor';
-import { UpstreamClient, type UpstreamRequest, type UpstreamRequestOptions, type UpstreamResponse } from './upstream-client';
+import type { UpstreamRequest, UpstreamRequestOptions, UpstreamResponse } from './upstream-client';
+import type { Replica, UpstreamPool } from './upstream-pool';
 
 /**
  * What every way of serving a call shares: the call, the upstream target, and the engine's side
@@ -24,23 +25,8 @@ export interface Call {
   t0: number;
 }
 
-export interface Upstream {
-  client: UpstreamClient;
-  /** The Host header value. */
-  host: string;
-  /** Path prefix of the upstream URL (e.g. `/v1`). */
-  basePath: string;
-}
-
-export function parseUpstream(url: string): Upstream {
-  const u = new URL(url);
-  const secure = u.protocol === 'https:';
-  return {
-    client: new UpstreamClient({ hostname: u.hostname.replace(/^\[|\]$/g, ''), port: u.port ? Number(u.port) : secure ? 443 : 80, secure }),
-    host: u.host,
-    basePath: u.pathname.replace(/\/+$/, ''),
-  };
-}
+/** The model-server replicas (upstream-pool.ts): `host` and `basePath` are the configured URL's. */
+export type Upstream = UpstreamPool;
 
 /** `/v1/x` on the proxy → `{upstream}/x`; any other path → the upstream's origin + path. */
 export function upstreamPath(basePath: string, path: string): string {
@@ -58,14 +44,33 @@ export class UpstreamTimeout extends Error {
   }
 }
 
-/** Opens an upstream request that is destroyed with `UpstreamTimeout` after `timeoutMs` without a byte. */
+/**
+ * Opens an upstream request on the replica routing picks for the call's rollout (moved to another
+ * when its replica fails before answering); destroyed with `UpstreamTimeout` after `timeoutMs`
+ * without a byte. The replica that served it is noted on the capture.
+ */
 export function openUpstream(
   upstream: Upstream,
+  capture: CallCapture | null,
   request: UpstreamRequestOptions,
   timeoutMs: number,
   on: { response: (ures: UpstreamResponse) => void; error: (err: NodeJS.ErrnoException) => void; timeout?: () => void },
 ): UpstreamRequest {
-  const r = upstream.client.request(request);
+  // A rollout id the sidecar made up is never seen again: nothing to keep the call near.
+  const key = capture && capture.correlation.source !== 'self' ? capture.correlation.rolloutId : null;
+  let replica: Replica = upstream.pick(key);
+  if (capture) capture.upstreamReplica = replica.id;
+  const tried = new Set([replica]);
+  const r = replica.client.request(request);
+  r.reroute = (err) => {
+    const next = upstream.failover(key, replica, tried, err);
+    if (next === null) return null;
+    tried.add(next);
+    replica = next;
+    if (capture) capture.upstreamReplica = next.id;
+    return next.client;
+  };
+  r.onFinished = () => upstream.release(replica);
   r.setTimeout(timeoutMs, () => {
     on.timeout?.();
     r.destroy(new UpstreamTimeout());

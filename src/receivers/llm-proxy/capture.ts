@@ -24,6 +24,8 @@ export class CallCapture {
   tokenIdsMissing: string | null = null;
   /** How token-in served it (`spliced`, `rendered:<reason>`, `fallback:<reason>`); null when token-in is off. */
   tokenIn: string | null = null;
+  /** The model-server replica that served the call (`address:port`). */
+  upstreamReplica: string | null = null;
   private captured = 0;
   /** A streamed answer's chunks not yet handed to the sink (see `response`). */
   private streaming: Buffer[] = [];
@@ -242,6 +244,7 @@ export class CallCapture {
       ...(this.translation ? { translation: this.translation } : {}),
       ...(this.tokenIdsMissing ? { tokenIdsMissing: this.tokenIdsMissing } : {}),
       ...(this.tokenIn ? { tokenIn: this.tokenIn } : {}),
+      ...(this.upstreamReplica ? { upstreamReplica: this.upstreamReplica } : {}),
       streamed: this.streamed,
       status: outcome.status,
       httpStatus: this.responseStatus,

@@ -92,7 +92,7 @@ class PassThrough {
     const { upstream, config } = this.engine;
     this.sentAt = performance.now();
     const request = { method: this.call.req.method ?? 'GET', path: upstreamPath(upstream.basePath, this.call.path), headers };
-    return openUpstream(upstream, request, config.upstream_timeout_ms, {
+    return openUpstream(upstream, this.call.capture, request, config.upstream_timeout_ms, {
       response: (ures) => this.onResponse(ures),
       error: (err) => this.onUpstreamError(err),
     });

@@ -36,7 +36,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const log = deps.logger.child('llm_proxy');
   const m = deps.metrics;
   const now = deps.now ?? Date.now;
-  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, config.upstream_url, { logger: deps.logger, metrics: m });
+  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, config.upstream_url.split(',')[0], { logger: deps.logger, metrics: m });
   const inFlight = new Set<Promise<void>>();
   const engine = new CallEngine(config, deps, flavors, log, () => inFlight.size);
   const upstream = engine.upstream;
@@ -127,7 +127,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     async start(): Promise<void> {
       const host = await listen(server, config.endpoint);
       started = true;
-      await flavors.start();
+      await Promise.all([flavors.start(), upstream.start()]);
       log.info('listening', { address: `${host}:${this.port()}`, upstream: `${upstream.host}${upstream.basePath}` });
     },
     port: (): number => boundPort(server),
@@ -136,6 +136,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     },
     /** What is known about the model server. */
     upstream: () => flavors.state(),
+    /** The replicas and where rollouts are placed. */
+    routing: () => upstream.state(),
     /** Stops accepting; lets in-flight calls finish until the deadline, then cuts them. */
     shutdown(deadlineMs = 25_000): Promise<void> {
       shutdownOnce.p ??= (async () => {
@@ -146,7 +148,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
         const deadline = new Promise<void>((r) => setTimeout(r, deadlineMs).unref());
         await Promise.race([Promise.allSettled([...inFlight]), deadline]);
         for (const s of sockets) s.destroy();
-        upstream.client.close();
+        upstream.close();
       })();
       return shutdownOnce.p;
     },

@@ -166,7 +166,7 @@ class TranslatedCall {
   private send(chatBytes: Buffer): void {
     const { o } = this;
     const request = { method: 'POST', path: `${o.upstream.basePath}/chat/completions`, headers: this.upstreamHeaders(chatBytes.length) };
-    const ureq = openUpstream(o.upstream, request, o.timeoutMs, {
+    const ureq = openUpstream(o.upstream, o.capture ?? null, request, o.timeoutMs, {
       response: (ures) => this.onResponse(ures),
       error: (err) => this.onUpstreamError(err),
       // Noted for an answer that has begun: its 'close' tells a timeout from a broken answer.

@@ -19,9 +19,14 @@ import { Http1ProtocolError, Http1ResponseParser, type ResponseHead } from '../.
  * sent once more on a new connection when its body was small enough to keep (`retryBytes`).
  */
 export interface UpstreamOrigin {
+  /** Where to connect: a host name or an address. */
   hostname: string;
   port: number;
   secure: boolean;
+  /** The Host header every request carries (a replica reached by address keeps its URL's host); else the caller's. */
+  hostHeader?: string;
+  /** TLS server name, when `hostname` is an address resolved from it. */
+  servername?: string;
 }
 
 export interface UpstreamClientOptions {
@@ -72,8 +77,9 @@ export class UpstreamClient {
     this.retryBytes = options.retryBytes ?? 256 * 1024;
   }
 
-  request(options: UpstreamRequestOptions): UpstreamRequest {
-    return new UpstreamRequest(this, options);
+  /** An exchange; with `fresh`, on a new connection (probes, which must not take an agent's). */
+  request(options: UpstreamRequestOptions, fresh = false): UpstreamRequest {
+    return new UpstreamRequest(this, options, fresh);
   }
 
   /** Closes idle connections; exchanges in flight finish on theirs, which then close. */
@@ -91,9 +97,9 @@ export class UpstreamClient {
       if (c.socket.destroyed || !c.socket.writable) continue;
       return c;
     }
-    const { hostname, port, secure } = this.origin;
+    const { hostname, port, secure, servername } = this.origin;
     const socket = secure
-      ? tls.connect({ host: hostname, port, servername: net.isIP(hostname) ? undefined : hostname, ALPNProtocols: ['http/1.1'] })
+      ? tls.connect({ host: hostname, port, servername: servername ?? (net.isIP(hostname) ? undefined : hostname), ALPNProtocols: ['http/1.1'] })
       : net.connect({ host: hostname, port });
     socket.setNoDelay(true);
     const c: Connection = { socket, owner: null, reused: false, idleTimer: null, hintMs: null };
@@ -188,14 +194,28 @@ export class UpstreamResponse extends EventEmitter {
 }
 
 /**
+ * Another server for an exchange whose server failed before answering a byte: the exchange is
+ * sent there (its bytes were kept); null, none.
+ */
+export type Reroute = (err: Error) => UpstreamClient | null;
+
+/**
  * One exchange. Events: `response` (UpstreamResponse), `error` (before the response is complete:
  * connect failure, reset, protocol error, or the error given to `destroy`), `drain`.
  */
 export class UpstreamRequest extends EventEmitter {
+  /** Set by the pool: where to send the exchange when its server fails before answering. */
+  reroute: Reroute | null = null;
+  /** Called once when the exchange is over (answered and written, or destroyed). */
+  onFinished: (() => void) | null = null;
   private conn: Connection | null = null;
+  /** A byte of an answer arrived: the exchange can no longer go elsewhere. */
+  private heard = false;
   private readonly parser: Http1ResponseParser;
   private res: UpstreamResponse | null = null;
   private head: string | null;
+  /** The head's framing line(s), added when the first bytes go out. */
+  private framing = '';
   private chunked = false;
   private ended = false;
   private finished = false;
@@ -207,8 +227,9 @@ export class UpstreamRequest extends EventEmitter {
   private onTimeout: (() => void) | null = null;
 
   constructor(
-    private readonly client: UpstreamClient,
+    private client: UpstreamClient,
     private readonly options: UpstreamRequestOptions,
+    fresh = false,
   ) {
     super();
     this.parser = new Http1ResponseParser({
@@ -228,14 +249,25 @@ export class UpstreamRequest extends EventEmitter {
     });
     this.parser.reset(options.method);
     let framed = false;
-    let head = `${options.method} ${options.path} HTTP/1.1\r\n`;
     for (let i = 0; i < options.headers.length; i += 2) {
       if (options.headers[i].length === 14 && options.headers[i].toLowerCase() === 'content-length') framed = true;
+    }
+    this.head = this.headFor(client);
+    this.chunked = !framed;
+    this.attach(this.client.connection(fresh));
+  }
+
+  /** The request line and headers, with `client`'s Host when it has one. */
+  private headFor(client: UpstreamClient): string {
+    const { options } = this;
+    const host = client.origin.hostHeader;
+    let head = `${options.method} ${options.path} HTTP/1.1\r\n`;
+    if (host !== undefined) head += `host: ${host}\r\n`;
+    for (let i = 0; i < options.headers.length; i += 2) {
+      if (host !== undefined && options.headers[i].length === 4 && options.headers[i].toLowerCase() === 'host') continue;
       head += `${options.headers[i]}: ${options.headers[i + 1]}\r\n`;
     }
-    this.head = head;
-    this.chunked = !framed;
-    this.attach(this.client.connection());
+    return head;
   }
 
   private attach(c: Connection): void {
@@ -276,6 +308,7 @@ export class UpstreamRequest extends EventEmitter {
     const c = this.conn;
     this.conn = null;
     if (c) this.client.drop(c);
+    this.over();
     const res = this.res;
     process.nextTick(() => {
       if (res && !res.complete) res.emit('close');
@@ -289,9 +322,9 @@ export class UpstreamRequest extends EventEmitter {
       if (this.chunked && last && chunks.length === 0) {
         // No body at all: none announced for methods that take none, an empty one for the others.
         this.chunked = false;
-        if (!NO_BODY_METHODS.has(this.options.method)) this.head += 'content-length: 0\r\n';
-      } else if (this.chunked) this.head += 'transfer-encoding: chunked\r\n';
-      parts.push(Buffer.from(`${this.head}\r\n`, 'latin1'));
+        if (!NO_BODY_METHODS.has(this.options.method)) this.framing = 'content-length: 0\r\n';
+      } else if (this.chunked) this.framing = 'transfer-encoding: chunked\r\n';
+      parts.push(Buffer.from(`${this.head}${this.framing}\r\n`, 'latin1'));
       this.head = null;
     }
     for (const chunk of chunks) {
@@ -326,6 +359,7 @@ export class UpstreamRequest extends EventEmitter {
   /** Bytes from the server. */
   onData(chunk: Buffer): void {
     if (this.finished) return;
+    this.heard = true;
     const c = this.conn;
     try {
       // Bytes after the response belong to no exchange (the server broke the protocol): not reused.
@@ -355,16 +389,31 @@ export class UpstreamRequest extends EventEmitter {
   }
 
   private fail(err: Error): void {
+    const unanswered = !this.answered && this.sent !== null && !(err instanceof Http1ProtocolError);
     // A reused connection the server had closed: the request never reached anyone; send it again.
-    if (!this.answered && this.conn?.reused && this.sent !== null && !(err instanceof Http1ProtocolError)) {
-      const old = this.conn;
-      this.conn = null;
-      this.client.drop(old);
-      this.attach(this.client.connection(true));
-      this.send(this.sent);
-      return;
-    }
-    this.destroy(err);
+    if (unanswered && this.conn?.reused) return this.resend(this.client);
+    // The server refused or dropped a new connection before a byte of an answer: another one, if any.
+    const next = unanswered && !this.heard && this.reroute ? this.reroute(err) : null;
+    if (next === null) return this.destroy(err);
+    if (this.head === null && this.sent!.length > 0) this.sent![0] = Buffer.from(`${this.headFor(next)}${this.framing}\r\n`, 'latin1');
+    else if (this.head !== null) this.head = this.headFor(next);
+    this.resend(next);
+  }
+
+  /** Sends what was written so far again, on a new connection of `client`. */
+  private resend(client: UpstreamClient): void {
+    const old = this.conn;
+    this.conn = null;
+    if (old) this.client.drop(old);
+    this.client = client;
+    this.attach(client.connection(true));
+    this.send(this.sent!);
+  }
+
+  private over(): void {
+    const f = this.onFinished;
+    this.onFinished = null;
+    f?.();
   }
 
   private complete(): void {
@@ -380,6 +429,7 @@ export class UpstreamRequest extends EventEmitter {
     const c = this.conn;
     this.conn = null;
     if (c) this.client.release(c, this.parser.keepAlive);
+    this.over();
     this.res?.emit('close');
   }
 }

@@ -6,7 +6,10 @@ import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from '@openai/
 import { CallCapture } from '../../../src/receivers/llm-proxy/capture';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslatedOutcome } from '../../../src/receivers/llm-proxy/translated-call';
 import { SseSplitter } from '../../../src/formats/sse';
-import { UpstreamClient } from '../../../src/receivers/llm-proxy/upstream-client';
+import { UpstreamPool } from '../../../src/receivers/llm-proxy/upstream-pool';
+import { routingSchema } from '../../../src/config/schema';
+import { silentLogger } from '../../../src/telemetry/logger';
+import { createMetrics } from '../../../src/telemetry/metrics';
 import { extractFacts, resolveIds } from '../../../src/formats/extract';
 import { parseSse } from '../../../src/formats/sse';
 import type { CallRecord } from '../../../src/model/records';
@@ -28,14 +31,15 @@ interface Served {
 }
 
 const FIELDS = { return_token_ids: 'true', logprobs: 'true' };
-const upstreamClients: UpstreamClient[] = [];
-/** The proxy's upstream client for a port (one each, as the proxy keeps one). */
-function clientFor(port: number): UpstreamClient {
-  const found = upstreamClients.find((c) => c.origin.port === port);
-  if (found) return found;
-  const c = new UpstreamClient({ hostname: '127.0.0.1', port, secure: false });
-  upstreamClients.push(c);
-  return c;
+const upstreamPools = new Map<number, UpstreamPool>();
+/** The proxy's upstream for a port (one each, as the proxy keeps one). */
+function poolFor(port: number): UpstreamPool {
+  let pool = upstreamPools.get(port);
+  if (!pool) {
+    pool = new UpstreamPool([`http://127.0.0.1:${port}/v1`], routingSchema.parse({}), { logger: silentLogger, metrics: createMetrics() }, 256 * 1024);
+    upstreamPools.set(port, pool);
+  }
+  return pool;
 }
 
 let upstream: FakeModelServer;
@@ -81,7 +85,7 @@ function handle(req: IncomingMessage, res: ServerResponse, body: Buffer): void {
   call.outcome = serveTranslated(res, plan, {
     body,
     agentHeaders: req.rawHeaders,
-    upstream: { client: clientFor(target.port), host: `127.0.0.1:${target.port}`, basePath: '/v1' },
+    upstream: poolFor(target.port),
     fields: FIELDS,
     timeoutMs: target.timeoutMs,
     capture,
@@ -110,7 +114,7 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const s of gatewaySockets) s.destroy();
   await new Promise<void>((resolve) => gateway.close(() => resolve()));
-  for (const c of upstreamClients) c.close();
+  for (const p of upstreamPools.values()) p.close();
   await upstream.close();
 });
 beforeEach(() => {

@@ -5,6 +5,7 @@ import { agentWriter, openUpstream, UpstreamTimeout, type Call, type Engine, typ
 import { sendProxyError } from '../errors';
 import { forwardHeaders } from '../forward-headers';
 import type { UpstreamResponse } from '../upstream-client';
+import { rootOf } from '../upstream-pool';
 import { chatChunk, chatFinish, deltasOf, SampledText } from './answer';
 import { canonicalMessage, PrefixDigest, type TokenState, type TokenStates } from './conversation';
 import type { ReasoningStream, ToolStream } from './parser-kit';
@@ -75,6 +76,7 @@ function post(engine: Engine, call: Call, path: string, body: Buffer): Promise<{
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
+      call.capture,
       { method: 'POST', path, headers: upstreamHeaders(engine.upstream, call, body.length, 'application/json') },
       engine.config.upstream_timeout_ms,
       {
@@ -101,13 +103,8 @@ function upstreamHeaders(upstream: Upstream, call: Call, length: number, accept:
   );
 }
 
-/** The server's root (the upstream URL without its `/v1`), where vLLM serves `/tokenize`. */
-function rootPath(upstream: Upstream): string {
-  return upstream.basePath.replace(/\/v1$/, '');
-}
-
 export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: TokenInRequest, deps: TokenInDeps): Promise<void> {
-  const tokenized = await post(engine, call, `${rootPath(engine.upstream)}/tokenize`, tokenizeBody(r));
+  const tokenized = await post(engine, call, `${rootOf(engine.upstream.basePath)}/tokenize`, tokenizeBody(r));
   if ('error' in tokenized) return deps.fallback('tokenize_unreachable');
   if (tokenized.status !== 200) return deps.fallback(`tokenize_status_${tokenized.status}`);
   let rendered: number[];
@@ -197,6 +194,7 @@ function open(
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
+      call.capture,
       {
         method: 'POST',
         path: `${engine.upstream.basePath}/completions`,
