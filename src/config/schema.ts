@@ -26,6 +26,11 @@ export const DEFAULT_SECRET_HEADERS = [
 export const TOOL_CALL_PARSERS = ['hermes'] as const;
 export const REASONING_PARSERS = ['qwen3'] as const;
 
+/** A URL as an error message may show it: without credentials. */
+function shown(u: string): string {
+  return u.replace(/\/\/[^/@]*@/, '//***@');
+}
+
 /**
  * The model server: one URL, several (a list, or comma-separated), each a replica or a host name
  * whose addresses are replicas (docs/routing.md). Kept as one comma-separated string.
@@ -41,10 +46,10 @@ const upstreamUrl = z
       try {
         url = new URL(u);
       } catch {
-        ctx.addIssue({ code: 'custom', message: `'${u}' must be an absolute http(s) URL` });
+        ctx.addIssue({ code: 'custom', message: `'${shown(u)}' must be an absolute http(s) URL` });
         continue;
       }
-      if (url.protocol !== 'http:' && url.protocol !== 'https:') ctx.addIssue({ code: 'custom', message: `'${u}' must start with http:// or https://` });
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') ctx.addIssue({ code: 'custom', message: `'${shown(u)}' must start with http:// or https://` });
       const p = url.pathname.replace(/\/+$/, '');
       if (path !== null && p !== path) ctx.addIssue({ code: 'custom', message: `every replica URL must have the same path ('${path}' and '${p}')` });
       path ??= p;
@@ -63,12 +68,17 @@ export const routingSchema = z
     overload_min_load: positiveInt.default(8),
     /** Rollouts whose replica is remembered (least recently used forgotten first). */
     max_placements: positiveInt.default(100_000),
+    /**
+     * Host names resolved to every address, each a replica: `auto` for http:// names (in-cluster
+     * servers; a headless Service), not https:// ones or localhost; `always`; `never` (connect by name).
+     */
+    resolve_names: z.enum(['auto', 'always', 'never']).default('auto'),
     /** Host names are resolved again this often (ms; 0 = only at start). */
     dns_refresh_ms: z.number().int().nonnegative().default(5_000),
     /** A replica marked down is probed (GET /health) this often. */
     probe_interval_ms: positiveInt.default(1_000),
     /** With several replicas, each one's /metrics is read this often for its load (0 = never). */
-    scrape_interval_ms: z.number().int().nonnegative().default(1_000),
+    scrape_interval_ms: z.number().int().nonnegative().default(5_000),
     /** Request bodies up to this size are kept until the answer begins, so a failed replica's call can go to another. */
     failover_body_bytes: positiveInt.default(8 * MiB),
   })

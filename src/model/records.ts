@@ -250,7 +250,7 @@ export interface Transition {
   token_ids_missing: string | null;
   /** How token-in served the call (docs/token-in.md); null when token-in is off. */
   token_in: string | null;
-  /** The model-server replica that served the call (`address:port`); null when no request reached one. */
+  /** The model-server replica that answered the call (`address:port`); null when none answered. */
   upstream_replica: string | null;
 }
 

@@ -210,8 +210,8 @@ export type App = ReturnType<typeof createApp>;
 
 /** /readyz detail about the model server: null when fields for token ids are being added. */
 function replicasCheck(r: ReturnType<LlmProxy['routing']>): string | null {
-  const down = r.replicas.filter((x) => !x.up).map((x) => x.id);
-  return down.length === 0 ? null : `${down.length} of ${r.replicas.length} replicas down (probed until they answer): ${down.join(', ')}`;
+  const down = r.replicas.filter((x) => !x.up).map((x) => (x.unresolved ? `${x.id} (its name does not resolve)` : `${x.id} (probed)`));
+  return down.length === 0 ? null : `${down.length} of ${r.replicas.length} replicas down: ${down.join(', ')}`;
 }
 
 function upstreamCheck(u: FlavorState): string | null {

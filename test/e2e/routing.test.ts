@@ -1,3 +1,5 @@
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { startFakeModelServer, type FakeModelServer, type ReceivedRequest } from '../support/fake-model-server';
 import { startSidecar, type TestSidecar } from '../support/sidecar';
@@ -78,6 +80,8 @@ describe('routing over model-server replicas', () => {
     return s;
   }
   afterEach(async () => {
+    // Every request to a replica was counted out when it ended, whatever way it ended.
+    for (const s of sidecars) await until(() => s.app.proxy.routing().replicas.every((r) => r.in_flight === 0), 3000, 'in-flight counts back to 0');
     for (const s of sidecars.splice(0)) await s.stop();
     for (const s of servers.splice(0)) await s.close();
   });
@@ -85,7 +89,20 @@ describe('routing over model-server replicas', () => {
   it('sticky: every call of a rollout reaches one replica, rollouts spread evenly, and each transition names its replica', async () => {
     const rs = await replicas(3);
     const sidecar = await sidecarFor(rs.map((s) => s.url).join(','), { ...routing(), processors: { episodes: { idle_timeout_ms: 300 } } });
-    await Promise.all(Array.from({ length: 6 }, (_, i) => agent(sidecar, `spread-${i}`, 4)));
+    // Every rollout's first call is placed before any second call is in flight (which would count as load).
+    let firsts = 0;
+    let firstDone: () => void = () => {};
+    const allFirst = new Promise<void>((resolve) => (firstDone = () => void (++firsts === 6 && resolve())));
+    await Promise.all(
+      Array.from({ length: 6 }, (_, i) =>
+        agent(sidecar, `spread-${i}`, 4, async (call) => {
+          if (call === 1) {
+            firstDone();
+            await allFirst;
+          }
+        }),
+      ),
+    );
     const placed = placements(rs);
     expect(placed.size).toBe(6);
     for (const ports of placed.values()) {
@@ -138,7 +155,7 @@ describe('routing over model-server replicas', () => {
     expect(await metric(sidecar, 'lightning_sidecar_upstream_placement_moves_total', '{reason="replica_down"}')).toBe(moved.length);
     const ready = (await (await fetch(`${sidecar.telemetryOrigin}/readyz`)).json()) as { status: string; degraded: Record<string, string> };
     expect(ready.status).toBe('ready');
-    expect(ready.degraded.upstream_replicas).toBe(`1 of 3 replicas down (probed until they answer): 127.0.0.1:${port}`);
+    expect(ready.degraded.upstream_replicas).toBe(`1 of 3 replicas down: 127.0.0.1:${port} (probed)`);
 
     // Back on the same port: the probe finds it, and new rollouts are placed on it again.
     const back = await startFakeModelServer({ flavor: 'openai', port });
@@ -166,6 +183,51 @@ describe('routing over model-server replicas', () => {
     expect(rs.reduce((n, s) => n + chats(s).length, 0)).toBe(1);
     // Bytes had reached the agent: the replica is not taken for down.
     for (const s of rs) expect(await metric(sidecar, 'lightning_sidecar_upstream_replica_up', `{replica="127.0.0.1:${s.port}"}`)).toBe(1);
+  });
+
+  it('a request that kills the replica reading it goes to one more replica, not to every one', async () => {
+    const rs = await replicas(3, { fault: (r) => (rolloutOf(r) === 'poison' ? { kind: 'reset' } : null) });
+    const sidecar = await sidecarFor(rs.map((s) => s.url).join(','), routing());
+    const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/poison/v1`, apiKey: 'k', maxRetries: 0 });
+    const failed = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'rollout=poison hi' }] }).catch((e: unknown) => e);
+    expect(failed).toBeInstanceOf(OpenAI.APIError);
+    expect((failed as InstanceType<typeof OpenAI.APIError>).status).toBe(502);
+    expect(rs.map((s) => chats(s).length).sort()).toEqual([0, 1, 1]);
+    // The first replica it reached is down; the second, which it also killed, is not blamed for it.
+    expect(sidecar.app.proxy.routing().replicas.filter((r) => !r.up)).toHaveLength(1);
+    // The others still serve.
+    expect(await agent(sidecar, 'healthy', 2)).toHaveLength(2);
+  });
+
+  it('an answer that came before the body ended, then the agent left: the upstream request is cut and counted out', async () => {
+    // A server that answers 401 at once, without reading the body (as an auth layer does).
+    const early = http.createServer((req, res) => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":{"message":"no"}}'));
+    await new Promise<void>((r) => early.listen(0, '127.0.0.1', r));
+    const port = (early.address() as AddressInfo).port;
+    const [other] = await replicas(1);
+    try {
+      const sidecar = await sidecarFor(`http://127.0.0.1:${port}/v1,${other.url}`, routing({ policy: 'round_robin' }));
+      // Round-robin: the first call goes to the first URL.
+      const status = await new Promise<number>((resolve, reject) => {
+        const req = http.request(
+          `${sidecar.origin}/rollout/early/v1/chat/completions`,
+          { method: 'POST', headers: { 'content-type': 'application/json' } },
+          (res) => {
+            resolve(res.statusCode ?? 0);
+            res.resume();
+            // The agent leaves with its body unfinished.
+            setTimeout(() => req.destroy(), 50);
+          },
+        );
+        req.on('error', () => {});
+        req.write('{"model":"m","messages":[');
+        setTimeout(() => reject(new Error('no answer')), 3000).unref();
+      });
+      expect(status).toBe(401);
+      await until(() => sidecar.app.proxy.routing().replicas.every((r) => r.in_flight === 0), 3000, 'the cut request to be counted out');
+    } finally {
+      early.close();
+    }
   });
 
   it('a host name is re-resolved: a replica that appears in DNS takes new rollouts, with the name as its Host', async () => {
@@ -227,6 +289,15 @@ describe('routing over model-server replicas', () => {
     expect(() => loadConfig({ env: { LIGHTNING_UPSTREAM_URL: 'http://a:8000/v1,ftp://b/v1' } })).toThrow(
       /receivers\.llm_proxy\.upstream_url.*must start with http/,
     );
+    // Credentials in a URL never reach the message.
+    let message = '';
+    try {
+      loadConfig({ env: { LIGHTNING_UPSTREAM_URL: 'http://user:s3cret@a:8000/v1,ftp://u:pa55@b/v1' } });
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    expect(message).toMatch(/'ftp:\/\/\*\*\*@b\/v1' must start with http/);
+    expect(message).not.toMatch(/s3cret|pa55/);
     expect(() => loadConfig({ env: { LIGHTNING_UPSTREAM_ROUTING: 'hash' } })).toThrow(/receivers\.llm_proxy\.routing\.policy.*"sticky"/);
   });
 });

@@ -66,12 +66,12 @@ export class CallEngine implements Engine {
     /** How many calls are in flight (a call alone writes through at once). */
     private readonly inFlight: () => number,
   ) {
-    this.upstream = new UpstreamPool(
-      config.upstream_url.split(','),
-      config.routing,
-      { logger: deps.logger, metrics: deps.metrics, resolve: deps.resolve, now: deps.now },
-      config.routing.failover_body_bytes,
-    );
+    this.upstream = new UpstreamPool(config.upstream_url.split(','), config.routing, {
+      logger: deps.logger,
+      metrics: deps.metrics,
+      resolve: deps.resolve,
+      now: deps.now,
+    });
     this.metrics = deps.metrics;
     this.redacts = !!deps.redact;
     this.now = deps.now ?? Date.now;

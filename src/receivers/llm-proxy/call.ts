@@ -59,15 +59,18 @@ export function openUpstream(
   // A rollout id the sidecar made up is never seen again: nothing to keep the call near.
   const key = capture && capture.correlation.source !== 'self' ? capture.correlation.rolloutId : null;
   let replica: Replica = upstream.pick(key);
-  if (capture) capture.upstreamReplica = replica.id;
   const tried = new Set([replica]);
+  let reachedOnce = false;
   const r = replica.client.request(request);
-  r.reroute = (err) => {
+  r.reroute = (err, reached) => {
+    // A server that read the request and then died may have died of the request: it goes to one
+    // more replica, not to every one (each would be marked down in turn).
+    if (reached && reachedOnce) return null;
     const next = upstream.failover(key, replica, tried, err);
     if (next === null) return null;
+    reachedOnce ||= reached;
     tried.add(next);
     replica = next;
-    if (capture) capture.upstreamReplica = next.id;
     return next.client;
   };
   r.onFinished = () => upstream.release(replica);
@@ -75,7 +78,10 @@ export function openUpstream(
     on.timeout?.();
     r.destroy(new UpstreamTimeout());
   });
-  r.on('response', on.response);
+  r.on('response', (ures: UpstreamResponse) => {
+    if (capture) capture.upstreamReplica = replica.id;
+    on.response(ures);
+  });
   r.on('error', on.error);
   return r;
 }

@@ -53,13 +53,16 @@ class PassThrough {
     const { req, res } = this.call;
     // A client that goes away before the response ended: abort upstream, keep what arrived.
     res.on('close', () => {
+      // The agent's connection is gone: an upstream request still waiting for its body never gets it.
+      if (!req.complete) this.ureq?.destroy();
       if (this.settled || res.writableFinished) return;
       this.ureq?.destroy();
       this.settle('aborted', 'client closed the connection before the response ended', 'client_abort');
     });
     // A request body that never completed (the client stalled and was answered 408, or vanished).
     req.once('close', () => {
-      if (this.settled || req.complete) return;
+      if (req.complete) return;
+      // Even when the answer came first (an early 401): the upstream request never ended, so it is cut.
       this.ureq?.destroy();
       this.settle('aborted', 'the client stopped sending its request body', 'client_abort');
     });

@@ -36,6 +36,8 @@ export interface UpstreamClientOptions {
   idleTimeoutMs?: number;
   /** Request bodies up to this size are kept until the answer begins, to be sent again on a new connection. */
   retryBytes?: number;
+  /** A connection not established within this long fails with ETIMEDOUT (a silent address is taken as refusing). */
+  connectTimeoutMs?: number;
 }
 
 export interface UpstreamRequestOptions {
@@ -59,6 +61,8 @@ interface Connection {
   idleTimer: NodeJS.Timeout | null;
   /** The server's `Keep-Alive: timeout` hint, in ms. */
   hintMs: number | null;
+  /** The connection was established (a failure before that is a refusal: nothing reached the server). */
+  established: boolean;
 }
 
 export class UpstreamClient {
@@ -66,7 +70,9 @@ export class UpstreamClient {
   private closed = false;
   private readonly maxIdle: number;
   private readonly idleTimeoutMs: number;
-  readonly retryBytes: number;
+  private readonly connectTimeoutMs: number;
+  /** Settable: a pool of several replicas keeps more, so a failed replica's call can go to another. */
+  retryBytes: number;
 
   constructor(
     readonly origin: UpstreamOrigin,
@@ -75,6 +81,7 @@ export class UpstreamClient {
     this.maxIdle = options.maxIdle ?? 256;
     this.idleTimeoutMs = options.idleTimeoutMs ?? 4000;
     this.retryBytes = options.retryBytes ?? 256 * 1024;
+    this.connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
   }
 
   /** An exchange; with `fresh`, on a new connection (probes, which must not take an agent's). */
@@ -102,7 +109,17 @@ export class UpstreamClient {
       ? tls.connect({ host: hostname, port, servername: servername ?? (net.isIP(hostname) ? undefined : hostname), ALPNProtocols: ['http/1.1'] })
       : net.connect({ host: hostname, port });
     socket.setNoDelay(true);
-    const c: Connection = { socket, owner: null, reused: false, idleTimer: null, hintMs: null };
+    const c: Connection = { socket, owner: null, reused: false, idleTimer: null, hintMs: null, established: false };
+    const connectTimer = setTimeout(
+      () => socket.destroy(Object.assign(new Error(`connect to ${hostname}:${port} timed out`), { code: 'ETIMEDOUT' })),
+      this.connectTimeoutMs,
+    );
+    connectTimer.unref();
+    socket.once(secure ? 'secureConnect' : 'connect', () => {
+      c.established = true;
+      clearTimeout(connectTimer);
+    });
+    socket.once('close', () => clearTimeout(connectTimer));
     socket.on('data', (chunk: Buffer) => {
       if (c.owner) c.owner.onData(chunk);
       // Bytes on an idle connection belong to no exchange: it cannot be used again.
@@ -195,9 +212,10 @@ export class UpstreamResponse extends EventEmitter {
 
 /**
  * Another server for an exchange whose server failed before answering a byte: the exchange is
- * sent there (its bytes were kept); null, none.
+ * sent there (its bytes were kept); null, none. `reached`: the connection had been established,
+ * so the server may have read the request (and may fail on it again elsewhere).
  */
-export type Reroute = (err: Error) => UpstreamClient | null;
+export type Reroute = (err: Error, reached: boolean) => UpstreamClient | null;
 
 /**
  * One exchange. Events: `response` (UpstreamResponse), `error` (before the response is complete:
@@ -393,7 +411,7 @@ export class UpstreamRequest extends EventEmitter {
     // A reused connection the server had closed: the request never reached anyone; send it again.
     if (unanswered && this.conn?.reused) return this.resend(this.client);
     // The server refused or dropped a new connection before a byte of an answer: another one, if any.
-    const next = unanswered && !this.heard && this.reroute ? this.reroute(err) : null;
+    const next = unanswered && !this.heard && this.reroute ? this.reroute(err, this.conn?.established ?? false) : null;
     if (next === null) return this.destroy(err);
     if (this.head === null && this.sent!.length > 0) this.sent![0] = Buffer.from(`${this.headFor(next)}${this.framing}\r\n`, 'latin1');
     else if (this.head !== null) this.head = this.headFor(next);

@@ -8,8 +8,8 @@ import { UpstreamClient, type UpstreamRequest } from './upstream-client';
 /**
  * The model-server replicas calls go to, and which replica serves which call (docs/routing.md).
  *
- * Replicas come from `upstream_url`: one URL or several, and each host name is resolved to all
- * its addresses (a Kubernetes headless Service names every pod), again every `dns_refresh_ms`.
+ * Replicas come from `upstream_url`: one URL or several; a host name may be resolved to all its
+ * addresses (a Kubernetes headless Service names every pod), again every `dns_refresh_ms`.
  * Calls carry a key, the rollout they belong to: under the `sticky` policy a rollout's first
  * call goes to the least loaded replica and its later calls follow it there, so the server finds
  * the conversation's prefix in its cache. A placement moves when its replica is down, gone from
@@ -17,14 +17,14 @@ import { UpstreamClient, type UpstreamRequest } from './upstream-client';
  * in flight per replica and, where the server exposes them on `/metrics`, the replica's running
  * and waiting requests (vLLM, SGLang).
  *
- * A replica that refuses a connection, or drops one before answering a byte, is marked down and
- * the call is sent to another replica (upstream-client.ts keeps the request's bytes until the
- * answer begins); a down replica is probed (`GET /health`) until it answers again.
+ * With several replicas, one that refuses a connection, or drops one before answering a byte, is
+ * marked down and the call is sent to another (upstream-client.ts keeps the request's bytes until
+ * the answer begins); a down replica is probed (`GET /health`) until it answers again.
  */
 
 /** One model-server address. */
 export interface Replica {
-  /** `address:port`: the metric label and the transition's `upstream_replica`. */
+  /** `address:port` (or `name:port` when connected to by name): the metric label and the transition's `upstream_replica`. */
   readonly id: string;
   readonly client: UpstreamClient;
   up: boolean;
@@ -40,20 +40,22 @@ export interface Replica {
   unresolved: boolean;
   /** The replica's own load, from its `/metrics`; null when unknown. */
   scraped: { running: number; waiting: number; kvUsage: number; at: number } | null;
-  /** When its last scrape may be tried again (a server without /metrics is asked rarely). */
+  /** When its next scrape may be tried (a server without /metrics is asked rarely). */
   scrapeAfter: number;
   probe: NodeJS.Timeout | null;
+  readonly calls: { inc(): void };
+  readonly inFlightGauge: { set(v: number): void };
 }
 
-/** One configured URL: its origin, and the addresses its host name resolves to. */
+/** One configured URL. */
 interface Target {
   hostname: string;
   port: number;
   secure: boolean;
   /** The Host header (`host[:port]` as written in the URL). */
   hostHeader: string;
-  /** A literal address: never resolved. */
-  literal: boolean;
+  /** Connected to by name, never resolved here (an address, localhost, or a name resolve_names leaves alone). */
+  byName: boolean;
 }
 
 export type MoveReason = 'replica_down' | 'overloaded' | 'replica_removed';
@@ -73,6 +75,8 @@ const SCRAPE_FRESH_INTERVALS = 3;
 /** A replica whose /metrics could not be read is asked again after this long. */
 const SCRAPE_BACKOFF_MS = 60_000;
 const PROBE_TIMEOUT_MS = 2000;
+/** Request bytes kept for a resend with a single replica (a reused connection the server had closed). */
+const SINGLE_RETRY_BYTES = 256 * 1024;
 
 export class UpstreamPool {
   /** Path prefix every replica URL shares (e.g. `/v1`). */
@@ -83,8 +87,12 @@ export class UpstreamPool {
   private readonly replicas = new Map<string, Replica>();
   /** Rollout key → replica id, least recently used first. */
   private readonly placed = new Map<string, string>();
+  /** Rollouts whose replica left: their next call is a move (`replica_removed`), not a first placement. */
+  private readonly orphaned = new Set<string>();
   private turn = 0;
   private timers: NodeJS.Timeout[] = [];
+  private refreshing: Promise<void> | null = null;
+  private resolvedOnce = false;
   private closed = false;
   private readonly log: Logger;
   private readonly resolve: (hostname: string) => Promise<string[]>;
@@ -94,36 +102,48 @@ export class UpstreamPool {
     urls: readonly string[],
     private readonly routing: RoutingConfig,
     private readonly deps: UpstreamPoolDeps,
-    private readonly retryBytes: number,
   ) {
     this.log = deps.logger.child('upstream');
     this.resolve = deps.resolve ?? resolveAll;
     this.now = deps.now ?? Date.now;
-    this.targets = urls.map(parseTarget);
+    this.targets = urls.map((u) => parseTarget(u, routing.resolve_names));
     const first = new URL(urls[0]);
     this.basePath = first.pathname.replace(/\/+$/, '');
     this.host = first.host;
     // Until a name resolves, its replica connects by name (as one URL always did).
-    for (const t of this.targets) this.add(t, t.hostname).unresolved = !t.literal;
-    this.publish();
+    for (const t of this.targets) this.add(t, t.hostname).unresolved = !t.byName;
+    this.membershipChanged();
   }
 
-  /** Resolves host names, then keeps resolving, probing and scraping. */
+  /** Resolves host names, then keeps resolving and scraping. */
   async start(): Promise<void> {
     await this.refreshDns();
-    const every = (ms: number, fn: () => void): void => {
-      if (ms <= 0) return;
-      const t = setInterval(fn, ms);
+    if (this.closed) return;
+    if (this.targets.some((t) => !t.byName)) this.every(this.routing.dns_refresh_ms, () => this.refreshDns());
+    this.every(this.routing.scrape_interval_ms, () => this.scrapeAll());
+  }
+
+  /** Runs `fn` every `ms` (with up to 10 % jitter, so sidecars started together do not ask in step), each run after the last ended. */
+  private every(ms: number, fn: () => Promise<void> | void): void {
+    if (ms <= 0) return;
+    const schedule = (): void => {
+      if (this.closed) return;
+      const t = setTimeout(
+        () => {
+          this.timers = this.timers.filter((x) => x !== t);
+          void Promise.resolve(fn()).finally(schedule);
+        },
+        ms + Math.random() * ms * 0.1,
+      );
       t.unref();
       this.timers.push(t);
     };
-    if (this.targets.some((t) => !t.literal)) every(this.routing.dns_refresh_ms, () => void this.refreshDns());
-    every(this.routing.scrape_interval_ms, () => this.scrapeAll());
+    schedule();
   }
 
   close(): void {
     this.closed = true;
-    for (const t of this.timers) clearInterval(t);
+    for (const t of this.timers) clearTimeout(t);
     this.timers = [];
     for (const r of this.replicas.values()) {
       if (r.probe) clearTimeout(r.probe);
@@ -140,23 +160,28 @@ export class UpstreamPool {
    * `release`. Under `sticky`, the call follows its rollout's placement.
    */
   pick(key: string | null): Replica {
-    const policy = this.routing.policy;
-    const live = this.live();
     let r: Replica;
-    if (policy === 'round_robin') r = live[this.turn++ % live.length];
-    else if (policy === 'random') r = live[Math.floor(Math.random() * live.length)];
-    else r = key === null ? this.leastLoaded(live, null) : this.sticky(key, live);
+    if (this.replicas.size === 1) r = this.replicas.values().next().value as Replica;
+    else {
+      const live = this.live();
+      const policy = this.routing.policy;
+      if (policy === 'round_robin') r = live[this.turn++ % live.length];
+      else if (policy === 'random') r = live[Math.floor(Math.random() * live.length)];
+      else r = key === null ? this.leastLoaded(live, null) : this.sticky(key, live);
+    }
     this.started(r);
     return r;
   }
 
   /**
    * `from` failed the call before answering a byte: it is marked down and the call (and its
-   * rollout) moves to another replica not yet `tried`; null when none is left.
+   * rollout) moves to another replica not yet `tried`; null when none is left (a single replica
+   * is never marked down: there is nowhere else to go).
    */
   failover(key: string | null, from: Replica, tried: ReadonlySet<Replica>, err: Error): Replica | null {
+    const rest = this.list().filter((r) => r.up && r.listed && !tried.has(r));
+    if (this.listedCount() < 2) return null;
     this.down(from, err);
-    const rest = [...this.replicas.values()].filter((r) => r.up && r.listed && !tried.has(r));
     if (rest.length === 0) return null;
     this.release(from);
     const to = this.leastLoaded(rest, null);
@@ -168,16 +193,18 @@ export class UpstreamPool {
   /** The call on `r` ended. */
   release(r: Replica): void {
     r.inFlight--;
-    this.deps.metrics.upstreamInFlight.set({ replica: r.id }, r.inFlight);
+    r.inFlightGauge.set(r.inFlight);
     if (!r.listed && r.inFlight === 0) this.retire(r);
   }
 
-  /** What routing knows now (for /status). */
-  state(): { policy: string; placements: number; replicas: { id: string; up: boolean; in_flight: number; placements: number }[] } {
+  /** What routing knows now (for /readyz and tests). */
+  state(): { policy: string; placements: number; replicas: { id: string; up: boolean; unresolved: boolean; in_flight: number; placements: number }[] } {
     return {
       policy: this.routing.policy,
       placements: this.placed.size,
-      replicas: this.list().map((r) => ({ id: r.id, up: r.up, in_flight: r.inFlight, placements: r.placements })),
+      replicas: this.list()
+        .filter((r) => r.listed)
+        .map((r) => ({ id: r.id, up: r.up, unresolved: r.unresolved, in_flight: r.inFlight, placements: r.placements })),
     };
   }
 
@@ -198,7 +225,8 @@ export class UpstreamPool {
       return to;
     }
     const to = this.leastLoaded(live, null);
-    this.place(key, to, id === undefined ? null : at?.listed ? 'replica_down' : 'replica_removed');
+    const orphan = this.orphaned.delete(key);
+    this.place(key, to, at?.listed ? 'replica_down' : at || orphan || id !== undefined ? 'replica_removed' : null);
     return to;
   }
 
@@ -209,8 +237,9 @@ export class UpstreamPool {
       this.placed.delete(key);
       const from = this.replicas.get(was);
       if (from) from.placements--;
-      if (reason !== null && was !== to.id) this.deps.metrics.upstreamMoves.inc({ reason });
-    } else this.deps.metrics.upstreamPlacementsMade.inc();
+    }
+    if (reason !== null && was !== to.id) this.deps.metrics.upstreamMoves.inc({ reason });
+    else if (was === undefined) this.deps.metrics.upstreamPlacementsMade.inc();
     this.placed.set(key, to.id);
     to.placements++;
     while (this.placed.size > this.routing.max_placements) {
@@ -256,16 +285,21 @@ export class UpstreamPool {
 
   /** Replicas to use: the ones up, or (all down) every listed one, since one may be back. */
   private live(): Replica[] {
-    const listed = [...this.replicas.values()].filter((r) => r.listed);
+    const listed = this.list().filter((r) => r.listed);
     const up = listed.filter((r) => r.up);
     return up.length > 0 ? up : listed;
   }
 
+  private listedCount(): number {
+    let n = 0;
+    for (const r of this.replicas.values()) if (r.listed) n++;
+    return n;
+  }
+
   private started(r: Replica): void {
     r.inFlight++;
-    const m = this.deps.metrics;
-    m.upstreamCalls.inc({ replica: r.id });
-    m.upstreamInFlight.set({ replica: r.id }, r.inFlight);
+    r.calls.inc();
+    r.inFlightGauge.set(r.inFlight);
   }
 
   // ---- membership ----
@@ -274,13 +308,18 @@ export class UpstreamPool {
     const id = replicaId(address, t.port);
     const known = this.replicas.get(id);
     if (known) {
-      known.listed = true;
+      if (!known.listed) {
+        known.listed = true;
+        // Down when it left: probed again now that it is back.
+        if (!known.up && known.probe === null) this.scheduleProbe(known);
+      }
       return known;
     }
     const client = new UpstreamClient(
-      { hostname: address, port: t.port, secure: t.secure, hostHeader: t.hostHeader, servername: t.literal ? undefined : t.hostname },
-      { retryBytes: this.retryBytes },
+      { hostname: address, port: t.port, secure: t.secure, hostHeader: t.hostHeader, servername: t.byName ? undefined : t.hostname },
+      { retryBytes: SINGLE_RETRY_BYTES },
     );
+    const m = this.deps.metrics;
     const r: Replica = {
       id,
       client,
@@ -293,18 +332,25 @@ export class UpstreamPool {
       scraped: null,
       scrapeAfter: 0,
       probe: null,
+      calls: m.upstreamCalls.labels({ replica: id }),
+      inFlightGauge: m.upstreamInFlight.labels({ replica: id }),
     };
     this.replicas.set(id, r);
     return r;
   }
 
-  /** Re-resolves every host name: new addresses join, vanished ones leave once their calls end. */
-  async refreshDns(): Promise<void> {
+  /** Re-resolves every host name: new addresses join, vanished ones leave once their calls end. One refresh at a time. */
+  refreshDns(): Promise<void> {
+    this.refreshing ??= this.resolveAndApply().finally(() => (this.refreshing = null));
+    return this.refreshing;
+  }
+
+  private async resolveAndApply(): Promise<void> {
     const wanted = new Map<string, { t: Target; address: string; unresolved: boolean }>();
     /** Names (Host headers) that resolved this time. */
     const answered = new Set<string>();
     for (const t of this.targets) {
-      if (t.literal) {
+      if (t.byName) {
         wanted.set(replicaId(t.hostname, t.port), { t, address: t.hostname, unresolved: false });
         continue;
       }
@@ -318,7 +364,7 @@ export class UpstreamPool {
       if (addresses.length > 0) answered.add(t.hostHeader);
       for (const address of addresses) wanted.set(replicaId(address, t.port), { t, address, unresolved: false });
       // Nothing resolved and nothing known for this name: the name itself, connected to by name.
-      const known = [...this.replicas.values()].some((r) => r.listed && !r.unresolved && r.client.origin.hostHeader === t.hostHeader);
+      const known = this.list().some((r) => r.listed && !r.unresolved && r.client.origin.hostHeader === t.hostHeader);
       if (addresses.length === 0 && !known) wanted.set(replicaId(t.hostname, t.port), { t, address: t.hostname, unresolved: true });
     }
     if (this.closed) return;
@@ -329,7 +375,7 @@ export class UpstreamPool {
       r.unresolved = unresolved;
       if (unresolved && wanted.size > 1) r.up = false;
     }
-    for (const r of [...this.replicas.values()]) {
+    for (const r of this.list()) {
       if (wanted.has(r.id) || !r.listed) continue;
       // A name that resolved to nothing this time keeps its addresses; one that moved drops them after a few refreshes.
       const name = r.client.origin.hostHeader ?? '';
@@ -340,22 +386,43 @@ export class UpstreamPool {
     const after = this.listedIds();
     const added = after.filter((id) => !before.includes(id));
     const removed = before.filter((id) => !after.includes(id));
-    if (added.length > 0 || removed.length > 0) this.log.info('upstream replicas changed', { replicas: after, added, removed });
-    this.publish();
+    // The first resolution of a single name is not news; a name that became several replicas, or any later change, is.
+    if ((added.length > 0 || removed.length > 0) && (this.resolvedOnce || after.length > 1))
+      this.log.info('upstream replicas changed', { replicas: after, added, removed });
+    this.resolvedOnce = true;
+    this.membershipChanged();
   }
 
   private listedIds(): string[] {
-    return [...this.replicas.values()].filter((r) => r.listed).map((r) => r.id);
+    return this.list()
+      .filter((r) => r.listed)
+      .map((r) => r.id);
   }
 
+  /** Gone from the configuration / DNS and idle: closed; its rollouts move on their next call. */
   private retire(r: Replica): void {
     if (r.probe) clearTimeout(r.probe);
     r.client.close();
     this.replicas.delete(r.id);
+    for (const [key, id] of this.placed) {
+      if (id !== r.id) continue;
+      this.placed.delete(key);
+      this.orphaned.add(key);
+    }
+    // Bounded: rollouts that never call again are forgotten with the oldest.
+    if (this.orphaned.size > this.routing.max_placements) this.orphaned.clear();
+    this.deps.metrics.upstreamPlacements.set(this.placed.size);
     const m = this.deps.metrics;
     m.upstreamUp.remove({ replica: r.id });
     m.upstreamInFlight.remove({ replica: r.id });
-    // Its placements move on their next call (replica_removed); they no longer count anywhere.
+    m.upstreamCalls.remove({ replica: r.id });
+    this.membershipChanged();
+  }
+
+  /** Replicas came or went: how much of a request is kept for failover, and the up gauges. */
+  private membershipChanged(): void {
+    const several = this.listedCount() > 1;
+    for (const r of this.replicas.values()) r.client.retryBytes = several ? this.routing.failover_body_bytes : SINGLE_RETRY_BYTES;
     this.publish();
   }
 
@@ -365,7 +432,7 @@ export class UpstreamPool {
     if (!r.up) return;
     r.up = false;
     r.scraped = null;
-    this.log.warn('upstream replica down; its rollouts move to the others until it answers again', {
+    this.log.warn('upstream replica down; its rollouts move to the other replicas until it answers again', {
       replica: r.id,
       code: (err as NodeJS.ErrnoException).code ?? err.message,
     });
@@ -379,7 +446,7 @@ export class UpstreamPool {
     r.probe = setTimeout(() => {
       r.probe = null;
       void this.get(r, `${rootOf(this.basePath)}/health`).then((got) => {
-        if (this.closed || !this.replicas.has(r.id)) return;
+        if (this.closed || this.replicas.get(r.id) !== r) return;
         if (got !== null && got.status < 500) {
           r.up = true;
           this.log.info('upstream replica back', { replica: r.id });
@@ -391,10 +458,10 @@ export class UpstreamPool {
   }
 
   private scrapeAll(): void {
-    if (this.replicas.size < 2) return;
+    if (this.closed || this.listedCount() < 2) return;
     const now = this.now();
     for (const r of this.replicas.values()) {
-      if (!r.up || now < r.scrapeAfter) continue;
+      if (!r.up || !r.listed || now < r.scrapeAfter) continue;
       r.scrapeAfter = now + this.routing.scrape_interval_ms;
       void this.get(r, `${rootOf(this.basePath)}/metrics`, 1024 * 1024).then((got) => {
         const load = got !== null && got.status === 200 ? serverLoad(got.body) : null;
@@ -408,10 +475,10 @@ export class UpstreamPool {
     }
   }
 
-  /** A small GET on its own connection; null when it got no answer. */
+  /** A small GET to a replica (on one of its idle connections); null when it got no answer. */
   private get(r: Replica, path: string, limit = 64 * 1024): Promise<{ status: number; body: string } | null> {
     return new Promise((resolve) => {
-      const req: UpstreamRequest = r.client.request({ method: 'GET', path, headers: ['accept', '*/*'] }, true);
+      const req: UpstreamRequest = r.client.request({ method: 'GET', path, headers: ['accept', '*/*'] });
       req.setTimeout(PROBE_TIMEOUT_MS, () => req.destroy(new Error('probe timeout')));
       req.on('error', () => resolve(null));
       req.on('response', (res) => {
@@ -438,14 +505,17 @@ function replicaId(address: string, port: number): string {
   return `${address.includes(':') ? `[${address}]` : address}:${port}`;
 }
 
-function parseTarget(url: string): Target {
+function parseTarget(url: string, resolveNames: RoutingConfig['resolve_names']): Target {
   const u = new URL(url);
   const secure = u.protocol === 'https:';
   const hostname = u.hostname.replace(/^\[|\]$/g, '');
-  return { hostname, port: u.port ? Number(u.port) : secure ? 443 : 80, secure, hostHeader: u.host, literal: net.isIP(hostname) !== 0 };
+  const local = hostname === 'localhost' || hostname.endsWith('.localhost');
+  // auto: in-cluster model servers speak plain HTTP; an https endpoint is a service behind its own balancer.
+  const resolve = resolveNames === 'always' || (resolveNames === 'auto' && !secure && !local);
+  return { hostname, port: u.port ? Number(u.port) : secure ? 443 : 80, secure, hostHeader: u.host, byName: net.isIP(hostname) !== 0 || !resolve };
 }
 
-/** Every address of a name; IPv4 ones when it has both (so `localhost` is one replica, not two). */
+/** Every address of a name; IPv4 ones when it has both (a dual-stack Service is one replica per pod, not two). */
 async function resolveAll(hostname: string): Promise<string[]> {
   const all = await dns.promises.lookup(hostname, { all: true });
   const v4 = all.filter((a) => a.family === 4).map((a) => a.address);

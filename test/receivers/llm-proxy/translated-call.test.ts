@@ -36,7 +36,7 @@ const upstreamPools = new Map<number, UpstreamPool>();
 function poolFor(port: number): UpstreamPool {
   let pool = upstreamPools.get(port);
   if (!pool) {
-    pool = new UpstreamPool([`http://127.0.0.1:${port}/v1`], routingSchema.parse({}), { logger: silentLogger, metrics: createMetrics() }, 256 * 1024);
+    pool = new UpstreamPool([`http://127.0.0.1:${port}/v1`], routingSchema.parse({}), { logger: silentLogger, metrics: createMetrics() });
     upstreamPools.set(port, pool);
   }
   return pool;

@@ -10,7 +10,7 @@ import { createMetrics, type Metrics } from '../../../src/telemetry/metrics';
 
 const pools: UpstreamPool[] = [];
 function pool(urls: string[], routing: Partial<RoutingConfig> = {}, resolve?: (h: string) => Promise<string[]>, metrics: Metrics = createMetrics()) {
-  const p = new UpstreamPool(urls, routingSchema.parse(routing), { logger: silentLogger, metrics, resolve }, 1024);
+  const p = new UpstreamPool(urls, routingSchema.parse({ scrape_interval_ms: 0, ...routing }), { logger: silentLogger, metrics, resolve });
   pools.push(p);
   return p;
 }
@@ -168,6 +168,76 @@ describe('upstream pool: DNS', () => {
       expect.objectContaining({ id: 'not-yet.test:8000', up: false }),
     ]);
     for (let i = 0; i < 8; i++) expect(p.pick(`r${i}`).id).toBe('10.2.0.1:8000');
+  });
+});
+
+describe('upstream pool: names and membership', () => {
+  it('resolves http:// names (auto), connects to https:// names and localhost by name, and never to addresses for resolve_names: never', async () => {
+    const asked: string[] = [];
+    const resolve = async (h: string) => (asked.push(h), ['10.3.0.1', '10.3.0.2']);
+    const ids = async (url: string, resolveNames?: RoutingConfig['resolve_names']) => {
+      const p = pool([url], { dns_refresh_ms: 0, ...(resolveNames ? { resolve_names: resolveNames } : {}) }, resolve);
+      await p.start();
+      return p.state().replicas.map((r) => r.id);
+    };
+    expect(await ids('http://vllm-headless.test:8000/v1')).toEqual(['10.3.0.1:8000', '10.3.0.2:8000']);
+    expect(await ids('https://api.example.test/v1')).toEqual(['api.example.test:443']);
+    expect(await ids('http://localhost:8000/v1')).toEqual(['localhost:8000']);
+    expect(await ids('http://vllm-headless.test:8000/v1', 'never')).toEqual(['vllm-headless.test:8000']);
+    expect(await ids('https://api.example.test/v1', 'always')).toEqual(['10.3.0.1:443', '10.3.0.2:443']);
+    expect(asked).toEqual(['vllm-headless.test', 'api.example.test']);
+  });
+
+  it('one refresh at a time: calls while one runs share it', async () => {
+    let calls = 0;
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const p = pool(['http://slow-dns.test:8000/v1'], { dns_refresh_ms: 0 }, async () => {
+      calls++;
+      await gate;
+      return ['10.4.0.1'];
+    });
+    const all = Promise.all([p.refreshDns(), p.refreshDns(), p.refreshDns()]);
+    release();
+    await all;
+    expect(calls).toBe(1);
+    await p.refreshDns();
+    expect(calls).toBe(2);
+  });
+
+  it('an address that leaves and comes back starts with no rollouts placed; those placed on it move when they call again', async () => {
+    let answer = ['10.5.0.1', '10.5.0.2'];
+    const metrics = createMetrics();
+    const p = pool(['http://flappy.test:8000/v1'], { dns_refresh_ms: 0 }, async () => answer, metrics);
+    await p.start();
+    const homes = new Map<string, string>();
+    for (let i = 0; i < 6; i++) {
+      const r = p.pick(`r${i}`);
+      homes.set(`r${i}`, r.id);
+      p.release(r);
+    }
+    answer = ['10.5.0.1'];
+    for (let i = 0; i < 3; i++) await p.refreshDns();
+    expect(p.state().replicas.map((r) => r.id)).toEqual(['10.5.0.1:8000']);
+    answer = ['10.5.0.1', '10.5.0.2'];
+    await p.refreshDns();
+    const placements = () => Object.fromEntries(p.state().replicas.map((r) => [r.id, r.placements]));
+    expect(placements()).toEqual({ '10.5.0.1:8000': 3, '10.5.0.2:8000': 0 });
+    expect(p.state().placements).toBe(3);
+    for (const [key, home] of homes) {
+      const r = p.pick(key);
+      p.release(r);
+      if (home === '10.5.0.1:8000') expect(r.id).toBe(home);
+    }
+    expect(placements()).toEqual({ '10.5.0.1:8000': 3, '10.5.0.2:8000': 3 });
+    expect(await metricValue(metrics, 'lightning_sidecar_upstream_placement_moves_total', '{reason="replica_removed"}')).toBe(3);
+  });
+
+  it('a single replica is never marked down: there is nowhere else to go', () => {
+    const p = pool(['http://10.6.0.1:8000/v1']);
+    const r = p.pick('r');
+    expect(p.failover('r', r, new Set([r]), Object.assign(new Error('refused'), { code: 'ECONNREFUSED' }))).toBeNull();
+    expect(p.state().replicas[0].up).toBe(true);
   });
 });
 
