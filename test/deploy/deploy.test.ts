@@ -468,7 +468,7 @@ describe('deploy/Dockerfile (built and run by deploy/image-smoke.sh in .ci/run)'
       for (const src of l.split(/\s+/).slice(1, -1)) expect(readdirSync(path.join(ROOT, path.dirname(src)))).toContain(path.basename(src));
     }
     // The entry point exists in the build output and the protos it loads at run time are copied.
-    expect(text).toMatch(/ENTRYPOINT \["node", "dist\/main.js"\]/);
+    expect(text).toMatch(/ENTRYPOINT \["node", "--max-semi-space-size=4", "dist\/main.js"\]/);
     expect(final.some((l) => l.startsWith('COPY proto'))).toBe(true);
   });
 
