@@ -152,7 +152,13 @@ function deliveryMetrics(registry: Registry) {
 
 /** The model server: its flavor, fields it refused, and translated calls. */
 function upstreamMetrics(registry: Registry) {
+  /** Run when the per-replica series are read: routing keeps plain counts on the call path and publishes them here. */
+  const upstreamCollectors = new Set<() => void>();
+  const collectUpstream = (): void => {
+    for (const f of upstreamCollectors) f();
+  };
   return {
+    upstreamCollectors,
     upstreamFlavor: new Gauge({
       name: 'lightning_sidecar_upstream_flavor',
       help: 'What the model server is taken to be (1 on the current series): flavor, how it was decided (config, detected, unknown), and whether fields for token ids are added.',
@@ -176,12 +182,14 @@ function upstreamMetrics(registry: Registry) {
       help: 'Requests sent to each model-server replica (address:port), a call moved to another replica counted on both.',
       labelNames: ['replica'] as const,
       registers: [registry],
+      collect: collectUpstream,
     }),
     upstreamInFlight: new Gauge({
       name: 'lightning_sidecar_upstream_replica_in_flight',
       help: 'Requests in flight through this sidecar to each model-server replica.',
       labelNames: ['replica'] as const,
       registers: [registry],
+      collect: collectUpstream,
     }),
     upstreamUp: new Gauge({
       name: 'lightning_sidecar_upstream_replica_up',

@@ -4,7 +4,7 @@ import type { Api } from '../../model/records';
 import type { Metrics } from '../../telemetry/metrics';
 import type { CallCapture } from './capture';
 import type { Flavor } from './flavor';
-import type { UpstreamRequest, UpstreamRequestOptions, UpstreamResponse } from './upstream-client';
+import type { ExchangeRoute, UpstreamClient, UpstreamRequest, UpstreamRequestOptions, UpstreamResponse } from './upstream-client';
 import type { Replica, UpstreamPool } from './upstream-pool';
 
 /**
@@ -58,32 +58,52 @@ export function openUpstream(
 ): UpstreamRequest {
   // A rollout id the sidecar made up is never seen again: nothing to keep the call near.
   const key = capture && capture.correlation.source !== 'self' ? capture.correlation.rolloutId : null;
-  let replica: Replica = upstream.pick(key);
-  const tried = new Set([replica]);
-  let reachedOnce = false;
-  const r = replica.client.request(request);
-  r.reroute = (err, reached) => {
-    // A server that read the request and then died may have died of the request: it goes to one
-    // more replica, not to every one (each would be marked down in turn).
-    if (reached && reachedOnce) return null;
-    const next = upstream.failover(key, replica, tried, err);
-    if (next === null) return null;
-    reachedOnce ||= reached;
-    tried.add(next);
-    replica = next;
-    return next.client;
-  };
-  r.onFinished = () => upstream.release(replica);
+  const route = new Route(upstream, key, capture);
+  const r = route.replica.client.request(request);
+  r.route = route;
   r.setTimeout(timeoutMs, () => {
     on.timeout?.();
     r.destroy(new UpstreamTimeout());
   });
-  r.on('response', (ures: UpstreamResponse) => {
-    if (capture) capture.upstreamReplica = replica.id;
-    on.response(ures);
-  });
+  r.on('response', on.response);
   r.on('error', on.error);
   return r;
+}
+
+/** One exchange's replica: picked, moved on failover, counted out when the exchange is over. */
+class Route implements ExchangeRoute {
+  replica: Replica;
+  private tried: Set<Replica> | null = null;
+  private reachedOnce = false;
+
+  constructor(
+    private readonly pool: Upstream,
+    private readonly key: string | null,
+    private readonly capture: CallCapture | null,
+  ) {
+    this.replica = pool.pick(key);
+  }
+
+  reroute(err: Error, reached: boolean): UpstreamClient | null {
+    // A server that read the request and then died may have died of the request: it goes to one
+    // more replica, not to every one (each would be marked down in turn).
+    if (reached && this.reachedOnce) return null;
+    this.tried ??= new Set([this.replica]);
+    const next = this.pool.failover(this.key, this.replica, this.tried, err);
+    if (next === null) return null;
+    this.reachedOnce ||= reached;
+    this.tried.add(next);
+    this.replica = next;
+    return next.client;
+  }
+
+  answered(): void {
+    if (this.capture) this.capture.upstreamReplica = this.replica.id;
+  }
+
+  finished(): void {
+    this.pool.release(this.replica);
+  }
 }
 
 /**

@@ -210,22 +210,25 @@ export class UpstreamResponse extends EventEmitter {
   }
 }
 
-/**
- * Another server for an exchange whose server failed before answering a byte: the exchange is
- * sent there (its bytes were kept); null, none. `reached`: the connection had been established,
- * so the server may have read the request (and may fail on it again elsewhere).
- */
-export type Reroute = (err: Error, reached: boolean) => UpstreamClient | null;
+/** What routing asks of an exchange (call.ts): told when it is answered and when it is over, asked where to go when its server fails. */
+export interface ExchangeRoute {
+  /** Another server for an exchange whose server failed before answering a byte (its bytes were
+   * kept); null, none. `reached`: the connection had been established, so the server may have
+   * read the request (and may fail on it again elsewhere). */
+  reroute(err: Error, reached: boolean): UpstreamClient | null;
+  /** The response head arrived. */
+  answered(): void;
+  /** The exchange is over (answered and written, or destroyed); called once. */
+  finished(): void;
+}
 
 /**
  * One exchange. Events: `response` (UpstreamResponse), `error` (before the response is complete:
  * connect failure, reset, protocol error, or the error given to `destroy`), `drain`.
  */
 export class UpstreamRequest extends EventEmitter {
-  /** Set by the pool: where to send the exchange when its server fails before answering. */
-  reroute: Reroute | null = null;
-  /** Called once when the exchange is over (answered and written, or destroyed). */
-  onFinished: (() => void) | null = null;
+  /** Set by routing (call.ts). */
+  route: ExchangeRoute | null = null;
   private conn: Connection | null = null;
   /** A byte of an answer arrived: the exchange can no longer go elsewhere. */
   private heard = false;
@@ -260,6 +263,7 @@ export class UpstreamRequest extends EventEmitter {
           () => this.destroy(),
         );
         if (this.conn) this.conn.hintMs = keepAliveHint(h.rawHeaders);
+        this.route?.answered();
         this.emit('response', this.res);
       },
       body: (chunk) => this.res?.emit('data', chunk),
@@ -411,7 +415,7 @@ export class UpstreamRequest extends EventEmitter {
     // A reused connection the server had closed: the request never reached anyone; send it again.
     if (unanswered && this.conn?.reused) return this.resend(this.client);
     // The server refused or dropped a new connection before a byte of an answer: another one, if any.
-    const next = unanswered && !this.heard && this.reroute ? this.reroute(err, this.conn?.established ?? false) : null;
+    const next = unanswered && !this.heard && this.route ? this.route.reroute(err, this.conn?.established ?? false) : null;
     if (next === null) return this.destroy(err);
     if (this.head === null && this.sent!.length > 0) this.sent![0] = Buffer.from(`${this.headFor(next)}${this.framing}\r\n`, 'latin1');
     else if (this.head !== null) this.head = this.headFor(next);
@@ -429,9 +433,9 @@ export class UpstreamRequest extends EventEmitter {
   }
 
   private over(): void {
-    const f = this.onFinished;
-    this.onFinished = null;
-    f?.();
+    const route = this.route;
+    this.route = null;
+    route?.finished();
   }
 
   private complete(): void {

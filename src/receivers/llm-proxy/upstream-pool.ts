@@ -43,8 +43,9 @@ export interface Replica {
   /** When its next scrape may be tried (a server without /metrics is asked rarely). */
   scrapeAfter: number;
   probe: NodeJS.Timeout | null;
-  readonly calls: { inc(): void };
-  readonly inFlightGauge: { set(v: number): void };
+  /** Requests sent to it, and how many of them the metric has: counted as plain numbers on the call path, published when read. */
+  calls: number;
+  published: number;
 }
 
 /** One configured URL. */
@@ -90,6 +91,8 @@ export class UpstreamPool {
   /** Rollouts whose replica left: their next call is a move (`replica_removed`), not a first placement. */
   private readonly orphaned = new Set<string>();
   private turn = 0;
+  /** The replica when there is exactly one (every call goes there). */
+  private only: Replica | null = null;
   private timers: NodeJS.Timeout[] = [];
   private refreshing: Promise<void> | null = null;
   private resolvedOnce = false;
@@ -107,6 +110,7 @@ export class UpstreamPool {
     this.resolve = deps.resolve ?? resolveAll;
     this.now = deps.now ?? Date.now;
     this.targets = urls.map((u) => parseTarget(u, routing.resolve_names));
+    deps.metrics.upstreamCollectors.add(this.publishCounts);
     const first = new URL(urls[0]);
     this.basePath = first.pathname.replace(/\/+$/, '');
     this.host = first.host;
@@ -143,6 +147,7 @@ export class UpstreamPool {
 
   close(): void {
     this.closed = true;
+    this.deps.metrics.upstreamCollectors.delete(this.publishCounts);
     for (const t of this.timers) clearTimeout(t);
     this.timers = [];
     for (const r of this.replicas.values()) {
@@ -161,7 +166,7 @@ export class UpstreamPool {
    */
   pick(key: string | null): Replica {
     let r: Replica;
-    if (this.replicas.size === 1) r = this.replicas.values().next().value as Replica;
+    if (this.only !== null) r = this.only;
     else {
       const live = this.live();
       const policy = this.routing.policy;
@@ -193,9 +198,19 @@ export class UpstreamPool {
   /** The call on `r` ended. */
   release(r: Replica): void {
     r.inFlight--;
-    r.inFlightGauge.set(r.inFlight);
     if (!r.listed && r.inFlight === 0) this.retire(r);
   }
+
+  /** Calls and calls in flight per replica, onto their metrics (when the metrics are read). */
+  private readonly publishCounts = (): void => {
+    const m = this.deps.metrics;
+    for (const r of this.replicas.values()) {
+      if (r.calls > r.published) m.upstreamCalls.inc({ replica: r.id }, r.calls - r.published);
+      else if (r.calls === 0) m.upstreamCalls.inc({ replica: r.id }, 0);
+      r.published = r.calls;
+      m.upstreamInFlight.set({ replica: r.id }, r.inFlight);
+    }
+  };
 
   /** What routing knows now (for /readyz and tests). */
   state(): { policy: string; placements: number; replicas: { id: string; up: boolean; unresolved: boolean; in_flight: number; placements: number }[] } {
@@ -298,8 +313,7 @@ export class UpstreamPool {
 
   private started(r: Replica): void {
     r.inFlight++;
-    r.calls.inc();
-    r.inFlightGauge.set(r.inFlight);
+    r.calls++;
   }
 
   // ---- membership ----
@@ -319,7 +333,6 @@ export class UpstreamPool {
       { hostname: address, port: t.port, secure: t.secure, hostHeader: t.hostHeader, servername: t.byName ? undefined : t.hostname },
       { retryBytes: SINGLE_RETRY_BYTES },
     );
-    const m = this.deps.metrics;
     const r: Replica = {
       id,
       client,
@@ -332,8 +345,8 @@ export class UpstreamPool {
       scraped: null,
       scrapeAfter: 0,
       probe: null,
-      calls: m.upstreamCalls.labels({ replica: id }),
-      inFlightGauge: m.upstreamInFlight.labels({ replica: id }),
+      calls: 0,
+      published: 0,
     };
     this.replicas.set(id, r);
     return r;
@@ -422,6 +435,7 @@ export class UpstreamPool {
   /** Replicas came or went: how much of a request is kept for failover, and the up gauges. */
   private membershipChanged(): void {
     const several = this.listedCount() > 1;
+    this.only = this.replicas.size === 1 ? (this.replicas.values().next().value as Replica) : null;
     for (const r of this.replicas.values()) r.client.retryBytes = several ? this.routing.failover_body_bytes : SINGLE_RETRY_BYTES;
     this.publish();
   }
