@@ -322,7 +322,7 @@ export class ExportQueue {
       try {
         const exporting = exporter.export(this.ready(batch), this.ctx.read);
         // While the exporter waits on the broker, the next batch is built (extraction is CPU work).
-        for (let i = batch.length; i < Math.min(this.queue.length, 2 * EXPORT_BATCH); i++) this.built(this.queue[i]);
+        void this.buildAhead(this.queue.slice(batch.length, 2 * EXPORT_BATCH));
         await exporting;
       } catch (err) {
         m.exportErrors.inc({ exporter: exporter.name, kind: 'retryable' });
@@ -338,6 +338,19 @@ export class ExportQueue {
       this.countDelivered(delivered);
       this.markDelivered(batch);
       await this.release();
+    }
+  }
+
+  /**
+   * Builds `next` an episode at a time, giving the event loop back in between: the broker's
+   * acknowledgements and the exporter's next request go out while the batch after is built,
+   * instead of waiting behind all of it. What is not built yet when its batch is due is built then.
+   */
+  private async buildAhead(next: Queued[]): Promise<void> {
+    for (const q of next) {
+      if (this.stopping) return;
+      this.built(q);
+      await new Promise((r) => setImmediate(r));
     }
   }
 
