@@ -26,6 +26,11 @@ export const DEFAULT_SECRET_HEADERS = [
 export const TOOL_CALL_PARSERS = ['hermes'] as const;
 export const REASONING_PARSERS = ['qwen3'] as const;
 
+/** The replica URLs of a validated `upstream_url` (kept as one comma-separated string). */
+export function upstreamUrls(upstreamUrl: string): string[] {
+  return upstreamUrl.split(',');
+}
+
 /** A URL as an error message may show it: without credentials. */
 function shown(u: string): string {
   return u.replace(/\/\/[^/@]*@/, '//***@');

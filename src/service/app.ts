@@ -208,12 +208,13 @@ export function createApp(config: Config, deps: AppDeps) {
 
 export type App = ReturnType<typeof createApp>;
 
-/** /readyz detail about the model server: null when fields for token ids are being added. */
+/** /readyz detail about the replicas: null when every one is up. */
 function replicasCheck(r: ReturnType<LlmProxy['routing']>): string | null {
   const down = r.replicas.filter((x) => !x.up).map((x) => (x.unresolved ? `${x.id} (its name does not resolve)` : `${x.id} (probed)`));
   return down.length === 0 ? null : `${down.length} of ${r.replicas.length} replicas down: ${down.join(', ')}`;
 }
 
+/** /readyz detail about the model server: null when fields for token ids are being added. */
 function upstreamCheck(u: FlavorState): string | null {
   if (u.rejected) return `the model server refused an added field (${u.rejected}); no token ids are requested`;
   if (u.flavor === 'openai')

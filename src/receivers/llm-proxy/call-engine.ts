@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import { performance } from 'node:perf_hooks';
-import type { LlmProxyConfig } from '../../config/schema';
+import { upstreamUrls, type LlmProxyConfig } from '../../config/schema';
 import type { CaptureSink } from '../../model/component';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
@@ -66,7 +66,7 @@ export class CallEngine implements Engine {
     /** How many calls are in flight (a call alone writes through at once). */
     private readonly inFlight: () => number,
   ) {
-    this.upstream = new UpstreamPool(config.upstream_url.split(','), config.routing, {
+    this.upstream = new UpstreamPool(upstreamUrls(config.upstream_url), config.routing, {
       logger: deps.logger,
       metrics: deps.metrics,
       resolve: deps.resolve,

@@ -1,7 +1,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import type { LlmProxyConfig } from '../../config/schema';
+import { upstreamUrls, type LlmProxyConfig } from '../../config/schema';
 import type { GateHold } from '../../model/component';
 import type { Api } from '../../model/records';
 import type { SequenceCounter } from '../../model/sequence';
@@ -36,7 +36,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const log = deps.logger.child('llm_proxy');
   const m = deps.metrics;
   const now = deps.now ?? Date.now;
-  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, config.upstream_url.split(',')[0], { logger: deps.logger, metrics: m });
+  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, upstreamUrls(config.upstream_url)[0], { logger: deps.logger, metrics: m });
   const inFlight = new Set<Promise<void>>();
   const engine = new CallEngine(config, deps, flavors, log, () => inFlight.size);
   const upstream = engine.upstream;

@@ -84,9 +84,8 @@ export class UpstreamClient {
     this.connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
   }
 
-  /** An exchange; with `fresh`, on a new connection (probes, which must not take an agent's). */
-  request(options: UpstreamRequestOptions, fresh = false): UpstreamRequest {
-    return new UpstreamRequest(this, options, fresh);
+  request(options: UpstreamRequestOptions): UpstreamRequest {
+    return new UpstreamRequest(this, options);
   }
 
   /** Closes idle connections; exchanges in flight finish on theirs, which then close. */
@@ -250,7 +249,6 @@ export class UpstreamRequest extends EventEmitter {
   constructor(
     private client: UpstreamClient,
     private readonly options: UpstreamRequestOptions,
-    fresh = false,
   ) {
     super();
     this.parser = new Http1ResponseParser({
@@ -276,7 +274,7 @@ export class UpstreamRequest extends EventEmitter {
     }
     this.head = this.headFor(client);
     this.chunked = !framed;
-    this.attach(this.client.connection(fresh));
+    this.attach(this.client.connection());
   }
 
   /** The request line and headers, with `client`'s Host when it has one. */

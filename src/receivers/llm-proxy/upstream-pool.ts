@@ -184,9 +184,9 @@ export class UpstreamPool {
    * is never marked down: there is nowhere else to go).
    */
   failover(key: string | null, from: Replica, tried: ReadonlySet<Replica>, err: Error): Replica | null {
-    const rest = this.list().filter((r) => r.up && r.listed && !tried.has(r));
     if (this.listedCount() < 2) return null;
     this.down(from, err);
+    const rest = this.list().filter((r) => r.up && r.listed && !tried.has(r));
     if (rest.length === 0) return null;
     this.release(from);
     const to = this.leastLoaded(rest, null);
