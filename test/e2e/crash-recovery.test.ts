@@ -7,12 +7,19 @@ import { startChildSidecar } from '../support/child-sidecar';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { renderPrompt } from '../support/fake-tokenizer';
 
+/** The records written so far: complete lines only (the sidecar may be part way through writing a large one). */
 function read<T>(dir: string, kind: string): T[] {
   const d = path.join(dir, kind);
   if (!existsSync(d)) return [];
   return readdirSync(d)
     .sort()
-    .flatMap((f) => readFileSync(path.join(d, f), 'utf8').split('\n').filter(Boolean))
+    .flatMap((f) => {
+      const text = readFileSync(path.join(d, f), 'utf8');
+      return text
+        .slice(0, text.lastIndexOf('\n') + 1)
+        .split('\n')
+        .filter(Boolean);
+    })
     .map((l) => JSON.parse(l) as T);
 }
 
