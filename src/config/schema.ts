@@ -403,6 +403,12 @@ export const configSchema = z
          */
         export_backlog_memory_records: positiveInt.default(4_000),
         /**
+         * Bytes of records encoded ahead for an exporter that is away (Kafka): while it is, closed
+         * episodes are encoded as they will be sent and wait in `{data_dir}/spill`, so the drain
+         * afterwards only sends bytes. Past this, they wait as facts and are encoded when sent.
+         */
+        export_backlog_encoded_bytes: positiveInt.default(256 * MiB),
+        /**
          * Room for the heap's old generation to grow past what the last full collection left live
          * before the next one starts (MiB); 0 leaves it to V8 (see src/service/heap.ts).
          */

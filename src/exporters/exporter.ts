@@ -3,12 +3,39 @@ import type { ClosedEpisode } from '../model/records';
 import type { BodyReader } from '../formats/extract';
 
 /**
+ * An episode whose records an exporter encoded ahead of its export (`Exporter.encodeAhead`),
+ * while it was away: what is left to do is send the bytes. They wait on disk; `section(i)`
+ * reads the i-th of the buffers `encodeAhead` returned.
+ */
+export interface EncodedEpisode {
+  readonly encoded: true;
+  /** What metrics count on delivery: transitions and trajectories it holds, each transition's end (ms). */
+  readonly transitions: number;
+  readonly trajectories: number;
+  readonly endedAt: readonly number[];
+  section(i: number): Buffer;
+}
+
+export type ExportItem = ClosedEpisode | EncodedEpisode;
+
+export function isEncoded(item: ExportItem): item is EncodedEpisode {
+  return (item as EncodedEpisode).encoded === true;
+}
+
+/**
  * An exporter takes closed episodes; it resolves once they are delivered (and rejects otherwise).
  * `read` gives the bytes of journaled bodies the transitions refer to (captured calls).
  */
 export interface Exporter extends Component {
   readonly name: string;
-  export(batch: ClosedEpisode[], read?: BodyReader): Promise<void>;
+  /** Episodes encoded ahead come only to exporters with `encodeAhead`. */
+  export(batch: ExportItem[], read?: BodyReader): Promise<void>;
+  /**
+   * The episode's records encoded as `export` sends them, in sections of the exporter's own
+   * layout: a backlog waiting for an exporter that is away is encoded while it waits, and the
+   * drain afterwards only sends bytes.
+   */
+  encodeAhead?(c: ClosedEpisode, read: BodyReader): Buffer[];
 }
 
 export const NO_JOURNAL: BodyReader = () => {

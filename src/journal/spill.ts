@@ -35,22 +35,40 @@ export class Spill {
   }
 
   write(value: unknown): SpillRef {
-    const bytes = Buffer.from(JSON.stringify(value));
-    if (!this.current || this.current.size + bytes.length > this.fileBytes) this.rotate();
+    return this.writeBytes([Buffer.from(JSON.stringify(value))]);
+  }
+
+  read(ref: SpillRef): unknown {
+    return JSON.parse(this.readBytes(ref).toString('utf8'));
+  }
+
+  /** Bytes as one value: `parts` one after another. */
+  writeBytes(parts: readonly Buffer[]): SpillRef {
+    let length = 0;
+    for (const p of parts) length += p.length;
+    if (!this.current || (this.current.size > 0 && this.current.size + length > this.fileBytes)) this.rotate();
     const c = this.current!;
-    writeSync(c.fd, bytes, 0, bytes.length, c.size);
-    const ref = { file: c.n, at: c.size, length: bytes.length };
-    c.size += bytes.length;
+    const ref = { file: c.n, at: c.size, length };
+    for (const p of parts) {
+      for (let done = 0; done < p.length;) done += writeSync(c.fd, p, done, p.length - done, c.size + done);
+      c.size += p.length;
+    }
     this.files.get(c.n)!.live++;
     return ref;
   }
 
-  read(ref: SpillRef): unknown {
+  /** `length` bytes of a value from `from` on (all of it by default). */
+  readBytes(ref: SpillRef, from = 0, length = ref.length - from): Buffer {
     const f = this.files.get(ref.file);
     if (!f) throw new Error(`spill file ${ref.file} is gone`);
-    const bytes = Buffer.allocUnsafe(ref.length);
-    readSync(f.fd, bytes, 0, ref.length, ref.at);
-    return JSON.parse(bytes.toString('utf8'));
+    if (from < 0 || length < 0 || from + length > ref.length) throw new RangeError(`spill: bytes ${from}+${length} are outside a value of ${ref.length}`);
+    const bytes = Buffer.allocUnsafe(length);
+    for (let done = 0; done < length;) {
+      const n = readSync(f.fd, bytes, done, length - done, ref.at + from + done);
+      if (n === 0) throw new Error(`spill file ${ref.file} is cut short`);
+      done += n;
+    }
+    return bytes;
   }
 
   /** The value is no longer needed; a file none of whose values is needed is deleted (the next write starts another). */

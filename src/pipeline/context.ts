@@ -12,7 +12,10 @@ import { TraceRouter } from './span-router';
  * exporter writes. A test (or another host) builds the pipeline from these alone.
  */
 export type PipelineConfig = {
-  service: Pick<Config['service'], 'data_dir' | 'journal' | 'max_export_backlog' | 'export_backlog_memory_records' | 'drain_on_shutdown'>;
+  service: Pick<
+    Config['service'],
+    'data_dir' | 'journal' | 'max_export_backlog' | 'export_backlog_memory_records' | 'export_backlog_encoded_bytes' | 'drain_on_shutdown'
+  >;
   processors: Config['processors'];
   exporters: Pick<Config['exporters'], 'records'>;
 };

@@ -1,8 +1,8 @@
 import path from 'node:path';
-import type { Exporter } from '../exporters/exporter';
+import { isEncoded, type EncodedEpisode, type ExportItem, type Exporter } from '../exporters/exporter';
 import { RefusedError } from '../model/component';
 import type { ClosedEpisode } from '../model/records';
-import { Spill } from '../journal/spill';
+import { Spill, type SpillRef } from '../journal/spill';
 import type { EpisodeClose } from '../processors/episodes/assembler';
 import type { Context } from './context';
 import type { DeliveredMarker, EpisodeClosedMarker } from './records';
@@ -11,11 +11,30 @@ import { SETTLED, SpilledEpisodes } from './spilled-episodes';
 /** Closed episodes exported in one batch at most, and how long a first one waits for company. */
 const EXPORT_BATCH = 64;
 const EXPORT_LINGER_MS = 20;
+/**
+ * An export still waiting after this long means the exporter is away (a broker restarting, a
+ * leader moving: kafkajs retries inside the send rather than failing it).
+ */
+const EXPORT_AWAY_MS = 200;
 
-/** A closed episode in memory, at the head of the queue. */
+/** An episode encoded ahead by the exporter, waiting on disk: where, and what its header says. */
+interface Encoded {
+  ref: SpillRef;
+  transitions: number;
+  trajectories: number;
+  endedAt: number[];
+  /** Where each of the exporter's sections lies within the value. */
+  sections: { at: number; length: number }[];
+}
+
+/** A closed episode at the head of the queue. */
 interface Queued {
-  /** What closed; null when it could not be read back from disk (quarantined). */
+  /** What closed; null once encoded ahead, or when it could not be read back from disk (quarantined). */
   close: EpisodeClose | null;
+  /** Its records as the exporter sends them, on disk (encoded while the exporter was away). */
+  encoded: Encoded | null;
+  /** Encoding it ahead failed: it is built when its batch is. */
+  notAhead?: boolean;
   /** Lowest journal offset among its records (what must be kept until delivery). */
   firstOffset: number;
   /** Its transitions, built when its batch is first exported. */
@@ -70,7 +89,18 @@ export class ExportQueue {
   private readonly maxInMemory: number;
   private readonly spill: Spill;
   private pumping: Promise<void> | null = null;
+  /** The exporter encodes ahead (`Exporter.encodeAhead`): while it is away, the backlog is encoded. */
+  private readonly ahead: boolean;
+  private encodingAhead: Promise<void> | null = null;
+  /** Bytes of encoded episodes waiting on disk, and the most there may be (service.export_backlog_encoded_bytes). */
+  private encodedBytes = 0;
+  private readonly maxEncodedBytes: number;
+  /** Episodes at the head of the queue in the export under way (not to be encoded meanwhile). */
+  private exporting = 0;
+  /** Above 0 after a failed export: the exporter is away. */
   private backoffMs = 0;
+  /** The export under way has waited past EXPORT_AWAY_MS: the exporter is away. */
+  private stalled = false;
   private stopping = false;
   /** Nothing is exported before the journal is replayed. */
   private opened = false;
@@ -85,6 +115,8 @@ export class ExportQueue {
     for (const kind of ['retryable', 'permanent']) ctx.m.exportErrors.inc({ exporter: deps.exporter.name, kind }, 0);
     this.maxBacklog = ctx.config.service.max_export_backlog;
     this.maxInMemory = ctx.config.service.export_backlog_memory_records;
+    this.maxEncodedBytes = ctx.config.service.export_backlog_encoded_bytes;
+    this.ahead = typeof deps.exporter.encodeAhead === 'function';
     this.spill = new Spill(path.join(ctx.dataDir, 'spill'));
   }
 
@@ -148,7 +180,8 @@ export class ExportQueue {
     while (this.spilled.firstMarker <= upTo) {
       const e = this.spilled.shift();
       this.backlog -= e.weight;
-      if (e.ref) this.spill.release(e.ref);
+      if (!e.ref) this.inMemory -= e.weight;
+      else this.releaseRef(e.ref, e.encoded);
     }
     this.backlogMetrics();
   }
@@ -182,7 +215,17 @@ export class ExportQueue {
     const weight = f.calls.length + f.toolSpans.length + f.rewards.length + (f.agentSpans?.length ?? 0);
     const firstOffset = close.firstOffset;
     this.backlog += weight;
-    if (this.spilled.length > 0 || (this.inMemory + weight > this.maxInMemory && this.queue.length >= 2 * EXPORT_BATCH)) {
+    const away = this.ahead && this.away;
+    if (this.spilled.length > 0 || (this.queue.length >= 2 * EXPORT_BATCH && (away || this.inMemory + weight > this.maxInMemory))) {
+      if (this.ahead && this.inMemory + weight <= 2 * this.maxInMemory) {
+        // Written to disk in the background, encoded as the exporter will send it (up to
+        // export_backlog_encoded_bytes); written now only once that falls behind.
+        this.spilled.push({ ref: null, close, firstOffset, marker, weight }, durable);
+        this.inMemory += weight;
+        this.backlogMetrics();
+        this.encodeAhead();
+        return;
+      }
       let ref = null;
       try {
         ref = this.spill.write(close);
@@ -192,8 +235,9 @@ export class ExportQueue {
       this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable);
       if (!ref) this.inMemory += weight;
     } else {
-      this.queue.push({ close, firstOffset, built: null, marker, durable, weight });
+      this.queue.push({ close, encoded: null, firstOffset, built: null, marker, durable, weight });
       this.inMemory += weight;
+      if (away) this.encodeAhead();
     }
     this.backlogMetrics();
   }
@@ -205,6 +249,26 @@ export class ExportQueue {
   private promote(n: number): void {
     while (this.queue.length < n && this.spilled.length > 0) {
       const e = this.spilled.shift();
+      if (e.ref && e.encoded) {
+        let encoded: Encoded | null = null;
+        try {
+          encoded = this.readEncoded(e.ref);
+        } catch (err) {
+          this.ctx.quarantine(e.marker, { episode: { spilled: e.ref } }, err);
+          this.releaseRef(e.ref, true);
+        }
+        this.queue.push({
+          close: null,
+          encoded,
+          firstOffset: e.firstOffset,
+          built: null,
+          quarantined: !encoded,
+          marker: e.marker,
+          durable: e.durable,
+          weight: e.weight,
+        });
+        continue;
+      }
       let close = e.close;
       if (e.ref) {
         try {
@@ -215,7 +279,16 @@ export class ExportQueue {
         this.spill.release(e.ref);
         if (close) this.inMemory += e.weight;
       }
-      this.queue.push({ close, firstOffset: e.firstOffset, built: null, quarantined: close === null, marker: e.marker, durable: e.durable, weight: e.weight });
+      this.queue.push({
+        close,
+        encoded: null,
+        firstOffset: e.firstOffset,
+        built: null,
+        quarantined: close === null,
+        marker: e.marker,
+        durable: e.durable,
+        weight: e.weight,
+      });
     }
   }
 
@@ -224,6 +297,7 @@ export class ExportQueue {
     for (const q of this.queue.splice(0, n)) {
       this.backlog -= q.weight;
       if (q.close) this.inMemory -= q.weight;
+      if (q.encoded) this.releaseRef(q.encoded.ref, true);
     }
     this.backlogMetrics();
   }
@@ -236,6 +310,104 @@ export class ExportQueue {
     }
     this.ctx.m.exportBacklog.set(this.backlog);
     this.ctx.m.exportBacklogSpilled.set(this.backlog - this.inMemory);
+    this.ctx.m.exportBacklogEncodedBytes.set(this.encodedBytes);
+  }
+
+  /** The last export failed, or the one under way has waited too long. */
+  private get away(): boolean {
+    return this.backoffMs > 0 || this.stalled;
+  }
+
+  private releaseRef(ref: SpillRef, encoded: boolean): void {
+    this.spill.release(ref);
+    if (encoded) this.encodedBytes -= ref.length;
+  }
+
+  /** Encodes the backlog in the background, an episode at a time, while there is some to encode. */
+  private encodeAhead(): void {
+    if (!this.ahead || this.encodingAhead || this.stopping) return;
+    this.encodingAhead = (async () => {
+      while (!this.stopping && this.encodeNext()) await new Promise((r) => setImmediate(r));
+    })().finally(() => (this.encodingAhead = null));
+  }
+
+  /**
+   * One episode of the backlog encoded and written to disk: while the exporter is away, the head
+   * of the queue first (not the batch being exported), then what waits to be written (past the
+   * budget, as facts). False when there is nothing left to do.
+   */
+  private encodeNext(): boolean {
+    if (this.away && this.encodedBytes < this.maxEncodedBytes) {
+      for (let i = this.exporting; i < this.queue.length; i++) {
+        const q = this.queue[i];
+        if (!q.close || q.encoded || q.quarantined || q.notAhead) continue;
+        const encoded = this.encode(q.close, q.built);
+        if (encoded) {
+          q.encoded = encoded;
+          q.close = null;
+          q.built = null;
+          this.inMemory -= q.weight;
+          this.backlogMetrics();
+        } else q.notAhead = true;
+        return true;
+      }
+    }
+    const held = this.spilled.firstHeld();
+    if (!held) return false;
+    const encoded = this.encodedBytes < this.maxEncodedBytes ? this.encode(held.close, null) : null;
+    let ref = encoded?.ref ?? null;
+    if (!ref) {
+      try {
+        ref = this.spill.write(held.close);
+      } catch (err) {
+        // Tried again when the next episode closes; meanwhile it waits in memory.
+        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
+        return false;
+      }
+    }
+    this.spilled.store(held.seq, ref, encoded !== null);
+    this.inMemory -= held.weight;
+    this.backlogMetrics();
+    return true;
+  }
+
+  /**
+   * The episode's records encoded by the exporter and written to disk behind a header: u32 length,
+   * then JSON (counts, each transition's end, the sections' lengths). Null when it cannot be built
+   * or encoded now: its batch builds it, as it would have (and quarantines it if it still cannot).
+   */
+  private encode(close: EpisodeClose, built: ClosedEpisode | null): Encoded | null {
+    try {
+      const c = built ?? this.ctx.assembler.build(close);
+      const sections = this.deps.exporter.encodeAhead!(c, this.ctx.read);
+      const head = { t: c.transitions.length, j: c.trajectories.length, e: c.transitions.map((t) => Date.parse(t.ended_at)), s: sections.map((x) => x.length) };
+      const json = Buffer.from(JSON.stringify(head));
+      const len = Buffer.allocUnsafe(4);
+      len.writeUInt32LE(json.length, 0);
+      const ref = this.spill.writeBytes([len, json, ...sections]);
+      this.encodedBytes += ref.length;
+      if (!built) this.countBuilt(c);
+      return encodedOf(ref, head, 4 + json.length);
+    } catch (err) {
+      this.ctx.log.once('encode_ahead', 'warn', 'a closed episode could not be encoded ahead; it is built when exported', { err });
+      return null;
+    }
+  }
+
+  private readEncoded(ref: SpillRef): Encoded {
+    const n = this.spill.readBytes(ref, 0, 4).readUInt32LE(0);
+    return encodedOf(ref, JSON.parse(this.spill.readBytes(ref, 4, n).toString('utf8')) as EncodedHead, 4 + n);
+  }
+
+  /** What the exporter is given for an episode encoded ahead: its sections are read when sent. */
+  private item(e: Encoded): EncodedEpisode {
+    return {
+      encoded: true,
+      transitions: e.transitions,
+      trajectories: e.trajectories,
+      endedAt: e.endedAt,
+      section: (i) => this.spill.readBytes(e.ref, e.sections[i].at, e.sections[i].length),
+    };
   }
 
   /**
@@ -293,11 +465,11 @@ export class ExportQueue {
     if (typeof completion === 'number') m.tokens.inc({ kind: 'response' }, completion);
   }
 
-  /** The batch's episodes, built (those that cannot be are left out). */
-  private ready(batch: Queued[]): ClosedEpisode[] {
-    const out: ClosedEpisode[] = [];
+  /** The batch's episodes, built or encoded ahead (those that cannot be built are left out). */
+  private ready(batch: Queued[]): ExportItem[] {
+    const out: ExportItem[] = [];
     for (const q of batch) {
-      const c = this.built(q);
+      const c = q.encoded ? this.item(q.encoded) : this.built(q);
       if (c) out.push(c);
     }
     return out;
@@ -319,19 +491,33 @@ export class ExportQueue {
       this.promote(2 * EXPORT_BATCH);
       const batch = this.queue.slice(0, EXPORT_BATCH);
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
+      this.exporting = batch.length;
+      const stall = this.ahead
+        ? setTimeout(() => {
+            this.stalled = true;
+            this.encodeAhead();
+          }, EXPORT_AWAY_MS).unref()
+        : null;
       try {
         const exporting = exporter.export(this.ready(batch), this.ctx.read);
         // While the exporter waits on the broker, the next batch is built (extraction is CPU work).
         void this.buildAhead(this.queue.slice(batch.length, 2 * EXPORT_BATCH));
         await exporting;
       } catch (err) {
+        if (stall) clearTimeout(stall);
+        this.exporting = 0;
         m.exportErrors.inc({ exporter: exporter.name, kind: 'retryable' });
         this.backoffMs = Math.min(Math.max(this.backoffMs * 2, 100), 10_000);
         log.once('export_failed', 'error', 'export failed; retrying with backoff', { err, exporter: exporter.name });
         if (this.stopping) throw err;
+        // The exporter is away: what waits is encoded meanwhile, so the drain only sends bytes.
+        this.encodeAhead();
         await new Promise((r) => setTimeout(r, this.backoffMs).unref());
         continue;
       }
+      if (stall) clearTimeout(stall);
+      this.exporting = 0;
+      this.stalled = false;
       this.backoffMs = 0;
       const delivered = this.ready(batch);
       this.dequeue(batch.length);
@@ -354,22 +540,26 @@ export class ExportQueue {
     }
   }
 
-  private countDelivered(delivered: ClosedEpisode[]): void {
+  private countDelivered(delivered: ExportItem[]): void {
     const m = this.ctx.m;
     const name = this.deps.exporter.name;
     const records = this.ctx.config.exporters.records;
+    const count = (c: ExportItem, what: 'transitions' | 'trajectories'): number => (isEncoded(c) ? c[what] : c[what].length);
     if (records !== 'trajectories')
       m.transitionsExported.inc(
         { exporter: name },
-        delivered.reduce((n, c) => n + c.transitions.length, 0),
+        delivered.reduce((n, c) => n + count(c, 'transitions'), 0),
       );
     if (records !== 'transitions')
       m.trajectoriesExported.inc(
         { exporter: name },
-        delivered.reduce((n, c) => n + c.trajectories.length, 0),
+        delivered.reduce((n, c) => n + count(c, 'trajectories'), 0),
       );
     const deliveredAt = Date.now();
-    for (const c of delivered) for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+    for (const c of delivered) {
+      if (isEncoded(c)) for (const at of c.endedAt) m.exportLag.observe(Math.max(0, deliveredAt - at) / 1000);
+      else for (const t of c.transitions) m.exportLag.observe(Math.max(0, deliveredAt - Date.parse(t.ended_at)) / 1000);
+    }
   }
 
   /** Journals a delivered marker for the batch; the journal is released once it is written. */
@@ -410,4 +600,23 @@ export class ExportQueue {
     });
     if (removed > 0) this.ctx.journalMetrics();
   }
+}
+
+/** The header of an encoded episode on disk (short names: one per episode of a long outage). */
+interface EncodedHead {
+  t: number;
+  j: number;
+  e: number[];
+  s: number[];
+}
+
+function encodedOf(ref: SpillRef, head: EncodedHead, start: number): Encoded {
+  const sections: Encoded['sections'] = [];
+  let at = start;
+  for (const length of head.s) {
+    sections.push({ at, length });
+    at += length;
+  }
+  if (at !== ref.length) throw new RangeError(`encoded episode: sections end at ${at}, the value at ${ref.length}`);
+  return { ref, transitions: head.t, trajectories: head.j, endedAt: head.e, sections };
 }

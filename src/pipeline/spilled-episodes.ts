@@ -5,6 +5,8 @@ import type { EpisodeClose } from '../processors/episodes/assembler';
 export interface SpilledEpisode {
   /** Where it waits; null when it could not be written there and waits in memory (`close`). */
   ref: SpillRef | null;
+  /** What `ref` holds: the episode's records encoded ahead by the exporter, or its facts (JSON). */
+  encoded: boolean;
   close: EpisodeClose | null;
   firstOffset: number;
   marker: number;
@@ -21,8 +23,8 @@ const INITIAL = 1024;
 
 /**
  * The closed episodes that wait for the exporter on disk, in close order: what a long exporter
- * outage queues (hundreds of thousands of episodes). Each is held as six numbers in typed arrays
- * (36 bytes), not as an object with its spill reference and promise (about 160 bytes): the
+ * outage queues (hundreds of thousands of episodes). Each is held as seven numbers in typed arrays
+ * (37 bytes), not as an object with its spill reference and promise (about 160 bytes): the
  * queue's memory stays a small fraction of what it would hold, however long the outage.
  * An episode that could not be written to disk keeps its place here and its close in memory.
  */
@@ -33,10 +35,14 @@ export class SpilledEpisodes {
   private first!: Float64Array;
   private marker!: Float64Array;
   private weight!: Uint32Array;
+  private encoded!: Uint8Array;
   /** The ring's first entry and its count. */
   private head = 0;
   private n = 0;
-  /** Entries by sequence number whose close is in memory (a spill write failed). */
+  /**
+   * Entries by sequence number whose close is in memory: not written yet (an exporter that encodes
+   * ahead has it written in the background), or a spill write failed. In sequence order.
+   */
   private readonly held = new Map<number, EpisodeClose>();
   /** Entries by sequence number whose close marker is not written yet. */
   private readonly writing = new Map<number, Promise<unknown>>();
@@ -56,13 +62,34 @@ export class SpilledEpisodes {
     return this.n === 0 ? Infinity : this.marker[this.head];
   }
 
-  push(e: Omit<SpilledEpisode, 'durable'>, durable: Promise<unknown>): void {
+  /** The first entry whose close is in memory, by sequence number (null when none is). */
+  firstHeld(): { seq: number; close: EpisodeClose; weight: number } | null {
+    for (const [seq, close] of this.held) return { seq, close, weight: this.weight[this.index(seq)] };
+    return null;
+  }
+
+  /** An entry held in memory (`firstHeld`) is written: it waits on disk at `ref` now. */
+  store(seq: number, ref: SpillRef, encoded: boolean): void {
+    if (!this.held.delete(seq)) throw new RangeError(`spilled episode ${seq} is not held in memory`);
+    const i = this.index(seq);
+    this.file[i] = ref.file;
+    this.at[i] = ref.at;
+    this.length_[i] = ref.length;
+    this.encoded[i] = encoded ? 1 : 0;
+  }
+
+  private index(seq: number): number {
+    return (this.head + (seq - this.seq)) % this.file.length;
+  }
+
+  push(e: Omit<SpilledEpisode, 'durable' | 'encoded'> & { encoded?: boolean }, durable: Promise<unknown>): void {
     if (this.n === this.file.length) this.resize(this.file.length + (this.file.length >> 1));
     const i = (this.head + this.n) % this.file.length;
     const seq = this.seq + this.n;
     this.file[i] = e.ref?.file ?? 0;
     this.at[i] = e.ref?.at ?? -1;
     this.length_[i] = e.ref?.length ?? 0;
+    this.encoded[i] = e.ref && e.encoded ? 1 : 0;
     this.first[i] = e.firstOffset;
     this.marker[i] = e.marker;
     this.weight[i] = e.weight;
@@ -85,6 +112,7 @@ export class SpilledEpisodes {
     const close = this.held.get(seq) ?? null;
     const e: SpilledEpisode = {
       ref: this.at[i] < 0 ? null : { file: this.file[i], at: this.at[i], length: this.length_[i] },
+      encoded: this.encoded[i] === 1,
       close,
       firstOffset: this.first[i],
       marker: this.marker[i],
@@ -112,7 +140,7 @@ export class SpilledEpisodes {
 
   /** New arrays of `size` holding the entries in order from index 0 (none on the first call). */
   private resize(size: number): void {
-    const move = <T extends Uint32Array | Float64Array>(a: T | undefined, make: (n: number) => T): T => {
+    const move = <T extends Uint8Array | Uint32Array | Float64Array>(a: T | undefined, make: (n: number) => T): T => {
       const b = make(size);
       for (let k = 0; k < this.n; k++) b[k] = a![(this.head + k) % a!.length];
       return b;
@@ -123,6 +151,7 @@ export class SpilledEpisodes {
     this.first = move(this.first, (s) => new Float64Array(s));
     this.marker = move(this.marker, (s) => new Float64Array(s));
     this.weight = move(this.weight, (s) => new Uint32Array(s));
+    this.encoded = move(this.encoded, (s) => new Uint8Array(s));
     this.head = 0;
   }
 }

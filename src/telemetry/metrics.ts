@@ -301,6 +301,11 @@ function episodeMetrics(registry: Registry) {
       help: 'Of the records closed episodes waiting for the exporter hold, those waiting on disk (past service.export_backlog_memory_records in memory).',
       registers: [registry],
     }),
+    exportBacklogEncodedBytes: new Gauge({
+      name: 'lightning_sidecar_export_backlog_encoded_bytes',
+      help: 'Bytes of records encoded ahead for an exporter that is away, waiting on disk to be sent (up to service.export_backlog_encoded_bytes).',
+      registers: [registry],
+    }),
     episodesClosed: new Counter({
       name: 'lightning_sidecar_episodes_closed_total',
       help: 'Episodes closed, by status.',

@@ -1,4 +1,4 @@
-import type { Exporter } from '../../src/exporters/exporter';
+import { isEncoded, type Exporter, type ExportItem } from '../../src/exporters/exporter';
 import type { BodyReader } from '../../src/formats/extract';
 import type { ClosedEpisode } from '../../src/model/records';
 
@@ -8,6 +8,10 @@ export function memoryExporter(onBatch: (batch: ClosedEpisode[], read: BodyReade
     name: 'memory',
     start: async () => {},
     shutdown: async () => {},
-    export: async (batch: ClosedEpisode[], read?: BodyReader) => onBatch(batch, read!),
+    export: async (batch: ExportItem[], read?: BodyReader) => {
+      // No encodeAhead here: the queue gives it episodes only.
+      if (batch.some(isEncoded)) throw new Error('memory exporter: given an episode encoded ahead');
+      onBatch(batch as ClosedEpisode[], read!);
+    },
   };
 }

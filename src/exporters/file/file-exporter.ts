@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { NO_JOURNAL, type Exporter } from '../exporter';
+import { isEncoded, NO_JOURNAL, type Exporter, type ExportItem } from '../exporter';
 import { TransitionWriter } from '../transition-json';
 import type { ClosedEpisode } from '../../model/records';
 import { NdjsonWriter } from './ndjson-writer';
@@ -36,8 +36,10 @@ export function createFileExporter(
   return {
     name: 'file',
     async start() {},
-    async export(batch: ClosedEpisode[], read = NO_JOURNAL) {
-      exportBatch(batch, new TransitionWriter(read, arena));
+    async export(batch: ExportItem[], read = NO_JOURNAL) {
+      // Nothing is encoded ahead for files (no encodeAhead): a file is never away for long.
+      if (batch.some(isEncoded)) throw new Error('exporter file: episodes encoded ahead are not supported');
+      exportBatch(batch as ClosedEpisode[], new TransitionWriter(read, arena));
     },
     shutdown: once(async () => {
       transitions?.close();

@@ -5,11 +5,12 @@ import { once } from '../../model/component';
 import type { ClosedEpisode, TransitionRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
-import { NO_JOURNAL, type Exporter } from '../exporter';
+import { isEncoded, NO_JOURNAL, type Exporter, type ExportItem } from '../exporter';
+import type { BodyReader } from '../../formats/extract';
 import { deltaJson, PromptDeltaBytes } from '../prompt-delta-bytes';
 import { TransitionWriter } from '../transition-json';
 import { chunkMessages } from './chunks';
-import { CONTENT_TYPE, encodeEpisode, encodeTrajectory, encodeTransition } from './encoding';
+import { CONTENT_TYPE, decodeEpisode, decodeTrajectory, decodeTransition, encodeEpisode, encodeTrajectory, encodeTransition } from './encoding';
 import { materializeTrajectory } from '../trajectory-json';
 import { DeltaTracker } from './prompt-delta';
 import type { OutMessage, Producer, SendResult } from './producer';
@@ -36,6 +37,20 @@ export interface KafkaExporterDeps {
   deadLetterDir: string;
 }
 
+/** The topics an episode's records go to, in the order they are sent. */
+const KINDS = ['transitions', 'trajectories', 'episodes'] as const;
+type Kind = (typeof KINDS)[number];
+
+/** One record for a topic, before it is chunked. */
+interface OutRecord {
+  key: string;
+  value: Buffer;
+  headers: Record<string, string>;
+  recordId: string;
+  /** The record as an object, for dead-letter/. */
+  record: () => unknown;
+}
+
 interface Pending {
   msg: OutMessage;
   /** The record the message (or chunk) belongs to, for dead-lettering. */
@@ -53,18 +68,13 @@ interface Pending {
  * acknowledgement (memory holds two batches). An export resolves only when the broker
  * acknowledged everything (acks=all); otherwise it rejects and the pipeline retries from the
  * journal. Starts without Kafka: connection is attempted on each export until it succeeds.
+ * `encodeAhead` encodes an episode's records for a later export (while Kafka is away), in one
+ * section per topic; `export` sends such sections as it would the records it encodes itself.
  */
 export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExporterDeps): Exporter & { readonly connected: boolean } {
   const log = deps.logger.child('exporter.kafka');
   const m = deps.metrics;
-  const contentType = CONTENT_TYPE[config.encoding];
   const chunkBytes = Math.max(1024, config.max_message_bytes - RECORD_OVERHEAD);
-
-  function headers(schema: string, t: { rollout_id: string; group_id: string | null }): Record<string, string> {
-    const h: Record<string, string> = { 'content-type': contentType, 'lightning-schema': schema, 'rollout-id': t.rollout_id };
-    if (t.group_id !== null) h['group-id'] = t.group_id;
-    return h;
-  }
 
   async function deadLetter(kind: string, record: unknown, reason: string): Promise<void> {
     await mkdir(deps.deadLetterDir, { recursive: true });
@@ -88,7 +98,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     constructor(
       private readonly topic: string,
-      private readonly kind: string,
+      private readonly kind: Kind,
     ) {}
 
     async add(items: Pending[]): Promise<void> {
@@ -156,29 +166,33 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     }
   }
 
-  /** The record's messages (chunked when big), or null when it is over max_record_bytes. */
-  function messagesOf(key: string, value: Buffer, h: Record<string, string>, recordId: string, record: () => unknown): Pending[] {
-    if (value.length > chunkBytes) m.exportOversize.inc({ action: 'chunked' });
-    return chunkMessages(key, value, h, recordId, chunkBytes).map((msg) => ({ msg, record, recordId }));
+  /** The record's messages (chunked when big). */
+  function messagesOf(r: OutRecord): Pending[] {
+    if (r.value.length > chunkBytes) m.exportOversize.inc({ action: 'chunked' });
+    return chunkMessages(r.key, r.value, r.headers, r.recordId, chunkBytes).map((msg) => ({ msg, record: r.record, recordId: r.recordId }));
   }
 
   /** Adds a record's messages to `to`, or dead-letters it when it is over max_record_bytes. */
-  async function send(
-    to: Batcher,
-    kind: string,
-    key: string,
-    value: Buffer,
-    h: Record<string, string>,
-    recordId: string,
-    record: () => unknown,
-  ): Promise<void> {
-    if (value.length > config.max_record_bytes) {
+  async function send(to: Batcher, kind: Kind, r: OutRecord): Promise<void> {
+    if (r.value.length > config.max_record_bytes) {
       m.exportOversize.inc({ action: 'dead_letter' });
-      await deadLetter(kind, record(), `larger than max_record_bytes (${value.length} > ${config.max_record_bytes})`);
+      await deadLetter(kind, r.record(), `larger than max_record_bytes (${r.value.length} > ${config.max_record_bytes})`);
       return;
     }
-    await to.add(messagesOf(key, value, h, recordId, record));
+    await to.add(messagesOf(r));
   }
+
+  const records = deps.records ?? 'both';
+  /** The topics an export sends to, in order: an episode's summary goes once its other records are acknowledged. */
+  const kinds = KINDS.filter((k) => (k === 'transitions' ? records !== 'trajectories' : k === 'trajectories' ? records !== 'transitions' : true));
+  const topics: Record<Kind, string> = { transitions: config.topic, trajectories: config.trajectories_topic, episodes: config.episodes_topic };
+
+  /** A record read back from a section `encodeAhead` wrote: for dead-lettering, its value decoded. */
+  const decodeRecord: Record<Kind, (value: Buffer) => unknown> = {
+    transitions: (v) => decodeTransition(v, config.encoding),
+    trajectories: (v) => decodeTrajectory(v, config.encoding),
+    episodes: (v) => decodeEpisode(v, config.encoding),
+  };
 
   const exporter = {
     name: 'kafka',
@@ -192,7 +206,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         (err: Error) => log.warn('kafka unreachable at start; will retry on export', { err, brokers: config.brokers }),
       );
     },
-    async export(batch: ClosedEpisode[], read = NO_JOURNAL): Promise<void> {
+    async export(batch: ExportItem[], read = NO_JOURNAL): Promise<void> {
       if (!deps.producer.connected) {
         try {
           await deps.producer.connect();
@@ -202,57 +216,75 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         }
       }
       const writer = new TransitionWriter(read);
-      const records = deps.records ?? 'both';
-      if (records !== 'trajectories') {
-        const transitions = new Batcher(config.topic, 'transitions');
-        for (const c of batch) {
-          // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
-          const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer);
-          for (const t of c.transitions) {
-            const d = delta?.(t) ?? null;
-            const value = d ? d.value : encodeTransition(t, config.encoding, writer);
-            const h = headers('lightning.transition.v1', t);
-            if (d) h['lightning-prompt-ids'] = 'delta';
-            await send(transitions, 'transitions', keyOf(c), value, h, t.transition_id, () => writer.materialize(t));
-          }
+      for (const kind of kinds) {
+        const to = new Batcher(topics[kind], kind);
+        for (const item of batch) {
+          const out = isEncoded(item) ? readSection(item.section(KINDS.indexOf(kind)), decodeRecord[kind]) : recordsOf(config, item, kind, writer);
+          for (const r of out) await send(to, kind, r);
         }
-        await transitions.flush();
+        await to.flush();
       }
-      if (records !== 'transitions') {
-        const trajectories = new Batcher(config.trajectories_topic, 'trajectories');
-        for (const c of batch) {
-          for (const t of c.trajectories) {
-            const value = encodeTrajectory(t, config.encoding, writer);
-            await send(trajectories, 'trajectories', keyOf(c), value, headers('lightning.trajectory.v1', t), t.trajectory_id, () =>
-              materializeTrajectory(writer, t),
-            );
-          }
-        }
-        await trajectories.flush();
-      }
-      const episodes = new Batcher(config.episodes_topic, 'episodes');
-      for (const c of batch) {
-        const e = c.episode;
-        await episodes.add(
-          messagesOf(keyOf(c), encodeEpisode(e, config.encoding), headers('lightning.episode.v1', e), `episode:${e.rollout_id}/${e.attempt_id}`, () => e),
-        );
-      }
-      await episodes.flush();
+    },
+    /** The records of each topic (`KINDS` order), as `export` would send them; empty for a topic not sent to. */
+    encodeAhead(c: ClosedEpisode, read: BodyReader): Buffer[] {
+      const writer = new TransitionWriter(read);
+      return KINDS.map((kind) => (kinds.includes(kind) ? writeSection(recordsOf(config, c, kind, writer)) : Buffer.alloc(0)));
     },
     shutdown: once(async () => {
       await deps.producer.disconnect();
     }),
   };
   return exporter;
+}
 
-  /** Deltas as ids (protobuf): the transition encoded with its delta, or null for a full prompt. */
-  function deltaOfIds(writer: TransitionWriter): (t: TransitionRecord) => { value: Buffer } | null {
-    const tracker = new DeltaTracker(writer);
-    return (t) => {
-      const d = tracker.next(t);
-      return d ? { value: encodeTransition({ ...t, prompt_token_ids: null }, config.encoding, writer, { prompt_token_ids_delta: d }) } : null;
+/** The headers of every message of a record (docs/kafka-records.md). */
+function headers(config: KafkaExporterConfig, schema: string, t: { rollout_id: string; group_id: string | null }): Record<string, string> {
+  const h: Record<string, string> = { 'content-type': CONTENT_TYPE[config.encoding], 'lightning-schema': schema, 'rollout-id': t.rollout_id };
+  if (t.group_id !== null) h['group-id'] = t.group_id;
+  return h;
+}
+
+/** An episode's records for one topic, encoded one at a time as they are sent. */
+function* recordsOf(config: KafkaExporterConfig, c: ClosedEpisode, kind: Kind, writer: TransitionWriter): Generator<OutRecord> {
+  const key = keyOf(c);
+  if (kind === 'transitions') {
+    // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
+    const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer, config.encoding);
+    for (const t of c.transitions) {
+      const d = delta?.(t) ?? null;
+      const value = d ? d.value : encodeTransition(t, config.encoding, writer);
+      const h = headers(config, 'lightning.transition.v1', t);
+      if (d) h['lightning-prompt-ids'] = 'delta';
+      yield { key, value, headers: h, recordId: t.transition_id, record: () => writer.materialize(t) };
+    }
+  } else if (kind === 'trajectories') {
+    for (const t of c.trajectories)
+      yield {
+        key,
+        value: encodeTrajectory(t, config.encoding, writer),
+        headers: headers(config, 'lightning.trajectory.v1', t),
+        recordId: t.trajectory_id,
+        record: () => materializeTrajectory(writer, t),
+      };
+  } else {
+    const e = c.episode;
+    yield {
+      key,
+      value: encodeEpisode(e, config.encoding),
+      headers: headers(config, 'lightning.episode.v1', e),
+      recordId: `episode:${e.rollout_id}/${e.attempt_id}`,
+      record: () => e,
     };
   }
+}
+
+/** Deltas as ids (protobuf): the transition encoded with its delta, or null for a full prompt. */
+function deltaOfIds(writer: TransitionWriter, encoding: KafkaExporterConfig['encoding']): (t: TransitionRecord) => { value: Buffer } | null {
+  const tracker = new DeltaTracker(writer);
+  return (t) => {
+    const d = tracker.next(t);
+    return d ? { value: encodeTransition({ ...t, prompt_token_ids: null }, encoding, writer, { prompt_token_ids_delta: d }) } : null;
+  };
 }
 
 /**
@@ -271,4 +303,65 @@ function deltaOfBytes(writer: TransitionWriter): (t: TransitionRecord) => { valu
     const d = tracker.next(t);
     return d ? { value: deltaJson(writer, t, d) } : null;
   };
+}
+
+/**
+ * Records as one buffer, in order: for each, the key, record id, headers and value, every string
+ * and the value behind a u32 length (the layout is private to this file: a cache, never read by
+ * another version, since what waits on disk is rebuilt from the journal at start).
+ */
+function writeSection(records: Iterable<OutRecord>): Buffer {
+  const parts: Buffer[] = [];
+  const u32 = (n: number): void => {
+    const b = Buffer.allocUnsafe(4);
+    b.writeUInt32LE(n, 0);
+    parts.push(b);
+  };
+  const str = (s: string): void => {
+    const b = Buffer.from(s, 'utf8');
+    u32(b.length);
+    parts.push(b);
+  };
+  for (const r of records) {
+    str(r.key);
+    str(r.recordId);
+    const h = Object.entries(r.headers);
+    u32(h.length);
+    for (const [k, v] of h) {
+      str(k);
+      str(v);
+    }
+    u32(r.value.length);
+    parts.push(r.value);
+  }
+  return Buffer.concat(parts);
+}
+
+/** The records `writeSection` wrote; values point into `buf`. */
+function* readSection(buf: Buffer, decode: (value: Buffer) => unknown): Generator<OutRecord> {
+  let i = 0;
+  const u32 = (): number => {
+    const n = buf.readUInt32LE(i);
+    i += 4;
+    return n;
+  };
+  const bytes = (): Buffer => {
+    const n = u32();
+    const b = buf.subarray(i, i + n);
+    if (b.length !== n) throw new RangeError('encoded section is cut short');
+    i += n;
+    return b;
+  };
+  const str = (): string => bytes().toString('utf8');
+  while (i < buf.length) {
+    const key = str();
+    const recordId = str();
+    const headers: Record<string, string> = {};
+    for (let n = u32(); n > 0; n--) {
+      const k = str();
+      headers[k] = str();
+    }
+    const value = bytes();
+    yield { key, value, headers, recordId, record: () => decode(value) };
+  }
 }

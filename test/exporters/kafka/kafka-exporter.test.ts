@@ -13,7 +13,8 @@ import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
 import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
-import type { Transition } from '../../../src/model/records';
+import type { ClosedEpisode, Transition } from '../../../src/model/records';
+import { NO_JOURNAL, type EncodedEpisode } from '../../../src/exporters/exporter';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
   return buildEpisode(
@@ -33,6 +34,25 @@ function episode(rolloutId: string, calls: number, bodyBytes = 10) {
       startedAt: 0,
       endedAt: 100,
     },
+    'completed',
+    { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
+  );
+}
+
+/** An episode of three calls whose prompts continue each other (deltas apply). */
+function continuing(rolloutId: string) {
+  let prompt = Array.from({ length: 300 }, (_, i) => 1000 + i);
+  const calls = [0, 1, 2].map((seq) => {
+    const response = [7 + seq, 8 + seq];
+    const c = callRecord(rolloutId, seq, 10 + seq, {
+      promptTokenIds: prompt,
+      choices: [{ index: 0, finishReason: 'stop', responseTokenIds: response, responseLogprobs: [-0.5, -0.25], promptTokenIds: null, toolCalls: [] }],
+    });
+    prompt = [...prompt, ...response, 5];
+    return c;
+  });
+  return buildEpisode(
+    { rolloutId, attemptId: '0', groupId: null, calls, toolSpans: [], rewards: [], finalReward: 1, startedAt: 0, endedAt: 100 },
     'completed',
     { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
   );
@@ -212,6 +232,60 @@ describe('kafka exporter', () => {
     producer.sent = [];
     await exporter.export([episode('t', 1)]);
     expect(readFileSync(path.join(deadLetterDir, 'transitions.ndjson'), 'utf8')).toContain('broker refused the size');
+  });
+
+  it('sends an episode encoded ahead exactly as it would send it now: every topic, chunks, deltas, JSON and protobuf', async () => {
+    // What the queue does while the broker is away: the sections are written to disk (copied
+    // here) and read back section by section when the batch is sent.
+    const ahead = (exporter: ReturnType<typeof setup>['exporter'], c: ClosedEpisode): EncodedEpisode => {
+      const sections = exporter.encodeAhead!(c, NO_JOURNAL).map((b) => Buffer.from(b));
+      return { encoded: true, transitions: c.transitions.length, trajectories: c.trajectories.length, endedAt: [], section: (i) => sections[i] };
+    };
+    for (const encoding of ['json', 'protobuf'] as const)
+      for (const prompt_ids of ['full', 'delta'] as const) {
+        const extra = { encoding, prompt_ids, max_message_bytes: 1500, max_batch_bytes: 4000 };
+        const eps = [episode('a', 3, 2500), episode('b', 2), continuing('c')];
+        const now = setup(extra, 'both');
+        await now.exporter.export(eps);
+        const later = setup(extra, 'both');
+        // Mixed, as a batch can be: some episodes encoded ahead, one built when sent.
+        await later.exporter.export([ahead(later.exporter, eps[0]), eps[1], ahead(later.exporter, eps[2])]);
+        expect(later.producer.sent.map((x) => x.topic)).toEqual(now.producer.sent.map((x) => x.topic));
+        expect(later.producer.sent).toEqual(now.producer.sent);
+        // The case covers chunks and deltas.
+        const headers = now.producer.sent.flatMap((x) => x.messages.map((m) => m.headers));
+        expect(headers.some((h) => h['lightning-chunk'] === 'v1')).toBe(true);
+        expect(headers.some((h) => h['lightning-prompt-ids'] === 'delta')).toBe(prompt_ids === 'delta');
+      }
+  });
+
+  it('dead-letters a record encoded ahead as it would the record itself (broker size refusal and max_record_bytes)', async () => {
+    for (const encoding of ['json', 'protobuf'] as const) {
+      const now = setup({ encoding, max_record_bytes: 3000 });
+      const later = setup({ encoding, max_record_bytes: 3000 });
+      const big = episode('big', 2, 4000);
+      const small = episode('small', 1);
+      await now.exporter.export([big]);
+      const sections = later.exporter.encodeAhead!(big, NO_JOURNAL);
+      await later.exporter.export([{ encoded: true, transitions: 2, trajectories: 0, endedAt: [], section: (i) => sections[i] }]);
+      const lines = (d: string) =>
+        readFileSync(path.join(d, 'transitions.ndjson'), 'utf8')
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l));
+      expect(lines(later.deadLetterDir)).toEqual(lines(now.deadLetterDir));
+      expect(lines(later.deadLetterDir).map((l) => l.record.transition_id)).toEqual(['big/0/0', 'big/0/1']);
+      // Refused by the broker one at a time.
+      now.producer.maxBytes = later.producer.maxBytes = 10;
+      await now.exporter.export([small]);
+      const s2 = later.exporter.encodeAhead!(small, NO_JOURNAL);
+      await later.exporter.export([{ encoded: true, transitions: 1, trajectories: 0, endedAt: [], section: (i) => s2[i] }]);
+      expect(lines(later.deadLetterDir)).toEqual(lines(now.deadLetterDir));
+      expect(lines(later.deadLetterDir)[2]).toMatchObject({
+        reason: expect.stringContaining('broker refused the size'),
+        record: { transition_id: 'small/0/0' },
+      });
+    }
   });
 
   it('keeps one produce request in flight, in order; a failed one stops the export before the next is sent', async () => {
