@@ -4,8 +4,8 @@ import type { BodyReader } from '../formats/extract';
 
 /**
  * An episode whose records an exporter encoded ahead of its export (`Exporter.encodeAhead`),
- * while it was away: what is left to do is send the bytes. They wait on disk; `section(i)`
- * reads the i-th of the buffers `encodeAhead` returned.
+ * while it was away: what is left to do is send the bytes. They wait on disk; `records(i)` reads
+ * back, one at a time, the records `encodeAhead` wrote to section i.
  */
 export interface EncodedEpisode {
   readonly encoded: true;
@@ -13,7 +13,7 @@ export interface EncodedEpisode {
   readonly transitions: number;
   readonly trajectories: number;
   readonly endedAt: readonly number[];
-  section(i: number): Buffer;
+  records(section: number): Iterable<Buffer>;
 }
 
 export type ExportItem = ClosedEpisode | EncodedEpisode;
@@ -31,11 +31,12 @@ export interface Exporter extends Component {
   /** Episodes encoded ahead come only to exporters with `encodeAhead`. */
   export(batch: ExportItem[], read?: BodyReader): Promise<void>;
   /**
-   * The episode's records encoded as `export` sends them, in sections of the exporter's own
-   * layout: a backlog waiting for an exporter that is away is encoded while it waits, and the
-   * drain afterwards only sends bytes.
+   * Encodes the episode's records as `export` sends them, handing each to `write` as it is
+   * encoded (`parts` make one record), in sections of the exporter's own layout, section by
+   * section in order: a backlog waiting for an exporter that is away is encoded while it waits,
+   * a record at a time, and the drain afterwards only sends bytes.
    */
-  encodeAhead?(c: ClosedEpisode, read: BodyReader): Buffer[];
+  encodeAhead?(c: ClosedEpisode, read: BodyReader, write: (section: number, parts: readonly Buffer[]) => void): void;
 }
 
 export const NO_JOURNAL: BodyReader = () => {

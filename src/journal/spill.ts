@@ -8,6 +8,16 @@ export interface SpillRef {
   length: number;
 }
 
+/** Bytes of small parts gathered into one write (`Spill.begin`). */
+const STAGE_BYTES = 256 * 1024;
+
+/** A value being written (`Spill.begin`). */
+export interface SpillValue {
+  append(bytes: Buffer): void;
+  end(): SpillRef;
+  abort(): void;
+}
+
 /**
  * Values (closed episodes waiting for the exporter) kept on disk instead of the heap: appended as
  * JSON to files of up to `fileBytes`, read back when needed, each file deleted once every value in
@@ -19,6 +29,10 @@ export class Spill {
   /** Open files by number: their descriptor and how many values in them are not released. */
   private readonly files = new Map<number, { fd: number; live: number }>();
   private next = 0;
+  /** A value is being written (`begin`). */
+  private writing = false;
+  /** Where `begin`'s small parts are gathered. */
+  private stage: Buffer | null = null;
 
   constructor(
     private readonly dir: string,
@@ -44,17 +58,59 @@ export class Spill {
 
   /** Bytes as one value: `parts` one after another. */
   writeBytes(parts: readonly Buffer[]): SpillRef {
-    let length = 0;
-    for (const p of parts) length += p.length;
-    if (!this.current || (this.current.size > 0 && this.current.size + length > this.fileBytes)) this.rotate();
-    const c = this.current!;
-    const ref = { file: c.n, at: c.size, length };
-    for (const p of parts) {
-      for (let done = 0; done < p.length;) done += writeSync(c.fd, p, done, p.length - done, c.size + done);
-      c.size += p.length;
+    const v = this.begin();
+    try {
+      for (const p of parts) v.append(p);
+    } catch (err) {
+      v.abort();
+      throw err;
     }
-    this.files.get(c.n)!.live++;
-    return ref;
+    return v.end();
+  }
+
+  /**
+   * A value written in parts as they come (one value at a time, within one synchronous step):
+   * `end` says where it lies; `abort` forgets it, and the next value is written over its bytes.
+   * A file is closed to new values once past `fileBytes`; one value may take it past.
+   */
+  begin(): SpillValue {
+    if (this.writing) throw new Error('spill: a value is being written');
+    if (!this.current || this.current.size >= this.fileBytes) this.rotate();
+    const c = this.current!;
+    const start = c.size;
+    // Small parts are gathered and written together: one write for many records.
+    const stage = (this.stage ??= Buffer.allocUnsafeSlow(STAGE_BYTES));
+    let written = 0;
+    let staged = 0;
+    const put = (b: Buffer): void => {
+      for (let done = 0; done < b.length;) done += writeSync(c.fd, b, done, b.length - done, start + written + done);
+      written += b.length;
+    };
+    const flush = (): void => {
+      if (staged > 0) put(stage.subarray(0, staged));
+      staged = 0;
+    };
+    this.writing = true;
+    return {
+      append: (b) => {
+        if (b.length >= STAGE_BYTES / 4 || staged + b.length > STAGE_BYTES) flush();
+        if (b.length >= STAGE_BYTES / 4) put(b);
+        else staged += b.copy(stage, staged);
+      },
+      end: () => {
+        try {
+          flush();
+        } finally {
+          this.writing = false;
+        }
+        c.size = start + written;
+        this.files.get(c.n)!.live++;
+        return { file: c.n, at: start, length: written };
+      },
+      abort: () => {
+        this.writing = false;
+      },
+    };
   }
 
   /** `length` bytes of a value from `from` on (all of it by default). */

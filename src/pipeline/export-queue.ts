@@ -2,7 +2,7 @@ import path from 'node:path';
 import { isEncoded, type EncodedEpisode, type ExportItem, type Exporter } from '../exporters/exporter';
 import { RefusedError } from '../model/component';
 import type { ClosedEpisode } from '../model/records';
-import { Spill, type SpillRef } from '../journal/spill';
+import { Spill, type SpillRef, type SpillValue } from '../journal/spill';
 import type { EpisodeClose } from '../processors/episodes/assembler';
 import type { Context } from './context';
 import type { DeliveredMarker, EpisodeClosedMarker } from './records';
@@ -35,6 +35,8 @@ interface Queued {
   encoded: Encoded | null;
   /** Encoding it ahead failed: it is built when its batch is. */
   notAhead?: boolean;
+  /** Its encoded records could not be read back while being sent: quarantined, not retried. */
+  unreadable?: unknown;
   /** Lowest journal offset among its records (what must be kept until delivery). */
   firstOffset: number;
   /** Its transitions, built when its batch is first exported. */
@@ -97,6 +99,10 @@ export class ExportQueue {
   private readonly maxEncodedBytes: number;
   /** Episodes at the head of the queue in the export under way (not to be encoded meanwhile). */
   private exporting = 0;
+  /** Writing encoded episodes failed (the disk): none is encoded until an export succeeds. */
+  private aheadPaused = false;
+  /** Spilled entries before this sequence number were looked at for facts to encode. */
+  private factsFrom = 0;
   /** Above 0 after a failed export: the exporter is away. */
   private backoffMs = 0;
   /** The export under way has waited past EXPORT_AWAY_MS: the exporter is away. */
@@ -217,9 +223,9 @@ export class ExportQueue {
     this.backlog += weight;
     const away = this.ahead && this.away;
     if (this.spilled.length > 0 || (this.queue.length >= 2 * EXPORT_BATCH && (away || this.inMemory + weight > this.maxInMemory))) {
-      if (this.ahead && this.inMemory + weight <= 2 * this.maxInMemory) {
+      if (this.ahead && this.inMemory + weight <= this.maxInMemory) {
         // Written to disk in the background, encoded as the exporter will send it (up to
-        // export_backlog_encoded_bytes); written now only once that falls behind.
+        // export_backlog_encoded_bytes); past the memory budget, written now as facts.
         this.spilled.push({ ref: null, close, firstOffset, marker, weight }, durable);
         this.inMemory += weight;
         this.backlogMetrics();
@@ -319,25 +325,33 @@ export class ExportQueue {
   }
 
   private releaseRef(ref: SpillRef, encoded: boolean): void {
-    this.spill.release(ref);
     if (encoded) this.encodedBytes -= ref.length;
+    try {
+      this.spill.release(ref);
+    } catch (err) {
+      // A file not deleted takes disk until the next start empties the directory; nothing is lost.
+      this.ctx.log.once('spill_release', 'warn', 'a spill file could not be deleted', { err, dir: path.join(this.ctx.dataDir, 'spill') });
+    }
   }
 
   /** Encodes the backlog in the background, an episode at a time, while there is some to encode. */
   private encodeAhead(): void {
     if (!this.ahead || this.encodingAhead || this.stopping) return;
     this.encodingAhead = (async () => {
-      while (!this.stopping && this.encodeNext()) await new Promise((r) => setImmediate(r));
+      do await new Promise((r) => setImmediate(r));
+      while (!this.stopping && this.encodeNext());
     })().finally(() => (this.encodingAhead = null));
   }
 
   /**
    * One episode of the backlog encoded and written to disk: while the exporter is away, the head
-   * of the queue first (not the batch being exported), then what waits to be written (past the
-   * budget, as facts). False when there is nothing left to do.
+   * of the queue first (not the batch being exported); then what waits in memory to be written
+   * (as facts past export_backlog_encoded_bytes); then, while the exporter is away, what waits on
+   * disk as facts. False when there is nothing left to do.
    */
   private encodeNext(): boolean {
-    if (this.away && this.encodedBytes < this.maxEncodedBytes) {
+    const room = !this.aheadPaused && this.encodedBytes < this.maxEncodedBytes;
+    if (this.away && room) {
       for (let i = this.exporting; i < this.queue.length; i++) {
         const q = this.queue[i];
         if (!q.close || q.encoded || q.quarantined || q.notAhead) continue;
@@ -353,61 +367,124 @@ export class ExportQueue {
       }
     }
     const held = this.spilled.firstHeld();
-    if (!held) return false;
-    const encoded = this.encodedBytes < this.maxEncodedBytes ? this.encode(held.close, null) : null;
-    let ref = encoded?.ref ?? null;
-    if (!ref) {
-      try {
-        ref = this.spill.write(held.close);
-      } catch (err) {
-        // Tried again when the next episode closes; meanwhile it waits in memory.
-        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
-        return false;
+    if (held) {
+      const encoded = room ? this.encode(held.close, null) : null;
+      let ref = encoded?.ref ?? null;
+      if (!ref) {
+        try {
+          ref = this.spill.write(held.close);
+        } catch (err) {
+          // Tried again when the next episode closes; meanwhile it waits in memory.
+          this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
+          return false;
+        }
       }
+      this.spilled.store(held.seq, ref, encoded !== null);
+      this.inMemory -= held.weight;
+      this.backlogMetrics();
+      return true;
     }
-    this.spilled.store(held.seq, ref, encoded !== null);
-    this.inMemory -= held.weight;
-    this.backlogMetrics();
+    // Last, while the exporter is away, those that went to disk as facts (past the memory budget
+    // in a burst of closes): read back and encoded, as their batch would do.
+    const facts = this.away && room ? this.spilled.nextFacts(this.factsFrom) : null;
+    if (!facts) return false;
+    this.factsFrom = facts.seq + 1;
+    let close: EpisodeClose;
+    try {
+      close = this.spill.read(facts.ref) as EpisodeClose;
+    } catch {
+      return true; // its batch reads it again, and quarantines it if it still cannot
+    }
+    const encoded = this.encode(close, null);
+    if (encoded) {
+      this.spilled.store(facts.seq, encoded.ref, true);
+      this.releaseRef(facts.ref, false);
+      this.backlogMetrics();
+    }
     return true;
   }
 
   /**
-   * The episode's records encoded by the exporter and written to disk behind a header: u32 length,
-   * then JSON (counts, each transition's end, the sections' lengths). Null when it cannot be built
-   * or encoded now: its batch builds it, as it would have (and quarantines it if it still cannot).
+   * The episode's records encoded by the exporter and written to disk as they come, each behind
+   * its u32 length, section after section, then a trailer: JSON (counts, each transition's end,
+   * the sections' lengths) and its u32 length. Null when it cannot be done now: its batch builds
+   * it, as it would have (and quarantines it if it still cannot be built).
    */
   private encode(close: EpisodeClose, built: ClosedEpisode | null): Encoded | null {
+    let c: ClosedEpisode;
     try {
-      const c = built ?? this.ctx.assembler.build(close);
-      const sections = this.deps.exporter.encodeAhead!(c, this.ctx.read);
-      const head = { t: c.transitions.length, j: c.trajectories.length, e: c.transitions.map((t) => Date.parse(t.ended_at)), s: sections.map((x) => x.length) };
+      c = built ?? this.ctx.assembler.build(close);
+    } catch {
+      return null;
+    }
+    let v: SpillValue | null = null;
+    let writing = false;
+    const append = (b: Buffer): void => {
+      writing = true;
+      v!.append(b);
+      writing = false;
+    };
+    try {
+      writing = true;
+      v = this.spill.begin();
+      writing = false;
+      const lengths = [0];
+      this.deps.exporter.encodeAhead!(c, this.ctx.read, (section, parts) => {
+        if (section < lengths.length - 1) throw new RangeError(`encodeAhead wrote section ${section} after ${lengths.length - 1}`);
+        while (lengths.length <= section) lengths.push(0);
+        let n = 0;
+        for (const p of parts) n += p.length;
+        append(u32(n));
+        for (const p of parts) append(p);
+        lengths[section] += 4 + n;
+      });
+      const head: EncodedHead = { t: c.transitions.length, j: c.trajectories.length, e: c.transitions.map((t) => Date.parse(t.ended_at)), s: lengths };
       const json = Buffer.from(JSON.stringify(head));
-      const len = Buffer.allocUnsafe(4);
-      len.writeUInt32LE(json.length, 0);
-      const ref = this.spill.writeBytes([len, json, ...sections]);
+      append(json);
+      append(u32(json.length));
+      writing = true;
+      const ref = v.end();
       this.encodedBytes += ref.length;
       if (!built) this.countBuilt(c);
-      return encodedOf(ref, head, 4 + json.length);
+      return encodedOf(ref, head);
     } catch (err) {
-      this.ctx.log.once('encode_ahead', 'warn', 'a closed episode could not be encoded ahead; it is built when exported', { err });
+      v?.abort();
+      if (writing) {
+        // The disk: nothing more is encoded ahead until an export succeeds.
+        this.aheadPaused = true;
+        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk encoded; they are encoded when exported', {
+          err,
+          dir: path.join(this.ctx.dataDir, 'spill'),
+        });
+      } else this.ctx.log.once('encode_ahead', 'warn', 'a closed episode could not be encoded ahead; it is built when exported', { err });
       return null;
     }
   }
 
   private readEncoded(ref: SpillRef): Encoded {
-    const n = this.spill.readBytes(ref, 0, 4).readUInt32LE(0);
-    return encodedOf(ref, JSON.parse(this.spill.readBytes(ref, 4, n).toString('utf8')) as EncodedHead, 4 + n);
+    if (ref.length < 4) throw new RangeError(`encoded episode of ${ref.length} bytes`);
+    const n = this.spill.readBytes(ref, ref.length - 4, 4).readUInt32LE(0);
+    if (n > ref.length - 4) throw new RangeError(`encoded episode: a trailer of ${n} bytes in ${ref.length}`);
+    return encodedOf(ref, JSON.parse(this.spill.readBytes(ref, ref.length - 4 - n, n).toString('utf8')) as EncodedHead);
   }
 
-  /** What the exporter is given for an episode encoded ahead: its sections are read when sent. */
-  private item(e: Encoded): EncodedEpisode {
-    return {
-      encoded: true,
-      transitions: e.transitions,
-      trajectories: e.trajectories,
-      endedAt: e.endedAt,
-      section: (i) => this.spill.readBytes(e.ref, e.sections[i].at, e.sections[i].length),
-    };
+  /**
+   * What the exporter is given for an episode encoded ahead: its records, read back a window at a
+   * time as they are sent. One that cannot be read marks the episode, whose batch then goes
+   * without it (see `drain`).
+   */
+  private item(q: Queued, e: Encoded): EncodedEpisode {
+    const spill = this.spill;
+    function* records(i: number): Generator<Buffer> {
+      const { at, length } = e.sections[i] ?? { at: 0, length: 0 };
+      try {
+        yield* readRecords(spill, e.ref, at, length);
+      } catch (err) {
+        q.unreadable = err;
+        throw err;
+      }
+    }
+    return { encoded: true, transitions: e.transitions, trajectories: e.trajectories, endedAt: e.endedAt, records };
   }
 
   /**
@@ -469,7 +546,7 @@ export class ExportQueue {
   private ready(batch: Queued[]): ExportItem[] {
     const out: ExportItem[] = [];
     for (const q of batch) {
-      const c = q.encoded ? this.item(q.encoded) : this.built(q);
+      const c = q.encoded ? this.item(q, q.encoded) : this.built(q);
       if (c) out.push(c);
     }
     return out;
@@ -506,6 +583,7 @@ export class ExportQueue {
       } catch (err) {
         if (stall) clearTimeout(stall);
         this.exporting = 0;
+        if (this.setAsideUnreadable(batch)) continue;
         m.exportErrors.inc({ exporter: exporter.name, kind: 'retryable' });
         this.backoffMs = Math.min(Math.max(this.backoffMs * 2, 100), 10_000);
         log.once('export_failed', 'error', 'export failed; retrying with backoff', { err, exporter: exporter.name });
@@ -518,6 +596,8 @@ export class ExportQueue {
       if (stall) clearTimeout(stall);
       this.exporting = 0;
       this.stalled = false;
+      this.aheadPaused = false;
+      this.factsFrom = 0;
       this.backoffMs = 0;
       const delivered = this.ready(batch);
       this.dequeue(batch.length);
@@ -525,6 +605,26 @@ export class ExportQueue {
       this.markDelivered(batch);
       await this.release();
     }
+  }
+
+  /**
+   * Episodes of the batch whose encoded records could not be read back are quarantined, as
+   * anything that cannot be processed is, and left out: the batch is tried again at once without
+   * them (what of it went already goes again: at least once). True when there were any.
+   */
+  private setAsideUnreadable(batch: Queued[]): boolean {
+    let any = false;
+    for (const q of batch) {
+      if (q.unreadable === undefined || !q.encoded) continue;
+      this.ctx.quarantine(q.marker, { episode: { spilled: q.encoded.ref } }, q.unreadable);
+      this.releaseRef(q.encoded.ref, true);
+      q.encoded = null;
+      q.quarantined = true;
+      q.unreadable = undefined;
+      any = true;
+    }
+    if (any) this.backlogMetrics();
+    return any;
   }
 
   /**
@@ -610,13 +710,44 @@ interface EncodedHead {
   s: number[];
 }
 
-function encodedOf(ref: SpillRef, head: EncodedHead, start: number): Encoded {
+function encodedOf(ref: SpillRef, head: EncodedHead): Encoded {
   const sections: Encoded['sections'] = [];
-  let at = start;
+  let at = 0;
   for (const length of head.s) {
     sections.push({ at, length });
     at += length;
   }
-  if (at !== ref.length) throw new RangeError(`encoded episode: sections end at ${at}, the value at ${ref.length}`);
+  if (at > ref.length) throw new RangeError(`encoded episode: sections end at ${at}, the value at ${ref.length}`);
   return { ref, transitions: head.t, trajectories: head.j, endedAt: head.e, sections };
+}
+
+function u32(n: number): Buffer {
+  const b = Buffer.allocUnsafe(4);
+  b.writeUInt32LE(n, 0);
+  return b;
+}
+
+/** Bytes read at once when encoded records are read back (a record bigger than this is read alone). */
+const READ_WINDOW = 1 << 20;
+
+/** The records (each behind its u32 length) in `length` bytes from `at` of a spilled value. */
+function* readRecords(spill: Spill, ref: SpillRef, at: number, length: number): Generator<Buffer> {
+  const end = at + length;
+  let win: Buffer = Buffer.alloc(0);
+  let winAt = at;
+  for (let pos = at; pos < end;) {
+    if (pos + 4 > winAt + win.length) {
+      win = spill.readBytes(ref, pos, Math.min(READ_WINDOW, end - pos));
+      winAt = pos;
+    }
+    if (pos + 4 > winAt + win.length) throw new RangeError('encoded records are cut short');
+    const n = win.readUInt32LE(pos - winAt);
+    if (pos + 4 + n > end) throw new RangeError('encoded records are cut short');
+    if (pos + 4 + n > winAt + win.length) {
+      win = spill.readBytes(ref, pos, Math.min(Math.max(READ_WINDOW, 4 + n), end - pos));
+      winAt = pos;
+    }
+    yield win.subarray(pos - winAt + 4, pos - winAt + 4 + n);
+    pos += 4 + n;
+  }
 }

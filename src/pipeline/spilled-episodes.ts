@@ -68,10 +68,25 @@ export class SpilledEpisodes {
     return null;
   }
 
-  /** An entry held in memory (`firstHeld`) is written: it waits on disk at `ref` now. */
+  /**
+   * The first entry from sequence number `from` on that waits on disk as facts (not encoded), or
+   * null; `seq` is where to go on from next time.
+   */
+  nextFacts(from: number): { seq: number; ref: SpillRef; weight: number } | null {
+    const size = this.file.length;
+    for (let seq = Math.max(from, this.seq), end = this.seq + this.n; seq < end; seq++) {
+      const i = (this.head + (seq - this.seq)) % size;
+      if (this.at[i] >= 0 && this.encoded[i] === 0)
+        return { seq, ref: { file: this.file[i], at: this.at[i], length: this.length_[i] }, weight: this.weight[i] };
+    }
+    return null;
+  }
+
+  /** An entry held in memory (`firstHeld`), or waiting on disk, is written (again): it waits at `ref` now. */
   store(seq: number, ref: SpillRef, encoded: boolean): void {
-    if (!this.held.delete(seq)) throw new RangeError(`spilled episode ${seq} is not held in memory`);
+    if (seq < this.seq || seq >= this.seq + this.n) throw new RangeError(`spilled episode ${seq} is not in the queue`);
     const i = this.index(seq);
+    if (!this.held.delete(seq) && this.at[i] < 0) throw new RangeError(`spilled episode ${seq} is neither held nor on disk`);
     this.file[i] = ref.file;
     this.at[i] = ref.at;
     this.length_[i] = ref.length;

@@ -298,7 +298,7 @@ function episodeMetrics(registry: Registry) {
     }),
     exportBacklogSpilled: new Gauge({
       name: 'lightning_sidecar_export_backlog_spilled_records',
-      help: 'Of the records closed episodes waiting for the exporter hold, those waiting on disk (past service.export_backlog_memory_records in memory).',
+      help: 'Of the records closed episodes waiting for the exporter hold, those waiting on disk (past service.export_backlog_memory_records in memory, or encoded ahead while the exporter is away).',
       registers: [registry],
     }),
     exportBacklogEncodedBytes: new Gauge({

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { configSchema } from '../../src/config/schema';
@@ -61,7 +61,7 @@ function kafka(broker: Broker, metrics: Metrics): { exporter: Exporter; encoded:
     name: inner.name,
     start: () => inner.start(),
     shutdown: () => inner.shutdown(),
-    encodeAhead: (c, read) => inner.encodeAhead!(c, read),
+    encodeAhead: (c, read, write) => inner.encodeAhead!(c, read, write),
     async export(batch, read) {
       await inner.export(batch, read);
       // Counted once delivered (a failed attempt is tried again).
@@ -115,7 +115,9 @@ describe('a backlog encoded ahead while the Kafka exporter is away', () => {
     const broker = new Broker();
     const metrics = createMetrics();
     const k = kafka(broker, metrics);
-    const p = startPipeline(d, {}, () => {}, {}, { exporter: k.exporter, metrics });
+    // A memory budget the closes overrun at once: most go to disk as facts first, and are read
+    // back and encoded while the broker is away.
+    const p = startPipeline(d, {}, () => {}, { export_backlog_memory_records: 10 }, { exporter: k.exporter, metrics });
     await p.start();
     const n = 300;
     try {
@@ -199,6 +201,43 @@ describe('a backlog encoded ahead while the Kafka exporter is away', () => {
       expect(k.built()).toBeGreaterThan(n / 2);
       await until(() => spillFiles(d).length === 0);
       expect(spillFiles(d)).toEqual([]);
+    } finally {
+      await p.shutdown();
+    }
+  });
+
+  it('an episode whose encoded records cannot be read back is quarantined, not retried for ever; the rest goes, in order', async () => {
+    const d = dir();
+    const broker = new Broker();
+    const metrics = createMetrics();
+    const k = kafka(broker, metrics);
+    const p = startPipeline(d, {}, () => {}, {}, { exporter: k.exporter, metrics });
+    await p.start();
+    const n = 100;
+    try {
+      await rollouts(p, 0, n);
+      await untilAsync(async () => (await gauge(metrics, 'lightning_sidecar_export_backlog_spilled_records')) === 2 * n, 10_000);
+      // The disk goes bad under the first episode's records (its trailer, at its end, still reads).
+      const files = spillFiles(d);
+      expect(files).toHaveLength(1);
+      const fd = openSync(path.join(d, 'spill', files[0]), 'r+');
+      writeSync(fd, Buffer.alloc(8, 0xff), 0, 8, 0);
+      closeSync(fd);
+      broker.back();
+      await until(() => k.encoded() >= n - 1, 20_000);
+      const got = broker.transitions().map((t) => t.rollout);
+      // What of the batch went before the bad records goes again (at least once); nothing of r0.
+      expect([...new Set(got)]).toEqual(Array.from({ length: n - 1 }, (_, i) => `r${i + 1}`));
+      expect(k.encoded()).toBe(n - 1);
+      const quarantined = readFileSync(path.join(d, 'quarantine', 'records.ndjson'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      expect(quarantined).toHaveLength(1);
+      expect(quarantined[0].error).toMatch(/cut short/);
+      await until(() => spillFiles(d).length === 0);
+      expect(spillFiles(d)).toEqual([]);
+      expect(await gauge(metrics, 'lightning_sidecar_export_backlog_records')).toBe(0);
     } finally {
       await p.shutdown();
     }

@@ -219,16 +219,18 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       for (const kind of kinds) {
         const to = new Batcher(topics[kind], kind);
         for (const item of batch) {
-          const out = isEncoded(item) ? readSection(item.section(KINDS.indexOf(kind)), decodeRecord[kind]) : recordsOf(config, item, kind, writer);
-          for (const r of out) await send(to, kind, r);
+          if (isEncoded(item)) for (const b of item.records(KINDS.indexOf(kind))) await send(to, kind, readRecord(b, decodeRecord[kind]));
+          else for (const r of recordsOf(config, item, kind, writer)) await send(to, kind, r);
         }
         await to.flush();
       }
     },
-    /** The records of each topic (`KINDS` order), as `export` would send them; empty for a topic not sent to. */
-    encodeAhead(c: ClosedEpisode, read: BodyReader): Buffer[] {
+    /** The records of each topic sent to, section i for `KINDS[i]`, as `export` would send them. */
+    encodeAhead(c: ClosedEpisode, read: BodyReader, write: (section: number, parts: readonly Buffer[]) => void): void {
       const writer = new TransitionWriter(read);
-      return KINDS.map((kind) => (kinds.includes(kind) ? writeSection(recordsOf(config, c, kind, writer)) : Buffer.alloc(0)));
+      KINDS.forEach((kind, i) => {
+        if (kinds.includes(kind)) for (const r of recordsOf(config, c, kind, writer)) write(i, recordParts(r));
+      });
     },
     shutdown: once(async () => {
       await deps.producer.disconnect();
@@ -306,62 +308,48 @@ function deltaOfBytes(writer: TransitionWriter): (t: TransitionRecord) => { valu
 }
 
 /**
- * Records as one buffer, in order: for each, the key, record id, headers and value, every string
- * and the value behind a u32 length (the layout is private to this file: a cache, never read by
- * another version, since what waits on disk is rebuilt from the journal at start).
+ * A record as bytes: its key, record id, headers and value, every string and the value behind a
+ * u32 length, in two parts (the value as it is). The layout is private to this file: a cache,
+ * never read by another version, since what waits on disk is rebuilt from the journal at start.
  */
-function writeSection(records: Iterable<OutRecord>): Buffer {
-  const parts: Buffer[] = [];
-  const u32 = (n: number): void => {
-    const b = Buffer.allocUnsafe(4);
-    b.writeUInt32LE(n, 0);
-    parts.push(b);
+function recordParts(r: OutRecord): Buffer[] {
+  const h = Object.entries(r.headers);
+  const strings = [r.key, r.recordId, ...h.flat()].map((x) => Buffer.from(x, 'utf8'));
+  const head = Buffer.allocUnsafe(4 * (strings.length + 2) + strings.reduce((n, b) => n + b.length, 0));
+  let i = 0;
+  const put = (b: Buffer): void => {
+    i = head.writeUInt32LE(b.length, i);
+    i += b.copy(head, i);
   };
-  const str = (s: string): void => {
-    const b = Buffer.from(s, 'utf8');
-    u32(b.length);
-    parts.push(b);
-  };
-  for (const r of records) {
-    str(r.key);
-    str(r.recordId);
-    const h = Object.entries(r.headers);
-    u32(h.length);
-    for (const [k, v] of h) {
-      str(k);
-      str(v);
-    }
-    u32(r.value.length);
-    parts.push(r.value);
-  }
-  return Buffer.concat(parts);
+  put(strings[0]);
+  put(strings[1]);
+  i = head.writeUInt32LE(h.length, i);
+  for (const b of strings.slice(2)) put(b);
+  head.writeUInt32LE(r.value.length, i);
+  return [head, r.value];
 }
 
-/** The records `writeSection` wrote; values point into `buf`. */
-function* readSection(buf: Buffer, decode: (value: Buffer) => unknown): Generator<OutRecord> {
+/** The record `recordParts` wrote; its value points into `buf`. */
+function readRecord(buf: Buffer, decode: (value: Buffer) => unknown): OutRecord {
   let i = 0;
-  const u32 = (): number => {
-    const n = buf.readUInt32LE(i);
-    i += 4;
-    return n;
-  };
   const bytes = (): Buffer => {
-    const n = u32();
-    const b = buf.subarray(i, i + n);
-    if (b.length !== n) throw new RangeError('encoded section is cut short');
-    i += n;
+    const n = buf.readUInt32LE(i);
+    const b = buf.subarray(i + 4, i + 4 + n);
+    if (b.length !== n) throw new RangeError('encoded record is cut short');
+    i += 4 + n;
     return b;
   };
   const str = (): string => bytes().toString('utf8');
-  while (i < buf.length) {
-    const key = str();
-    const recordId = str();
-    const headers: Record<string, string> = {};
-    for (let n = u32(); n > 0; n--) {
-      const k = str();
-      headers[k] = str();
-    }
-    const value = bytes();
-    yield { key, value, headers, recordId, record: () => decode(value) };
+  const key = str();
+  const recordId = str();
+  const headers: Record<string, string> = {};
+  let n = buf.readUInt32LE(i);
+  i += 4;
+  for (; n > 0; n--) {
+    const k = str();
+    headers[k] = str();
   }
+  const value = bytes();
+  if (i !== buf.length) throw new RangeError('encoded record has bytes past its value');
+  return { key, value, headers, recordId, record: () => decode(value) };
 }

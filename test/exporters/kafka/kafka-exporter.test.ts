@@ -76,6 +76,22 @@ class FakeProducer implements Producer {
   async disconnect() {}
 }
 
+/**
+ * What the queue does while the broker is away: each record the exporter encodes ahead is written
+ * to disk (copied here, its parts as one) and read back, a record at a time, when the batch is sent.
+ */
+function ahead(exporter: ReturnType<typeof setup>['exporter'], c: ClosedEpisode): EncodedEpisode {
+  const sections: Buffer[][] = [];
+  let last = 0;
+  exporter.encodeAhead!(c, NO_JOURNAL, (i, parts) => {
+    // Section after section, in order.
+    expect(i).toBeGreaterThanOrEqual(last);
+    last = i;
+    (sections[i] ??= []).push(Buffer.concat(parts));
+  });
+  return { encoded: true, transitions: c.transitions.length, trajectories: c.trajectories.length, endedAt: [], records: (i) => sections[i] ?? [] };
+}
+
 const kafkaConfig = (extra: Record<string, unknown> = {}) =>
   configSchema.parse({ exporters: { kafka: { brokers: ['127.0.0.1:9'], ...extra } } }).exporters.kafka;
 
@@ -235,12 +251,6 @@ describe('kafka exporter', () => {
   });
 
   it('sends an episode encoded ahead exactly as it would send it now: every topic, chunks, deltas, JSON and protobuf', async () => {
-    // What the queue does while the broker is away: the sections are written to disk (copied
-    // here) and read back section by section when the batch is sent.
-    const ahead = (exporter: ReturnType<typeof setup>['exporter'], c: ClosedEpisode): EncodedEpisode => {
-      const sections = exporter.encodeAhead!(c, NO_JOURNAL).map((b) => Buffer.from(b));
-      return { encoded: true, transitions: c.transitions.length, trajectories: c.trajectories.length, endedAt: [], section: (i) => sections[i] };
-    };
     for (const encoding of ['json', 'protobuf'] as const)
       for (const prompt_ids of ['full', 'delta'] as const) {
         const extra = { encoding, prompt_ids, max_message_bytes: 1500, max_batch_bytes: 4000 };
@@ -266,8 +276,7 @@ describe('kafka exporter', () => {
       const big = episode('big', 2, 4000);
       const small = episode('small', 1);
       await now.exporter.export([big]);
-      const sections = later.exporter.encodeAhead!(big, NO_JOURNAL);
-      await later.exporter.export([{ encoded: true, transitions: 2, trajectories: 0, endedAt: [], section: (i) => sections[i] }]);
+      await later.exporter.export([ahead(later.exporter, big)]);
       const lines = (d: string) =>
         readFileSync(path.join(d, 'transitions.ndjson'), 'utf8')
           .trim()
@@ -278,8 +287,7 @@ describe('kafka exporter', () => {
       // Refused by the broker one at a time.
       now.producer.maxBytes = later.producer.maxBytes = 10;
       await now.exporter.export([small]);
-      const s2 = later.exporter.encodeAhead!(small, NO_JOURNAL);
-      await later.exporter.export([{ encoded: true, transitions: 1, trajectories: 0, endedAt: [], section: (i) => s2[i] }]);
+      await later.exporter.export([ahead(later.exporter, small)]);
       expect(lines(later.deadLetterDir)).toEqual(lines(now.deadLetterDir));
       expect(lines(later.deadLetterDir)[2]).toMatchObject({
         reason: expect.stringContaining('broker refused the size'),
