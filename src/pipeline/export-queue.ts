@@ -90,6 +90,7 @@ export class ExportQueue {
   private inMemory = 0;
   private readonly maxInMemory: number;
   private readonly spill: Spill;
+  private readonly spillDir: string;
   private pumping: Promise<void> | null = null;
   /** The exporter encodes ahead (`Exporter.encodeAhead`): while it is away, the backlog is encoded. */
   private readonly ahead: boolean;
@@ -123,7 +124,8 @@ export class ExportQueue {
     this.maxInMemory = ctx.config.service.export_backlog_memory_records;
     this.maxEncodedBytes = ctx.config.service.export_backlog_encoded_bytes;
     this.ahead = typeof deps.exporter.encodeAhead === 'function';
-    this.spill = new Spill(path.join(ctx.dataDir, 'spill'));
+    this.spillDir = path.join(ctx.dataDir, 'spill');
+    this.spill = new Spill(this.spillDir);
   }
 
   /** Closed episodes waiting for the exporter. */
@@ -232,12 +234,7 @@ export class ExportQueue {
         this.encodeAhead();
         return;
       }
-      let ref = null;
-      try {
-        ref = this.spill.write(close);
-      } catch (err) {
-        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
-      }
+      const ref = this.writeFacts(close);
       this.spilled.push({ ref, close: ref ? null : close, firstOffset, marker, weight }, durable);
       if (!ref) this.inMemory += weight;
     } else {
@@ -282,7 +279,7 @@ export class ExportQueue {
         } catch (err) {
           this.ctx.quarantine(e.marker, { episode: { spilled: e.ref } }, err);
         }
-        this.spill.release(e.ref);
+        this.releaseRef(e.ref, false);
         if (close) this.inMemory += e.weight;
       }
       this.queue.push({
@@ -324,13 +321,23 @@ export class ExportQueue {
     return this.backoffMs > 0 || this.stalled;
   }
 
+  /** A closed episode's facts written to disk to wait there; null (logged) when they cannot be. */
+  private writeFacts(close: EpisodeClose): SpillRef | null {
+    try {
+      return this.spill.write(close);
+    } catch (err) {
+      this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: this.spillDir });
+      return null;
+    }
+  }
+
   private releaseRef(ref: SpillRef, encoded: boolean): void {
     if (encoded) this.encodedBytes -= ref.length;
     try {
       this.spill.release(ref);
     } catch (err) {
       // A file not deleted takes disk until the next start empties the directory; nothing is lost.
-      this.ctx.log.once('spill_release', 'warn', 'a spill file could not be deleted', { err, dir: path.join(this.ctx.dataDir, 'spill') });
+      this.ctx.log.once('spill_release', 'warn', 'a spill file could not be deleted', { err, dir: this.spillDir });
     }
   }
 
@@ -369,16 +376,9 @@ export class ExportQueue {
     const held = this.spilled.firstHeld();
     if (held) {
       const encoded = room ? this.encode(held.close, null) : null;
-      let ref = encoded?.ref ?? null;
-      if (!ref) {
-        try {
-          ref = this.spill.write(held.close);
-        } catch (err) {
-          // Tried again when the next episode closes; meanwhile it waits in memory.
-          this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk; they wait in memory', { err, dir: path.join(this.ctx.dataDir, 'spill') });
-          return false;
-        }
-      }
+      const ref = encoded?.ref ?? this.writeFacts(held.close);
+      // Not written: tried again when the next episode closes; meanwhile it waits in memory.
+      if (!ref) return false;
       this.spilled.store(held.seq, ref, encoded !== null);
       this.inMemory -= held.weight;
       this.backlogMetrics();
@@ -417,45 +417,48 @@ export class ExportQueue {
     } catch {
       return null;
     }
-    let v: SpillValue | null = null;
-    let writing = false;
-    const append = (b: Buffer): void => {
-      writing = true;
-      v!.append(b);
-      writing = false;
+    // What fails on disk pauses encoding ahead; what fails in encoding leaves this one episode out.
+    let diskFailed = false;
+    const disk = <T>(f: () => T): T => {
+      try {
+        return f();
+      } catch (err) {
+        diskFailed = true;
+        throw err;
+      }
     };
+    let v: SpillValue | null = null;
     try {
-      writing = true;
-      v = this.spill.begin();
-      writing = false;
+      v = disk(() => this.spill.begin());
+      const value = v;
       const lengths = [0];
       this.deps.exporter.encodeAhead!(c, this.ctx.read, (section, parts) => {
         if (section < lengths.length - 1) throw new RangeError(`encodeAhead wrote section ${section} after ${lengths.length - 1}`);
         while (lengths.length <= section) lengths.push(0);
         let n = 0;
         for (const p of parts) n += p.length;
-        append(u32(n));
-        for (const p of parts) append(p);
+        disk(() => {
+          value.append(u32(n));
+          for (const p of parts) value.append(p);
+        });
         lengths[section] += 4 + n;
       });
       const head: EncodedHead = { t: c.transitions.length, j: c.trajectories.length, e: c.transitions.map((t) => Date.parse(t.ended_at)), s: lengths };
       const json = Buffer.from(JSON.stringify(head));
-      append(json);
-      append(u32(json.length));
-      writing = true;
-      const ref = v.end();
+      const ref = disk(() => {
+        value.append(json);
+        value.append(u32(json.length));
+        return value.end();
+      });
       this.encodedBytes += ref.length;
       if (!built) this.countBuilt(c);
       return encodedOf(ref, head);
     } catch (err) {
       v?.abort();
-      if (writing) {
+      if (diskFailed) {
         // The disk: nothing more is encoded ahead until an export succeeds.
         this.aheadPaused = true;
-        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk encoded; they are encoded when exported', {
-          err,
-          dir: path.join(this.ctx.dataDir, 'spill'),
-        });
+        this.ctx.log.once('spill', 'warn', 'closed episodes cannot wait on disk encoded; they are encoded when exported', { err, dir: this.spillDir });
       } else this.ctx.log.once('encode_ahead', 'warn', 'a closed episode could not be encoded ahead; it is built when exported', { err });
       return null;
     }

@@ -73,11 +73,9 @@ export class SpilledEpisodes {
    * null; `seq` is where to go on from next time.
    */
   nextFacts(from: number): { seq: number; ref: SpillRef; weight: number } | null {
-    const size = this.file.length;
     for (let seq = Math.max(from, this.seq), end = this.seq + this.n; seq < end; seq++) {
-      const i = (this.head + (seq - this.seq)) % size;
-      if (this.at[i] >= 0 && this.encoded[i] === 0)
-        return { seq, ref: { file: this.file[i], at: this.at[i], length: this.length_[i] }, weight: this.weight[i] };
+      const i = this.index(seq);
+      if (this.at[i] >= 0 && this.encoded[i] === 0) return { seq, ref: this.refAt(i)!, weight: this.weight[i] };
     }
     return null;
   }
@@ -95,6 +93,11 @@ export class SpilledEpisodes {
 
   private index(seq: number): number {
     return (this.head + (seq - this.seq)) % this.file.length;
+  }
+
+  /** Where the entry at ring index `i` waits on disk (null when it is held in memory). */
+  private refAt(i: number): SpillRef | null {
+    return this.at[i] < 0 ? null : { file: this.file[i], at: this.at[i], length: this.length_[i] };
   }
 
   push(e: Omit<SpilledEpisode, 'durable' | 'encoded'> & { encoded?: boolean }, durable: Promise<unknown>): void {
@@ -126,7 +129,7 @@ export class SpilledEpisodes {
     const seq = this.seq;
     const close = this.held.get(seq) ?? null;
     const e: SpilledEpisode = {
-      ref: this.at[i] < 0 ? null : { file: this.file[i], at: this.at[i], length: this.length_[i] },
+      ref: this.refAt(i),
       encoded: this.encoded[i] === 1,
       close,
       firstOffset: this.first[i],
