@@ -1,4 +1,4 @@
-import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, writeFileSync, writeSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { configSchema } from '../../src/config/schema';
@@ -93,6 +93,19 @@ async function untilAsync(check: () => Promise<boolean>, ms = 3000): Promise<voi
   while (!(await check()) && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
 }
 
+/** Polls a gauge until it is above 0 and the same 100 ms apart (or 10 s pass); its last value. */
+async function untilSettled(m: Metrics, name: string): Promise<number> {
+  let last = -1;
+  await untilAsync(async () => {
+    const now = await gauge(m, name);
+    const settled = now > 0 && now === last;
+    last = now;
+    await new Promise((r) => setTimeout(r, 100));
+    return settled;
+  }, 10_000);
+  return last;
+}
+
 const spillFiles = (d: string) => (existsSync(path.join(d, 'spill')) ? readdirSync(path.join(d, 'spill')) : []);
 
 describe('a backlog encoded ahead while the Kafka exporter is away', () => {
@@ -122,8 +135,10 @@ describe('a backlog encoded ahead while the Kafka exporter is away', () => {
     const n = 300;
     try {
       await rollouts(p, 0, n);
-      // All of it waits on disk, encoded: nothing of the backlog is left in memory.
+      // All of it waits on disk, encoded: nothing of the backlog is left in memory. (On disk as
+      // facts counts as spilled too: the encoding is done once its bytes stop growing.)
       await untilAsync(async () => (await gauge(metrics, 'lightning_sidecar_export_backlog_spilled_records')) === 2 * n, 10_000);
+      await untilSettled(metrics, 'lightning_sidecar_export_backlog_encoded_bytes');
       expect(await gauge(metrics, 'lightning_sidecar_export_backlog_spilled_records')).toBe(2 * n);
       expect(await gauge(metrics, 'lightning_sidecar_export_backlog_encoded_bytes')).toBeGreaterThan(n * 500);
       expect(spillFiles(d).length).toBeGreaterThan(0);
@@ -181,15 +196,7 @@ describe('a backlog encoded ahead while the Kafka exporter is away', () => {
       await rollouts(p, 0, n);
       // Past the budget the head of the queue stays in memory (as when nothing is encoded) and the
       // rest waits on disk as facts: once the backlog on disk stops growing, the writing is done.
-      let last = -1;
-      await untilAsync(async () => {
-        const now = await gauge(metrics, 'lightning_sidecar_export_backlog_spilled_records');
-        const settled = now > 0 && now === last;
-        last = now;
-        await new Promise((r) => setTimeout(r, 100));
-        return settled;
-      }, 10_000);
-      expect(last).toBeGreaterThan(0);
+      expect(await untilSettled(metrics, 'lightning_sidecar_export_backlog_spilled_records')).toBeGreaterThan(0);
       const bytes = await gauge(metrics, 'lightning_sidecar_export_backlog_encoded_bytes');
       expect(bytes).toBeGreaterThan(0);
       // Encoding stops at the first episode past the budget.
@@ -238,6 +245,30 @@ describe('a backlog encoded ahead while the Kafka exporter is away', () => {
       await until(() => spillFiles(d).length === 0);
       expect(spillFiles(d)).toEqual([]);
       expect(await gauge(metrics, 'lightning_sidecar_export_backlog_records')).toBe(0);
+    } finally {
+      await p.shutdown();
+    }
+  });
+
+  it('a disk that cannot take the backlog: nothing is encoded ahead, episodes wait in memory and are all sent once the broker is back', async () => {
+    const d = dir();
+    const broker = new Broker();
+    const metrics = createMetrics();
+    const k = kafka(broker, metrics);
+    const p = startPipeline(d, {}, () => {}, {}, { exporter: k.exporter, metrics });
+    await p.start();
+    // The spill directory cannot be made: a file stands where it would be.
+    writeFileSync(path.join(d, 'spill'), 'not a directory');
+    const n = 200;
+    try {
+      await rollouts(p, 0, n);
+      await new Promise((r) => setTimeout(r, 300));
+      expect(await gauge(metrics, 'lightning_sidecar_export_backlog_encoded_bytes')).toBe(0);
+      expect(await gauge(metrics, 'lightning_sidecar_export_backlog_records')).toBe(2 * n);
+      broker.back();
+      await until(() => k.encoded() + k.built() >= n, 20_000);
+      expectAll(broker, n);
+      expect([k.encoded(), k.built()]).toEqual([0, n]);
     } finally {
       await p.shutdown();
     }
