@@ -1,7 +1,10 @@
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import { loadConfig } from '../config/load';
+import { upstreamUrls } from '../config/schema';
+import { routeGrpcLogs } from '../receivers/otlp/receiver';
 import { createApp } from '../service/app';
 import { HeapHeadroom } from '../service/heap';
+import { ListenError } from '../telemetry/listen';
 import { createLogger } from '../telemetry/logger';
 import type { Command, CommandSpec } from './command';
 import { boundAddress, startupLine } from './startup-line';
@@ -35,6 +38,7 @@ export const runCommand: Command = {
   async run({ values }, io) {
     const config = loadConfig({ file: (values.config as string | undefined) ?? (io.env.LIGHTNING_CONFIG || undefined), env: io.env });
     const logger = createLogger({ level: config.service.log_level, component: 'lightning-sidecar', write: (line) => io.err.write(line) });
+    routeGrpcLogs(logger.child('grpc'));
     const heap = new HeapHeadroom(config.service.heap_headroom_mib * 1024 * 1024).start();
     let app: ReturnType<typeof createApp>;
     try {
@@ -47,21 +51,25 @@ export const runCommand: Command = {
     try {
       await app.start();
     } catch (err) {
-      logger.error('start-up failed', { err });
+      // A port that cannot be bound: the line says which setting moves it (telemetry/listen.ts).
+      logger.error(err instanceof ListenError ? `start-up failed: ${err.message}` : 'start-up failed', { err });
       await app.shutdown().catch(() => {});
       return 1;
     }
     const proxy = config.receivers.llm_proxy;
     const otlp = config.receivers.otlp.protocols;
-    const { msg, fields } = startupLine(config, {
+    const upstream = app.proxy.upstream();
+    const { msg, fields, warning } = startupLine(config, {
       version: packageVersion(),
       proxy: boundAddress(proxy.endpoint, app.proxy.port()),
       otlpGrpc: app.otlp && otlp.grpc.enabled ? boundAddress(otlp.grpc.endpoint, app.otlp.grpcPort()) : null,
       otlpHttp: app.otlp && otlp.http.enabled ? boundAddress(otlp.http.endpoint, app.otlp.httpPort()) : null,
       telemetry: boundAddress(config.service.telemetry.endpoint, app.telemetry.port()),
-      upstream: { url: proxy.upstream_url, flavor: proxy.upstream_flavor, detected: describeUpstream(app.proxy.upstream()) },
+      upstream: { url: proxy.upstream_url, flavor: proxy.upstream_flavor, detected: describeUpstream(upstream), state: upstream },
+      routing: { replicas: app.proxy.routing().replicas.length, urls: upstreamUrls(proxy.upstream_url).length },
     });
-    logger.info(msg, fields);
+    if (warning) logger.warn(msg, fields);
+    else logger.info(msg, fields);
     return new Promise<number>((resolve) => {
       let signals = 0;
       const onSignal = (signal: NodeJS.Signals): void => {

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { parseDocument } from 'yaml';
 import type { z } from 'zod';
 import { configSchema, type Config } from './schema';
+import { keysAt, nearestKey } from './suggest';
 
 /** Env vars and the config key each one overrides (docs/configuration.md). */
 export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => unknown }> = {
@@ -9,7 +10,7 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_UPSTREAM_ROUTING: { path: ['receivers', 'llm_proxy', 'routing', 'policy'] },
   LIGHTNING_UPSTREAM_FLAVOR: { path: ['receivers', 'llm_proxy', 'upstream_flavor'] },
   LIGHTNING_PROXY_ADDR: { path: ['receivers', 'llm_proxy', 'endpoint'] },
-  LIGHTNING_TOKEN_IN: { path: ['receivers', 'llm_proxy', 'token_in', 'enabled'], parse: (v) => (v === 'true' ? true : v === 'false' ? false : v) },
+  LIGHTNING_TOKEN_IN: { path: ['receivers', 'llm_proxy', 'token_in', 'enabled'], parse: toBoolean },
   LIGHTNING_TOOL_CALL_PARSER: { path: ['receivers', 'llm_proxy', 'token_in', 'tool_call_parser'] },
   LIGHTNING_REASONING_PARSER: { path: ['receivers', 'llm_proxy', 'token_in', 'reasoning_parser'] },
   LIGHTNING_OTLP_GRPC_ADDR: { path: ['receivers', 'otlp', 'protocols', 'grpc', 'endpoint'] },
@@ -38,7 +39,7 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_KAFKA_SASL_MECHANISM: { path: ['exporters', 'kafka', 'sasl', 'mechanism'] },
   LIGHTNING_KAFKA_SASL_USERNAME: { path: ['exporters', 'kafka', 'sasl', 'username'] },
   LIGHTNING_KAFKA_SASL_PASSWORD: { path: ['exporters', 'kafka', 'sasl', 'password'] },
-  LIGHTNING_KAFKA_TLS: { path: ['exporters', 'kafka', 'tls', 'enabled'], parse: (v) => (v === 'true' ? true : v === 'false' ? false : v) },
+  LIGHTNING_KAFKA_TLS: { path: ['exporters', 'kafka', 'tls', 'enabled'], parse: toBoolean },
   LIGHTNING_KAFKA_TLS_CA_FILE: { path: ['exporters', 'kafka', 'tls', 'ca_file'] },
   LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: { path: ['processors', 'episodes', 'idle_timeout_ms'], parse: toNumber },
   LIGHTNING_TOOL_SPAN_WAIT_MS: { path: ['processors', 'episodes', 'tool_span_wait_ms'], parse: toNumber },
@@ -47,6 +48,26 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
 function toNumber(v: string): unknown {
   const n = Number(v);
   return v.trim() === '' || Number.isNaN(n) ? v : n;
+}
+
+/** The env var that sets a config key (`receivers.llm_proxy.endpoint` → `LIGHTNING_PROXY_ADDR`), if any. */
+export function envVarOf(key: string): string | null {
+  for (const [name, spec] of Object.entries(ENV_KEYS)) if (spec.path.join('.') === key) return name;
+  return null;
+}
+
+/** An env var whose text is not a value of its kind; reported as `path (from ENV): message`. */
+class EnvValueError extends Error {}
+
+const TRUE = new Set(['true', '1', 'yes', 'on']);
+const FALSE = new Set(['false', '0', 'no', 'off']);
+
+/** Boolean env vars take true/false, 1/0, yes/no, on/off, in any case. */
+function toBoolean(v: string): boolean {
+  const t = v.trim().toLowerCase();
+  if (TRUE.has(t)) return true;
+  if (FALSE.has(t)) return false;
+  throw new EnvValueError(`expected true or false (also 1/0, yes/no, on/off), got '${v.length > 40 ? `${v.slice(0, 40)}…` : v}'`);
 }
 
 export class ConfigError extends Error {
@@ -73,18 +94,29 @@ export function loadConfig(options: LoadOptions = {}): Config {
     raw = readYaml(options.file, problems);
   }
   const fromEnv = new Map<string, string>();
+  const envProblems: string[] = [];
   const env = options.env ?? {};
   for (const [name, spec] of Object.entries(ENV_KEYS)) {
     const value = env[name];
     if (value === undefined || value === '') continue;
-    setPath(raw, spec.path, spec.parse ? spec.parse(value) : value);
+    let parsed: unknown;
+    try {
+      parsed = spec.parse ? spec.parse(value) : value;
+    } catch (err) {
+      if (!(err instanceof EnvValueError)) throw err;
+      envProblems.push(`${spec.path.join('.')} (from ${name}): ${err.message}`);
+      continue;
+    }
+    setPath(raw, spec.path, parsed);
     fromEnv.set(spec.path.join('.'), name);
   }
   if (options.overrides) raw = deepMerge(raw, options.overrides);
-  if (problems.length > 0) throw new ConfigError(problems);
+  // A file that could not be read or parsed would only add noise from the schema.
+  if (problems.length > 0) throw new ConfigError([...problems, ...envProblems]);
 
   const result = configSchema.safeParse(raw);
-  if (!result.success) throw new ConfigError(formatIssues(result.error.issues, fromEnv));
+  if (!result.success) throw new ConfigError([...envProblems, ...formatIssues(result.error.issues, fromEnv)]);
+  if (envProblems.length > 0) throw new ConfigError(envProblems);
   return result.data;
 }
 
@@ -111,18 +143,26 @@ function readYaml(file: string, problems: string[]): Record<string, unknown> {
   return value as Record<string, unknown>;
 }
 
-export function formatIssues(issues: readonly z.core.$ZodIssue[], fromEnv = new Map<string, string>()): string[] {
-  return issues.map((issue) => {
-    let path = joinPath(issue.path);
-    let message = issue.message;
+/**
+ * `path (from ENV): message` for each issue. An unknown key is one line each, with the nearest
+ * valid key at its level (`did you mean upstream_url?`) or, when none is near, the valid keys there.
+ */
+export function formatIssues(issues: readonly z.core.$ZodIssue[], fromEnv = new Map<string, string>(), schema: z.core.$ZodType = configSchema): string[] {
+  return issues.flatMap((issue) => {
     if (issue.code === 'unrecognized_keys') {
-      const keys = issue.keys;
-      path = joinPath([...issue.path, keys[0]]);
-      message = keys.length > 1 ? `unknown keys ${keys.map((k) => `'${k}'`).join(', ')}` : 'unknown key';
+      const valid = keysAt(schema, issue.path) ?? [];
+      return issue.keys.map((key) => `${joinPath([...issue.path, key])}: unknown key${unknownKeyHint(key, valid)}`);
     }
-    const envName = fromEnv.get(issue.path.map(String).join('.'));
-    return `${path || '(root)'}${envName ? ` (from ${envName})` : ''}: ${lowerFirst(message)}`;
+    // An array's element set by an env var (`exporters.kafka.brokers[1]`) names the var too.
+    const envName = fromEnv.get(issue.path.map(String).join('.')) ?? fromEnv.get(issue.path.filter((k) => typeof k !== 'number').join('.'));
+    return [`${joinPath(issue.path) || '(root)'}${envName ? ` (from ${envName})` : ''}: ${lowerFirst(issue.message)}`];
   });
+}
+
+function unknownKeyHint(key: string, valid: string[]): string {
+  if (valid.length === 0) return '';
+  const near = nearestKey(key, valid);
+  return near !== null ? `; did you mean ${near}?` : `; valid keys here: ${valid.join(', ')}`;
 }
 
 /** `a.b[0].c`; a key that is not a plain word is quoted (`receivers[" "]`), so the path stays readable. */

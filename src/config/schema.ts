@@ -96,6 +96,11 @@ export const llmProxySchema = z
     routing: routingSchema.prefault({}),
     /** `auto` identifies vLLM / SGLang by their own endpoints; `openai` never adds fields; `vllm` / `sglang` force it. */
     upstream_flavor: z.enum(['auto', 'openai', 'vllm', 'sglang']).default('auto'),
+    /**
+     * `auto`: while no upstream URL has answered the identification yet (just started, or every
+     * replica down), a call waits up to this long for it, so that it is asked for token ids (0: never waits).
+     */
+    identify_wait_ms: z.number().int().nonnegative().default(5_000),
     /** APIs translated to chat completions (for token ids) when the model server is vLLM or SGLang. */
     translate: z.array(z.enum(['responses', 'anthropic.messages'])).default(['responses', 'anthropic.messages']),
     /** Strip the fields the sidecar asked for (token ids, logprobs) from what the agent receives, unless it asked itself. */
@@ -287,9 +292,12 @@ export const fileExporterSchema = z
   })
   .strict();
 
+/** Where the Kafka exporter's brokers are set, for the errors about them. */
+export const BROKERS_SETTING = 'exporters.kafka.brokers, or LIGHTNING_KAFKA_BROKERS=host:port,host:port';
+
 export const kafkaExporterSchema = z
   .object({
-    brokers: z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'must be host:port')).default([]),
+    brokers: z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, `must be host:port, e.g. kafka-0:9092 (${BROKERS_SETTING})`)).default([]),
     topic: z.string().min(1).default('lightning.transitions'),
     episodes_topic: z.string().min(1).default('lightning.episodes'),
     trajectories_topic: z.string().min(1).default('lightning.trajectories'),
@@ -434,7 +442,7 @@ export const configSchema = z
       ctx.addIssue({
         code: 'custom',
         path: ['exporters', 'kafka', 'brokers'],
-        message: 'at least one broker is required when service.exporter is kafka',
+        message: `at least one broker is required when service.exporter is kafka: set ${BROKERS_SETTING}`,
       });
     }
   });

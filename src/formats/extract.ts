@@ -130,9 +130,12 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     error = parseError;
   }
   let request: RawBody | null = bodies.request.length > 0 ? { raw: 'journal', offsets: bodies.request, encoding: null, cuts: [] } : null;
+  let choices = extracted?.choices ?? [];
   if (call.translation && bodies.agentRequest) {
     request = bodies.agentRequest.length > 0 ? { raw: 'journal', offsets: bodies.agentRequest, encoding: null, cuts: [] } : null;
-    response = agentResponse(call, bodies.agentResponse ?? [], read);
+    const received = agentResponse(call, bodies.agentResponse ?? [], read, upstreamApi === 'completions' && call.api === 'chat.completions');
+    response = received.response;
+    if (received.facts !== null) choices = withAgentFacts(choices, received.facts);
   }
   const facts: CallFacts = {
     ...call,
@@ -141,22 +144,51 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     model: extracted?.model ?? modelFromRequest(bodies.request, read),
     usage: extracted?.usage ?? null,
     promptTokenIds: extracted?.promptTokenIds ?? null,
-    choices: extracted?.choices ?? [],
+    choices,
     request,
     response,
   };
   return { facts, responseBytes: decoded };
 }
 
-/** What a translated call's agent received: its JSON as it is, or its stream assembled. */
-function agentResponse(call: CallRecord, offsets: number[], read: BodyReader): unknown {
-  if (offsets.length === 0) return null;
-  if (!call.streamed) return { raw: 'journal', offsets, encoding: null, cuts: [] } satisfies RawBody;
+/**
+ * What a translated call's agent received: its JSON as it is, or its stream assembled. With
+ * `facts`, also the choices read from it as from any answer of the agent's API: a chat call served
+ * over completions (token-in) has its finish reasons and tool calls only there, and the record
+ * must say what the agent got, whatever route served it (null when it cannot be read).
+ */
+function agentResponse(call: CallRecord, offsets: number[], read: BodyReader, facts: boolean): { response: unknown; facts: ChoiceCapture[] | null } {
+  if (offsets.length === 0) return { response: null, facts: null };
+  if (!call.streamed && !facts) return { response: { raw: 'journal', offsets, encoding: null, cuts: [] } satisfies RawBody, facts: null };
   try {
-    return extractStream(call.api, read(offsets).toString('utf8')).response;
+    const text = read(offsets).toString('utf8');
+    if (call.streamed) {
+      const e = extractStream(call.api, text);
+      return { response: e.response, facts: facts ? e.choices : null };
+    }
+    const raw: RawBody = { raw: 'journal', offsets, encoding: null, cuts: [] };
+    try {
+      return { response: raw, facts: extractBody(call.api, JSON.parse(text)).choices };
+    } catch {
+      return { response: raw, facts: null };
+    }
   } catch {
-    return null;
+    return { response: null, facts: null };
   }
+}
+
+/**
+ * The model server's choices with what the agent received in place of what the server's own
+ * shape says (finish reason, tool calls); ids and logprobs stay the server's. A choice the agent's
+ * answer does not have keeps the server's facts.
+ */
+function withAgentFacts(server: ChoiceCapture[], agent: ChoiceCapture[]): ChoiceCapture[] {
+  if (agent.length === 0) return server;
+  const byIndex = new Map(agent.map((c) => [c.index, c]));
+  return server.map((c) => {
+    const a = byIndex.get(c.index);
+    return a ? { ...c, finishReason: a.finishReason, toolCalls: a.toolCalls } : c;
+  });
 }
 
 /** The request's `model` (for answers that do not name it, such as errors). */

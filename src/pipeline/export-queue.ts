@@ -525,6 +525,7 @@ export class ExportQueue {
       if (t.turns.length > 1) m.trajectoryCalls.inc({ outcome: 'merged', reason: 'continued' }, t.turns.length - 1);
     }
     for (const u of c.episode.unmerged_calls) m.trajectoryCalls.inc({ outcome: 'left_out', reason: u.reason });
+    this.warnWithoutIds(c);
     for (const t of c.transitions) {
       if (t.choice_index === 0) this.countTokens(t);
       for (const tc of t.tool_calls) {
@@ -532,6 +533,23 @@ export class ExportQueue {
         if (tc.reward !== null) m.airRewards.observe(tc.reward);
       }
     }
+  }
+
+  /**
+   * An episode whose answered calls all came without token ids gives the trainer nothing to train
+   * on: the sidecar serves and records, and captures nothing a trainer can use. Said in the log
+   * (at most once each 10 s), with why the ids are missing and the settings that change it.
+   */
+  private warnWithoutIds(c: ClosedEpisode): void {
+    const answered = c.transitions.filter((t) => t.status === 'ok');
+    if (answered.length === 0 || answered.some((t) => t.response_token_ids !== null)) return;
+    this.ctx.warnLimited(
+      'no_token_ids',
+      'episodes close without trajectories: the model server answered every call of this episode without token ids, so a trainer gets nothing from it. ' +
+        'If the server is vLLM or SGLang, set receivers.llm_proxy.upstream_flavor (LIGHTNING_UPSTREAM_FLAVOR) to vllm or sglang, ' +
+        'or check that receivers.llm_proxy.upstream_url (LIGHTNING_UPSTREAM_URL) names it; see the start-up line and /readyz for what the sidecar found',
+      { reason: answered[0].token_ids_missing, rollout_id: c.episode.rollout_id, attempt_id: c.episode.attempt_id, calls: answered.length },
+    );
   }
 
   /** Token counts and calls without ids, counted when their transitions are built. */

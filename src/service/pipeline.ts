@@ -12,7 +12,7 @@ import { ExportQueue } from '../pipeline/export-queue';
 import { Intake } from '../pipeline/intake';
 import type { JournalRecord } from '../pipeline/records';
 import { Replay } from '../pipeline/replay';
-import { keyOf } from '../processors/episodes/assembler';
+import { keyOf, type EpisodeClose } from '../processors/episodes/assembler';
 
 export type { DeliveredMarker, EpisodeClosedMarker, JournalRecord } from '../pipeline/records';
 
@@ -83,8 +83,11 @@ export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
     shutdown: once(async () => {
       if (timer) clearInterval(timer);
       intake.applyDeferred();
-      if (config.service.drain_on_shutdown) queue.enqueue(assembler.drain(ctx.now()));
+      const open = assembler.openCount;
+      const drained = config.service.drain_on_shutdown ? assembler.drain(ctx.now()) : [];
+      if (config.service.drain_on_shutdown) queue.enqueue(drained);
       await queue.stop();
+      logShutdownCloses(ctx.log, drained, open, queue.length === 0);
       await journal.close();
       queue.close();
     }),
@@ -92,3 +95,26 @@ export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
 }
 
 export type Pipeline = ReturnType<typeof createPipeline>;
+
+/**
+ * Says what shutdown did with the episodes still open: those closed with `episode_status:
+ * "shutdown"` have no final reward (null), which a trainer that does not filter them reads as
+ * reward-0 rows.
+ */
+function logShutdownCloses(log: Logger, drained: EpisodeClose[], open: number, exported: boolean): void {
+  if (open === 0) return;
+  const cut = drained.filter((c) => c.status === 'shutdown').length;
+  if (drained.length === 0) {
+    log.info(`shutdown left ${open} open episode${open === 1 ? '' : 's'} in the journal; the next start resumes them (service.drain_on_shutdown is false)`, {
+      open_episodes: open,
+    });
+    return;
+  }
+  if (cut === 0) return;
+  const where = exported ? 'written' : 'closed (not all exported yet: they stay in the journal for the next start)';
+  log.info(
+    `shutdown closed ${cut} open episode${cut === 1 ? '' : 's'}, ${where} with episode_status "shutdown" and a null final_reward: ` +
+      'trainers should filter episode_status == "shutdown" (they become reward-0 rows otherwise)',
+    { shutdown_episodes: cut, completed_episodes: drained.length - cut, exported },
+  );
+}

@@ -1,5 +1,6 @@
 import type { Server } from 'node:http';
 import { splitAddress } from '../config/address';
+import type { ListenerSetting } from '../config/listeners';
 
 /**
  * Listening and closing for the sidecar's HTTP servers (the LLM proxy, the OTLP receiver's HTTP
@@ -7,13 +8,59 @@ import { splitAddress } from '../config/address';
  * can use it (test/architecture/layers.test.ts).
  */
 
-/** Binds `server` to `address` (`host:port`); rejects with the bind error (EADDRINUSE, EACCES). Resolves to the host. */
-export async function listen(server: Server, address: string): Promise<string> {
+/**
+ * A listening socket that could not be bound, said in one line with the setting that moves it
+ * and, when it can be, the one that turns it off:
+ * `cannot listen on 127.0.0.1:4318 for the OTLP/HTTP receiver: the address is already in use
+ * (EADDRINUSE; …); move it with receivers.otlp.protocols.http.endpoint (LIGHTNING_OTLP_HTTP_ADDR), …`
+ */
+export class ListenError extends Error {
+  readonly code: string;
+  constructor(
+    readonly address: string,
+    readonly setting: ListenerSetting,
+    cause: unknown,
+  ) {
+    const code = bindCode(cause);
+    const env = setting.env ? ` (${setting.env})` : '';
+    const off = setting.off ? `, or turn it off with ${setting.off}` : '';
+    super(`cannot listen on ${address} for ${setting.what}: ${bindReason(code, cause, setting)}; move it with ${setting.key}${env}${off}`, { cause });
+    this.name = 'ListenError';
+    this.code = code ?? 'LISTEN_FAILED';
+  }
+}
+
+/** The errno of a bind failure (gRPC only says it in its message). */
+function bindCode(err: unknown): string | null {
+  const code = (err as NodeJS.ErrnoException | null)?.code;
+  if (typeof code === 'string') return code;
+  return /\b(EADDRINUSE|EACCES|EADDRNOTAVAIL)\b/.exec(String((err as Error | null)?.message ?? err))?.[1] ?? null;
+}
+
+function bindReason(code: string | null, err: unknown, setting: ListenerSetting): string {
+  switch (code) {
+    case 'EADDRINUSE':
+      return `the address is already in use (EADDRINUSE${setting.usual ? `; ${setting.usual}` : ''})`;
+    case 'EACCES':
+      return 'permission denied (EACCES; ports below 1024 need privileges)';
+    case 'EADDRNOTAVAIL':
+      return 'the host is not an address of this machine (EADDRNOTAVAIL)';
+    default:
+      return err instanceof Error ? err.message : String(err);
+  }
+}
+
+/**
+ * Binds `server` to `address` (`host:port`); resolves to the host. Rejects with the bind error
+ * (EADDRINUSE, EACCES), as a `ListenError` naming the setting when `setting` is given.
+ */
+export async function listen(server: Server, address: string, setting?: ListenerSetting): Promise<string> {
   const [host, port] = splitAddress(address);
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    const failed = (err: Error): void => reject(setting ? new ListenError(address, setting, err) : err);
+    server.once('error', failed);
     server.listen(port, host, () => {
-      server.off('error', reject);
+      server.off('error', failed);
       resolve();
     });
   });

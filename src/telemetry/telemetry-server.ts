@@ -2,6 +2,7 @@ import http from 'node:http';
 import type { Logger } from './logger';
 import type { Metrics } from './metrics';
 import { boundPort, closeServer, listen } from './listen';
+import { LISTENERS } from '../config/listeners';
 
 export interface ReadinessCheck {
   name: string;
@@ -59,7 +60,7 @@ export function createTelemetryServer(
   let closing: Promise<void> | undefined;
   return {
     async start(): Promise<void> {
-      const host = await listen(server, endpoint);
+      const host = await listen(server, endpoint, LISTENERS.telemetry);
       log.info('listening', { address: `${host}:${this.port()}` });
     },
     port: (): number => boundPort(server),

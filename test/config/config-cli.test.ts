@@ -76,13 +76,86 @@ describe('configuration', () => {
     expect(problems).toEqual(
       expect.arrayContaining([
         'receivers.llm_proxy.endpoint: must be host:port, e.g. 127.0.0.1:4000',
-        'receivers.llm_proxy.bogus: unknown key',
+        // Nothing near 'bogus': the keys valid at that level.
+        expect.stringMatching(
+          /^receivers\.llm_proxy\.bogus: unknown key; valid keys here: endpoint, upstream_url, routing, upstream_flavor, .*, secret_headers, token_in$/,
+        ),
         expect.stringMatching(/^processors\.credit\.mode: invalid option/),
         expect.stringMatching(/^processors\.episodes\.idle_timeout_ms \(from LIGHTNING_EPISODE_IDLE_TIMEOUT_MS\): /),
         expect.stringMatching(/^exporters\.records \(from LIGHTNING_EXPORT_RECORDS\): invalid option/),
       ]),
     );
     expect(problems.length).toBeGreaterThanOrEqual(5);
+  });
+
+  function problemsOf(options: Parameters<typeof loadConfig>[0]): string[] {
+    try {
+      loadConfig(options);
+    } catch (err) {
+      return (err as ConfigError).problems;
+    }
+    return [];
+  }
+
+  it('takes true/false, 1/0, yes/no, on/off in any case for boolean env vars, and names the accepted words otherwise', () => {
+    for (const [text, value] of [
+      ['yes', true],
+      ['ON', true],
+      ['1', true],
+      ['True', true],
+      ['no', false],
+      ['off', false],
+      ['0', false],
+      ['FALSE', false],
+    ] as const) {
+      expect(loadConfig({ env: { LIGHTNING_TOKEN_IN: text } }).receivers.llm_proxy.token_in.enabled).toBe(value);
+      expect(loadConfig({ env: { LIGHTNING_KAFKA_TLS: text } }).exporters.kafka.tls?.enabled).toBe(value);
+    }
+    expect(problemsOf({ env: { LIGHTNING_TOKEN_IN: 'maybe', LIGHTNING_KAFKA_TLS: 'enabled', LIGHTNING_EXPORT_RECORDS: 'all' } })).toEqual([
+      "receivers.llm_proxy.token_in.enabled (from LIGHTNING_TOKEN_IN): expected true or false (also 1/0, yes/no, on/off), got 'maybe'",
+      "exporters.kafka.tls.enabled (from LIGHTNING_KAFKA_TLS): expected true or false (also 1/0, yes/no, on/off), got 'enabled'",
+      expect.stringMatching(/^exporters\.records \(from LIGHTNING_EXPORT_RECORDS\): invalid option/),
+    ]);
+  });
+
+  it('suggests the nearest valid key for an unknown one, or lists the keys valid there', () => {
+    const f = file(
+      'typos.yaml',
+      [
+        'recievers:',
+        '  llm_proxy: {}',
+        'receivers:',
+        '  llm_proxy:',
+        '    upstream_urll: http://vllm:8000/v1',
+        '    Token-In: {}',
+        '    colour: blue',
+        'processors:',
+        '  air:',
+        '    rules:',
+        '      - { outcome: ok, rewrd: 1, reward: 1 }',
+        '',
+      ].join('\n'),
+    );
+    const problems = problemsOf({ file: f, env: {} });
+    expect(problems).toEqual(
+      expect.arrayContaining([
+        'recievers: unknown key; did you mean receivers?',
+        'receivers.llm_proxy.upstream_urll: unknown key; did you mean upstream_url?',
+        'receivers.llm_proxy.Token-In: unknown key; did you mean token_in?',
+        expect.stringMatching(/^receivers\.llm_proxy\.colour: unknown key; valid keys here: endpoint, upstream_url, routing, .*, token_in$/),
+        'processors.air.rules[0].rewrd: unknown key; did you mean reward?',
+      ]),
+    );
+    expect(problems).toHaveLength(5);
+  });
+
+  it('names exporters.kafka.brokers and LIGHTNING_KAFKA_BROKERS when brokers are missing or malformed', () => {
+    expect(problemsOf({ env: { LIGHTNING_EXPORTER: 'kafka' } })).toEqual([
+      'exporters.kafka.brokers: at least one broker is required when service.exporter is kafka: set exporters.kafka.brokers, or LIGHTNING_KAFKA_BROKERS=host:port,host:port',
+    ]);
+    expect(problemsOf({ env: { LIGHTNING_EXPORTER: 'kafka', LIGHTNING_KAFKA_BROKERS: 'kafka-0:9092,kafka-1' } })).toEqual([
+      'exporters.kafka.brokers[1] (from LIGHTNING_KAFKA_BROKERS): must be host:port, e.g. kafka-0:9092 (exporters.kafka.brokers, or LIGHTNING_KAFKA_BROKERS=host:port,host:port)',
+    ]);
   });
 
   it('takes a heap headroom from 0 (V8 decides) to 1024 MiB, and refuses others as path: message', () => {

@@ -88,7 +88,9 @@ describe('routing over model-server replicas', () => {
 
   it('sticky: every call of a rollout reaches one replica, rollouts spread evenly, and each transition names its replica', async () => {
     const rs = await replicas(3);
-    const sidecar = await sidecarFor(rs.map((s) => s.url).join(','), { ...routing(), processors: { episodes: { idle_timeout_ms: 300 } } });
+    // The idle timeout closes the episodes once the agents are done; long enough that a rollout
+    // waiting for the others' first calls on a loaded machine is not closed early.
+    const sidecar = await sidecarFor(rs.map((s) => s.url).join(','), { ...routing(), processors: { episodes: { idle_timeout_ms: 1500 } } });
     // Every rollout's first call is placed before any second call is in flight (which would count as load).
     let firsts = 0;
     let firstDone: () => void = () => {};
@@ -111,7 +113,7 @@ describe('routing over model-server replicas', () => {
     }
     // Six rollouts started together on three idle replicas: two each.
     expect(rs.map((s) => new Set(chats(s).map(rolloutOf)).size)).toEqual([2, 2, 2]);
-    await sidecar.waitForEpisodes(6);
+    await sidecar.waitForEpisodes(6, 10_000);
     const transitions = sidecar.transitions();
     expect(transitions).toHaveLength(24);
     for (const t of transitions) expect(t.upstream_replica).toBe(`127.0.0.1:${placed.get(t.rollout_id)![0]}`);

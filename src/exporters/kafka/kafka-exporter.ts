@@ -1,6 +1,6 @@
 import { appendFile, mkdir } from 'node:fs/promises';
 import path from 'node:path';
-import type { KafkaExporterConfig } from '../../config/schema';
+import { BROKERS_SETTING, type KafkaExporterConfig } from '../../config/schema';
 import { once } from '../../model/component';
 import type { ClosedEpisode, TransitionRecord } from '../../model/records';
 import type { Logger } from '../../telemetry/logger';
@@ -203,7 +203,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       // Do not wait for Kafka: agents are served and the journal holds the backlog meanwhile.
       deps.producer.connect().then(
         () => log.info('connected', { brokers: config.brokers }),
-        (err: Error) => log.warn('kafka unreachable at start; will retry on export', { err, brokers: config.brokers }),
+        (err: Error) => log.warn(`kafka unreachable at start; will retry on export (brokers from ${BROKERS_SETTING})`, { err, brokers: config.brokers }),
       );
     },
     async export(batch: ExportItem[], read = NO_JOURNAL): Promise<void> {
@@ -212,7 +212,8 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
           await deps.producer.connect();
         } catch (err) {
           m.exportErrors.inc({ exporter: 'kafka', kind: 'retryable' });
-          throw new ExportError(`exporter kafka: cannot connect to ${config.brokers.join(',')}: ${(err as Error).message}`, true, err as Error);
+          const reason = `${(err as Error).message} (brokers from ${BROKERS_SETTING})`;
+          throw new ExportError(`exporter kafka: cannot connect to ${config.brokers.join(',')}: ${reason}`, true, err as Error);
         }
       }
       const writer = new TransitionWriter(read);

@@ -10,6 +10,7 @@ import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
 import { fieldsFor } from './inject';
 import { passThrough } from './pass-through';
+import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
 import { REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
 import { readTokenInRequest, type TokenInRequest } from './token-in/request';
@@ -57,6 +58,10 @@ export class CallEngine implements Engine {
   private readonly now: () => number;
   /** The last call of each rollout attempt, under token-in. */
   private readonly tokenStates: TokenStates | null;
+  /** Warnings about a `/v1` missing from a base URL, rate-limited. */
+  private readonly hints: HintLog;
+  /** Where agents reach the proxy (`host:port`, the port bound once listening), for those warnings. */
+  endpoint: string;
 
   constructor(
     readonly config: LlmProxyConfig,
@@ -77,6 +82,8 @@ export class CallEngine implements Engine {
     this.now = deps.now ?? Date.now;
     const t = config.token_in;
     this.tokenStates = t.enabled ? new TokenStates(t.max_rollouts, t.max_held_tokens) : null;
+    this.hints = new HintLog(log, this.now);
+    this.endpoint = config.endpoint;
   }
 
   /** Serves one admitted call; resolves once it has ended. */
@@ -231,6 +238,10 @@ export class CallEngine implements Engine {
       if (typeof v === 'string' && POLICY_VERSION.test(v.trim())) capture.policyVersion = v.trim();
     }
     if (api) this.metrics.upstreamTtfb.observe({ api }, (at - sentAt) / 1000);
+    if (ures.statusCode === 404) {
+      const hint = missingV1Hint(call.path, this.upstream.basePath, 404, this.endpoint);
+      if (hint) this.hints.warn(hint);
+    }
   }
 
   refused(field: string, detail: string): void {

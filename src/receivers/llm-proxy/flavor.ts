@@ -24,28 +24,41 @@ export interface UpstreamFlavorDeps {
   /** How often to probe again (the server may be restarted or replaced). */
   reprobeMs?: number;
   probeTimeoutMs?: number;
+  /** How long a call waits for an identification under way when the server is not identified yet (0: never waits). */
+  identifyWaitMs?: number;
+  now?: () => number;
 }
+
+/** A call may start a new probe of a server nobody answered for at most this often. */
+const CALL_PROBE_MS = 1000;
 
 /**
  * Decides which fields the proxy adds for token ids. A configured `vllm`/`sglang`/`openai`
- * forces it; `auto` probes the model server's own endpoints at start, again periodically and
- * soon after the server was unreachable (it may come back as something else), and adds nothing
- * until vLLM or SGLang is identified. A server that refuses an added field stops all adding
- * for good (until restart), and is reported.
+ * forces it; `auto` probes the model server's own endpoints, through every configured URL (a
+ * replica down at start does not hide the others), at start, again periodically, and soon after
+ * the server was unreachable (it may come back as something else). It adds nothing until vLLM or
+ * SGLang is identified. While no URL has answered at all, a call starts a probe and waits for it
+ * (up to `identifyWaitMs`), so the first calls after a start, or after the servers come up, carry
+ * ids. A server that refuses an added field stops all adding for good (until restart), and is
+ * reported.
  */
 export class UpstreamFlavor {
   private s: FlavorState;
   private timer: NodeJS.Timeout | null = null;
   private probing: Promise<void> | null = null;
   private soon: NodeJS.Timeout | null = null;
+  /** When the last probe ended, and whether any URL answered it (a server that answers and is not identified is not probed per call). */
+  private lastProbe = { at: -Infinity, answered: true };
   private readonly log: Logger;
+  private readonly now: () => number;
 
   constructor(
     private readonly configured: ConfiguredFlavor,
-    private readonly baseUrl: string,
+    private readonly baseUrls: readonly string[],
     private readonly deps: UpstreamFlavorDeps,
   ) {
     this.log = deps.logger.child('upstream');
+    this.now = deps.now ?? Date.now;
     this.s =
       configured === 'auto'
         ? { flavor: 'openai', source: 'unknown', evidence: 'not probed yet', serverVersion: null, rejected: null }
@@ -62,9 +75,35 @@ export class UpstreamFlavor {
     return { ...this.s };
   }
 
+  /**
+   * What a call waits for before its fields are chosen: null when nothing (the flavor is
+   * configured or identified, or the server answered and is not vLLM or SGLang); else an
+   * identification under way (or one this call starts), bounded by `identifyWaitMs`.
+   */
+  identified(): Promise<void> | null {
+    if (this.configured !== 'auto' || this.s.source !== 'unknown') return null;
+    const wait = this.deps.identifyWaitMs ?? 5000;
+    if (wait <= 0) return null;
+    if (this.lastProbe.answered) return null;
+    if (!this.probing) {
+      if (this.now() - this.lastProbe.at < CALL_PROBE_MS) return null;
+      void this.probe();
+    }
+    const probing = this.probing!;
+    return new Promise<void>((resolve) => {
+      const t = setTimeout(resolve, wait);
+      t.unref();
+      void probing.finally(() => {
+        clearTimeout(t);
+        resolve();
+      });
+    });
+  }
+
   /** First probe (bounded by the probe timeout), then periodic ones. */
   async start(): Promise<void> {
     if (this.configured !== 'auto') return;
+    this.lastProbe.answered = false;
     await this.probe();
     this.timer = setInterval(() => void this.probe(), this.deps.reprobeMs ?? 60_000);
     this.timer.unref();
@@ -100,7 +139,22 @@ export class UpstreamFlavor {
   private probe(): Promise<void> {
     this.probing ??= (async () => {
       const detect = this.deps.detect ?? ((url: string) => detectUpstream(url, { timeoutMs: this.deps.probeTimeoutMs ?? 2000 }));
-      const d = await detect(this.baseUrl).catch((err: Error): UpstreamDetection => ({ flavor: 'unknown', evidence: err.message, serverVersion: null }));
+      const found = await Promise.all(
+        this.baseUrls.map((url) => detect(url).catch((err: Error): UpstreamDetection => ({ flavor: 'unknown', evidence: err.message, serverVersion: null }))),
+      );
+      // The first URL that shows vLLM or SGLang, else the first that answered as another server.
+      const at =
+        [found.findIndex((d) => d.flavor === 'vllm' || d.flavor === 'sglang'), found.findIndex((d) => d.flavor === 'openai')].find((i) => i >= 0) ?? -1;
+      const d: UpstreamDetection =
+        at >= 0
+          ? { ...found[at], evidence: this.baseUrls.length > 1 ? `${shownUrl(this.baseUrls[at])}: ${found[at].evidence}` : found[at].evidence }
+          : {
+              flavor: 'unknown',
+              evidence: found.map((x, i) => (this.baseUrls.length > 1 ? `${shownUrl(this.baseUrls[i])}: ${x.evidence}` : x.evidence)).join('; '),
+              serverVersion: null,
+              answered: found.some((x) => x.answered !== false),
+            };
+      this.lastProbe = { at: this.now(), answered: at >= 0 || d.answered !== false };
       const before = this.s;
       const known = d.flavor === 'vllm' || d.flavor === 'sglang' || d.flavor === 'openai';
       // A server that stops answering keeps what was found; a different answer replaces it.
@@ -118,7 +172,7 @@ export class UpstreamFlavor {
           source: this.s.source,
           evidence: d.evidence,
           server_version: d.serverVersion,
-          upstream: this.baseUrl,
+          upstream: at >= 0 ? shownUrl(this.baseUrls[at]) : this.baseUrls.map(shownUrl).join(','),
         });
       }
       this.publish();
@@ -131,4 +185,9 @@ export class UpstreamFlavor {
     g.reset();
     g.set({ flavor: this.s.flavor, source: this.s.source, adding_fields: this.current() === 'openai' ? 'false' : 'true' }, 1);
   }
+}
+
+/** A URL as logs may show it: without credentials. */
+function shownUrl(u: string): string {
+  return u.replace(/\/\/[^/@]*@/, '//***@');
 }

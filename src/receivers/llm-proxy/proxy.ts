@@ -1,6 +1,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
+import { LISTENERS } from '../../config/listeners';
 import { upstreamUrls, type LlmProxyConfig } from '../../config/schema';
 import type { GateHold } from '../../model/component';
 import type { Api } from '../../model/records';
@@ -14,6 +15,7 @@ import { CallCapture } from './capture';
 import { CorrelationError, ID_PATTERN, parseTraceparent, resolveCorrelation, routePath } from './correlation';
 import { sendProxyError } from './errors';
 import { UpstreamFlavor } from './flavor';
+import { upstreamPathWarning } from './path-hints';
 
 /**
  * The LLM proxy's server: it admits each call (the trainer's pause, correlation, the capture that
@@ -36,7 +38,9 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   const log = deps.logger.child('llm_proxy');
   const m = deps.metrics;
   const now = deps.now ?? Date.now;
-  const flavors = deps.flavor ?? new UpstreamFlavor(config.upstream_flavor, upstreamUrls(config.upstream_url)[0], { logger: deps.logger, metrics: m });
+  const flavors =
+    deps.flavor ??
+    new UpstreamFlavor(config.upstream_flavor, upstreamUrls(config.upstream_url), { logger: deps.logger, metrics: m, identifyWaitMs: config.identify_wait_ms });
   const inFlight = new Set<Promise<void>>();
   const engine = new CallEngine(config, deps, flavors, log, () => inFlight.size);
   const upstream = engine.upstream;
@@ -55,7 +59,18 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     const api = recordedApi(req.method, routed.path);
     const held = api ? (deps.gate?.() ?? null) : null;
     if (held === null) {
-      admit(req, res, routed, api);
+      // A recorded call made while the model server is being identified (the sidecar just
+      // started, or no replica had answered) waits for that, boundedly, so that it is asked for
+      // token ids like every later call; its body waits in the socket meanwhile.
+      const identifying = api ? flavors.identified() : null;
+      if (identifying === null) admit(req, res, routed, api);
+      else
+        track(
+          identifying.then(() => {
+            if (res.destroyed) req.resume();
+            else admit(req, res, routed, api);
+          }),
+        );
       return;
     }
     // Paused for a weight sync: the body waits in the socket; the call goes (or gets 429) later.
@@ -125,10 +140,13 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
   return {
     server,
     async start(): Promise<void> {
-      const host = await listen(server, config.endpoint);
+      const host = await listen(server, config.endpoint, LISTENERS.proxy);
       started = true;
+      engine.endpoint = `${config.endpoint.slice(0, config.endpoint.lastIndexOf(':'))}:${boundPort(server)}`;
       await Promise.all([flavors.start(), upstream.start()]);
       log.info('listening', { address: `${host}:${this.port()}`, upstream: `${upstream.host}${upstream.basePath}` });
+      const noPath = upstreamPathWarning(upstream.basePath);
+      if (noPath) log.warn(noPath, { upstream: upstream.host });
     },
     port: (): number => boundPort(server),
     inFlight(): number {

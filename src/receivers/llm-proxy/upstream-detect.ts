@@ -22,6 +22,8 @@ export interface UpstreamDetection {
   flavor: UpstreamFlavor;
   evidence: string;
   serverVersion: string | null;
+  /** False when no HTTP answer came at all (the server is down or unreachable, not another kind of server). */
+  answered?: boolean;
 }
 
 export interface ProbeResult {
@@ -49,7 +51,7 @@ export async function detectUpstream(baseUrl: string, options: DetectOptions): P
   try {
     return await detect(baseUrl, options);
   } catch (err) {
-    return { flavor: 'unknown', evidence: `detection failed: ${(err as Error).message}`, serverVersion: null };
+    return { flavor: 'unknown', evidence: `detection failed: ${(err as Error).message}`, serverVersion: null, answered: false };
   }
 }
 
@@ -100,7 +102,7 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
         serverVersion: version,
       };
   }
-  return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null };
+  return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null, answered: models.status !== 0 };
 }
 
 async function sglangInfo(get: (url: string) => Promise<ProbeResult>, root: string): Promise<{ path: string; version: string } | null> {

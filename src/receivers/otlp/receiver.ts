@@ -5,7 +5,8 @@ import type { Span } from '../../model/span';
 import { bearerAuth } from '../../security/auth';
 import type { Logger } from '../../telemetry/logger';
 import { splitAddress } from '../../config/address';
-import { boundPort, closeServer, listen } from '../../telemetry/listen';
+import { LISTENERS } from '../../config/listeners';
+import { boundPort, closeServer, listen, ListenError } from '../../telemetry/listen';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
 
 export type SpanSinkResult =
@@ -193,12 +194,13 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
   let grpcStarted = false;
   return {
     async start(): Promise<void> {
-      if (options.httpAddr) await listen(httpServer, options.httpAddr);
-      if (options.grpcAddr) {
-        const [host, port] = splitAddress(options.grpcAddr);
+      if (options.httpAddr) await listen(httpServer, options.httpAddr, LISTENERS.otlpHttp);
+      const grpcAddr = options.grpcAddr;
+      if (grpcAddr) {
+        const [host, port] = splitAddress(grpcAddr);
         grpcPort = await new Promise<number>((resolve, reject) =>
           grpcServer.bindAsync(`${host.includes(':') ? `[${host}]` : host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) =>
-            err ? reject(err) : resolve(p),
+            err ? reject(new ListenError(grpcAddr, LISTENERS.otlpGrpc, err)) : resolve(p),
           ),
         );
         grpcStarted = true;
@@ -230,6 +232,16 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
 }
 
 export type OtlpReceiver = ReturnType<typeof createOtlpReceiver>;
+
+/**
+ * grpc-js writes its own lines to stderr (`E No address added…` when a port is taken), which would
+ * break the one-JSON-object-a-line logs: they go to `logger` at debug instead (what failed is
+ * reported by the receiver's own error). grpc-js has one logger per process: the command sets it.
+ */
+export function routeGrpcLogs(logger: Logger): void {
+  const line = (...args: unknown[]): void => logger.debug(`grpc: ${args.map(String).join(' ')}`);
+  grpc.setLogger({ error: line, info: line, debug: line });
+}
 
 function plain(req: IncomingMessage, res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {
   req.resume();

@@ -24,9 +24,19 @@ function attemptId(b: Record<string, unknown>): string {
   return s;
 }
 
-function rewardValue(v: unknown, field: string): number {
-  if (typeof v !== 'number' || !Number.isFinite(v)) throw new BodyError(field, 'must be a finite number');
-  return v;
+/** Keys agents use for a reward's value by mistake. */
+const VALUE_ALIASES = ['reward', 'score'];
+
+/**
+ * The reward's value, `holder.value`. The error says the shape the body must have (`shape`), and
+ * which key to rename when the value came under another name (`{"reward": 1}`).
+ */
+function rewardValue(holder: Record<string, unknown>, field: string, shape: string): number {
+  const v = holder.value;
+  if (typeof v === 'number' && Number.isFinite(v)) return v;
+  const alias = v === undefined ? VALUE_ALIASES.find((k) => k in holder) : undefined;
+  if (alias !== undefined) throw new BodyError(field, `is missing: use "value" instead of "${alias}"; the body must be ${shape}`);
+  throw new BodyError(field, `${v === undefined ? 'is missing' : 'must be a finite number'}; the body must be ${shape}`);
 }
 
 /** `{"value": 1.0, "attempt_id": "0", "final": true, "name": "primary"}` */
@@ -36,7 +46,7 @@ export function parseRewardBody(body: unknown): { attemptId: string; value: numb
   if (typeof final !== 'boolean') throw new BodyError('final', 'must be a boolean');
   const name = b.name ?? 'primary';
   if (typeof name !== 'string' || name.length === 0 || name.length > 128) throw new BodyError('name', 'must be a string of 1-128 characters');
-  return { attemptId: attemptId(b), value: rewardValue(b.value, 'value'), final, name };
+  return { attemptId: attemptId(b), value: rewardValue(b, 'value', '{"value": <number>} (optionally "final", "name", "attempt_id")'), final, name };
 }
 
 /** `{"attempt_id": "0"}` (or empty). */
@@ -55,5 +65,5 @@ export function parseEventsBody(body: unknown): { value: number; final: boolean;
   }
   const data = object(b.data, 'data');
   const name = typeof data.source === 'string' && data.source.length > 0 && data.source.length <= 128 ? data.source : 'primary';
-  return { value: rewardValue(data.value, 'data.value'), final: true, name };
+  return { value: rewardValue(data, 'data.value', '{"event_type": "reward", "data": {"value": <number>}}'), final: true, name };
 }

@@ -358,7 +358,12 @@ describe('kafka exporter', () => {
   it('rejects with a retryable error when the broker is unreachable or answers a retriable error', async () => {
     const { producer, exporter, metrics } = setup();
     producer.connected = false;
-    await expect(exporter.export([episode('x', 1)])).rejects.toMatchObject({ retryable: true });
+    const unreachable = await exporter.export([episode('x', 1)]).catch((e: unknown) => e);
+    expect(unreachable).toMatchObject({ retryable: true });
+    // Says where the brokers come from.
+    expect((unreachable as ExportError).message).toMatch(
+      /^exporter kafka: cannot connect to .*\(brokers from exporters\.kafka\.brokers, or LIGHTNING_KAFKA_BROKERS=host:port,host:port\)$/,
+    );
     producer.connected = true;
     producer.next = [{ status: 'retryable', error: new Error('NOT_LEADER_OR_FOLLOWER') }];
     const err = await exporter.export([episode('x', 1)]).catch((e: unknown) => e);

@@ -102,7 +102,12 @@ describe('detectUpstream', () => {
   it('a /version alone (without the key-protected listing) is not taken for vLLM', async () => {
     const s = await fixedServer({ '/version': { body: '{"version":"1.0"}' } });
     try {
-      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({ flavor: 'unknown', evidence: 'GET /v1/models: answered 404', serverVersion: null });
+      expect(await detectUpstream(s.url, { timeoutMs: 2000 })).toEqual({
+        flavor: 'unknown',
+        evidence: 'GET /v1/models: answered 404',
+        serverVersion: null,
+        answered: true,
+      });
     } finally {
       await s.close();
     }
@@ -116,6 +121,7 @@ describe('detectUpstream', () => {
         flavor: 'unknown',
         evidence: 'GET /v1/models: answer is not JSON',
         serverVersion: null,
+        answered: true,
       });
       expect((await detectUpstream(other.url, { timeoutMs: 2000 })).evidence).toBe('GET /v1/models: not a model listing');
     } finally {
@@ -133,6 +139,8 @@ describe('detectUpstream', () => {
       flavor: 'unknown',
       evidence: 'GET /v1/models: ECONNREFUSED',
       serverVersion: null,
+      // Nobody answered: calls wait for the next identification rather than go without ids.
+      answered: false,
     });
   });
 
@@ -141,7 +149,7 @@ describe('detectUpstream', () => {
     try {
       const started = Date.now();
       const d = await detectUpstream(s.url, { timeoutMs: 150 });
-      expect(d).toEqual({ flavor: 'unknown', evidence: 'GET /v1/models: no answer within 150 ms', serverVersion: null });
+      expect(d).toEqual({ flavor: 'unknown', evidence: 'GET /v1/models: no answer within 150 ms', serverVersion: null, answered: false });
       expect(Date.now() - started).toBeLessThan(2000);
     } finally {
       await s.close();

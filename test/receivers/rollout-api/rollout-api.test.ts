@@ -19,8 +19,10 @@ const post = (path: string, body: string, method = 'POST') =>
 
 describe('rollout API', () => {
   it.each([
-    ['{}', 'value: must be a finite number'],
-    ['{"value":"1"}', 'value: must be a finite number'],
+    ['{}', 'value: is missing; the body must be {"value": <number>}'],
+    ['{"value":"1"}', 'value: must be a finite number; the body must be {"value": <number>}'],
+    ['{"reward":1}', 'value: is missing: use "value" instead of "reward"; the body must be {"value": <number>}'],
+    ['{"score":0.5,"final":true}', 'value: is missing: use "value" instead of "score"; the body must be {"value": <number>}'],
     ['{"value":1,"final":"yes"}', 'final: must be a boolean'],
     ['{"value":1,"attempt_id":"a b"}', 'attempt_id: must be 1-128 characters'],
     ['{"value":1,"name":""}', 'name: must be a string'],
@@ -31,6 +33,18 @@ describe('rollout API', () => {
     expect(res.status).toBe(400);
     const json = (await res.json()) as ErrorJson;
     expect(json.error.message).toContain(message);
+  });
+
+  it('answers a reward posted as {"reward": 1} in the OpenAI error shape, saying to use "value"', async () => {
+    const res = await post('/lightning/v1/rollouts/r1/reward', '{"reward":1}');
+    expect(res.status).toBe(400);
+    expect(await res.json()).toEqual({
+      error: {
+        message: 'value: is missing: use "value" instead of "reward"; the body must be {"value": <number>} (optionally "final", "name", "attempt_id")',
+        type: 'invalid_request_error',
+        param: 'value',
+      },
+    });
   });
 
   it('answers 400 for a malformed rollout id in the path', async () => {
@@ -74,6 +88,15 @@ describe('rollout API', () => {
     expect(res.status).toBe(202);
     const [ep] = await sidecar.waitForEpisodes(1);
     expect(ep).toMatchObject({ rollout_id: 'agl', final_reward: 1 });
+    const misnamed = await post('/api/rollouts/agl/attempt/0/events', '{"event_type":"reward","data":{"reward":1}}');
+    expect(misnamed.status).toBe(400);
+    expect(await misnamed.json()).toEqual({
+      error: {
+        message: 'data.value: is missing: use "value" instead of "reward"; the body must be {"event_type": "reward", "data": {"value": <number>}}',
+        type: 'invalid_request_error',
+        param: 'data.value',
+      },
+    });
     const bad = await post('/api/rollouts/agl/attempt/0/events', '{"event_type":"model_request","data":{}}');
     expect(bad.status).toBe(400);
     expect(((await bad.json()) as ErrorJson).error.message).toContain('event_type');
