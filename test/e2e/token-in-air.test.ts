@@ -1,11 +1,11 @@
-import { SpanStatusCode, type Tracer } from '@opentelemetry/api';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import OpenAI from 'openai';
 import type { Trajectory, Transition } from '../../src/model/records';
-import { startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
+import { CALCULATOR_TOOLS as TOOLS, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
+import { inToolSpan } from '../support/tool-span';
 
 /**
  * Token-in and AIR together: a tool-using agent on the real `openai` SDK, its tools in OTel
@@ -17,16 +17,6 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
  * (rendered) call as for the spliced ones.
  */
 
-const TOOLS = [
-  {
-    type: 'function' as const,
-    function: {
-      name: 'calculator',
-      description: 'Evaluates one arithmetic expression',
-      parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
-    },
-  },
-];
 const QUERIES = ['Compute 3*4 and 7+8.', 'Now compute 10/2.', 'Finally 2*5 and 9-1.'];
 
 /** The calculator the agent runs: it cannot divide (a failing tool, an ERROR span). */
@@ -70,22 +60,6 @@ async function complete(client: OpenAI, messages: ChatMessage[], stream: boolean
   return out;
 }
 
-/** Runs the agent's tool in an `execute_tool` span naming the rollout and the call id it answers. */
-function inToolSpan(tracer: Tracer, rollout: string, callId: string, name: string, fn: () => string): string {
-  const span = tracer.startSpan(`execute_tool ${name}`, {
-    attributes: { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': name, 'gen_ai.tool.call.id': callId, 'lightning.rollout_id': rollout },
-  });
-  try {
-    return fn();
-  } catch (err) {
-    span.recordException(err as Error);
-    span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
-    return `error: ${(err as Error).message}`;
-  } finally {
-    span.end();
-  }
-}
-
 /** The agent over QUERIES; what it received on each call, in order. */
 async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean): Promise<Received[]> {
   const provider = new BasicTracerProvider({
@@ -109,7 +83,8 @@ async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean):
         if (m.toolCalls.length === 0) break;
         for (const c of m.toolCalls) {
           const { expression } = JSON.parse(c.arguments) as { expression: string };
-          messages.push({ role: 'tool', tool_call_id: c.id, content: inToolSpan(tracer, rollout, c.id, c.name, () => calculator(expression)) });
+          const content = inToolSpan(tracer, c.name, c.id, () => calculator(expression), { 'lightning.rollout_id': rollout });
+          messages.push({ role: 'tool', tool_call_id: c.id, content });
         }
       }
     }

@@ -1,6 +1,6 @@
 import OpenAI from 'openai';
 import { loadConfig } from '../../src/config/load';
-import { decode, encode, renderChat, sample, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
+import { CALCULATOR_TOOLS as TOOLS, decode, encode, renderChat, sample, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
 import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
@@ -11,16 +11,6 @@ import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
  * token-in.
  */
 
-const TOOLS = [
-  {
-    type: 'function' as const,
-    function: {
-      name: 'calculator',
-      description: 'Evaluates one arithmetic expression',
-      parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
-    },
-  },
-];
 const QUERIES = ['Compute 3*4 and 7+8.', 'Now compute 10-2.', 'Finally 6/3, 2*5 and 9-1.'];
 
 /** Waits until the rollout's episode is exported. */

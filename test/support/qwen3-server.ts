@@ -38,6 +38,18 @@ export function qwen3(): { tok: Tokenizer; template: Template } {
   return shared;
 }
 
+/** The calculator tool the stand-in's policy calls, as agents declare it (OpenAI `tools`). */
+export const CALCULATOR_TOOLS = [
+  {
+    type: 'function' as const,
+    function: {
+      name: 'calculator',
+      description: 'Evaluates one arithmetic expression',
+      parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] },
+    },
+  },
+];
+
 export interface ChatMessage {
   role: string;
   content?: unknown;
