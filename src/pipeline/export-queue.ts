@@ -58,6 +58,8 @@ export interface ExportQueueDeps {
   closed: (rolloutId: string, attemptId: string) => void;
   /** Episodes began (true) or stopped (false) waiting on disk. */
   onDisk?: (onDisk: boolean) => void;
+  /** Calls are expected to carry token ids (false: `upstream_flavor: openai` was chosen, and episodes without them are no news). */
+  idsExpected?: boolean;
 }
 
 /**
@@ -541,6 +543,7 @@ export class ExportQueue {
    * (at most once each 10 s), with why the ids are missing and the settings that change it.
    */
   private warnWithoutIds(c: ClosedEpisode): void {
+    if (this.deps.idsExpected === false) return;
     const answered = c.transitions.filter((t) => t.status === 'ok');
     if (answered.length === 0 || answered.some((t) => t.response_token_ids !== null)) return;
     this.ctx.warnLimited(

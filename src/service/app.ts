@@ -79,6 +79,7 @@ export function createApp(config: Config, deps: AppDeps) {
     now: deps.now,
     collect: collectGarbage,
     backlogOnDisk: deps.backlogOnDisk,
+    idsExpected: config.receivers.llm_proxy.upstream_flavor !== 'openai',
   });
   const rolloutApi = config.receivers.rollout_api.enabled
     ? createRolloutApi(

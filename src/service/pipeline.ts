@@ -27,6 +27,8 @@ export interface PipelineDeps {
   collect?: () => void;
   /** Closed episodes began (true) or stopped (false) waiting on disk: the exporter is behind. */
   backlogOnDisk?: (onDisk: boolean) => void;
+  /** Calls are expected to carry token ids (false when the model server is configured as plain OpenAI). */
+  idsExpected?: boolean;
 }
 
 /**
@@ -47,6 +49,7 @@ export function createPipeline(config: PipelineConfig, deps: PipelineDeps) {
     // Its calls are no base for a later episode's.
     closed: (rolloutId, attemptId) => writers.forget(keyOf(rolloutId, attemptId)),
     onDisk: deps.backlogOnDisk,
+    idsExpected: deps.idsExpected,
   });
   const applyRecord = createApply(ctx, queue);
   const intake = new Intake(ctx, queue, applyRecord);

@@ -95,6 +95,25 @@ describe('identifying the model server', () => {
     expect(paths.indexOf('GET /v1/models')).toBeLessThan(paths.indexOf('POST /v1/chat/completions'));
   }, 30_000);
 
+  it('a shutdown while a call waits for the identification lets that call finish', async () => {
+    const port = await closedPort();
+    const sidecar = await startSidecar(`http://127.0.0.1:${port}/v1`, AUTO);
+    // Stopped below; not in `sidecars`.
+    const server = await startFakeModelServer({ flavor: 'vllm', strict: true, port, delayMs: 300 });
+    servers.push(server);
+    await new Promise((r) => setTimeout(r, 1100));
+    const call = chat(`${sidecar.origin}/rollout/shutdown-wait/v1`, 'Compute 1+1.').then(
+      () => 'answered',
+      (err: Error) => err.message,
+    );
+    // The call is waiting for the probe it started (two 300 ms answers) when the shutdown begins.
+    await until(() => server.requests.some((r) => r.path === '/v1/models'), 5_000, 'the probe');
+    const stopped = sidecar.stop();
+    expect(await call).toBe('answered');
+    await stopped;
+    expect(server.requests.filter((r) => r.method === 'POST')).toHaveLength(1);
+  }, 30_000);
+
   it('a call made the moment the proxy listens, while the first identification is under way, is asked for ids', async () => {
     // A server slow to answer (300 ms a request): the identification is still under way when the call comes.
     const server = await startFakeModelServer({ flavor: 'vllm', strict: true, delayMs: 300 });
@@ -168,4 +187,16 @@ describe('identifying the model server', () => {
     expect(warnings()).toHaveLength(2);
     expect(warnings()[1]).toMatchObject({ suppressed_since_last: 2 });
   }, 40_000);
+
+  it('a server configured as plain OpenAI on purpose: no warning about missing ids', async () => {
+    const server = await startFakeModelServer({ flavor: 'openai', strict: true });
+    servers.push(server);
+    const sidecar = await startSidecar(server.url, { receivers: { llm_proxy: { upstream_flavor: 'openai' } } });
+    sidecars.push(sidecar);
+    await chat(`${sidecar.origin}/rollout/openai-on-purpose/v1`, 'Compute 1+1.');
+    await postReward(sidecar.origin, 'openai-on-purpose', 1);
+    await sidecar.waitForEpisodes(1, 10_000);
+    expect(sidecar.transitions()[0].response_token_ids).toBeNull();
+    expect(sidecar.logs.some((l) => l.includes('episodes close without trajectories'))).toBe(false);
+  }, 30_000);
 });

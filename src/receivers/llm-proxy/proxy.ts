@@ -63,12 +63,14 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       // started, or no replica had answered) waits for that, boundedly, so that it is asked for
       // token ids like every later call; its body waits in the socket meanwhile.
       const identifying = api ? flavors.identified() : null;
-      if (identifying === null) admit(req, res, routed, api);
+      // (admit tracks the call it serves.)
+      if (identifying === null) void admit(req, res, routed, api);
+      // Tracked until the call itself ends (admit's promise), so a shutdown waits for it too.
       else
         track(
           identifying.then(() => {
             if (res.destroyed) req.resume();
-            else admit(req, res, routed, api);
+            else return admit(req, res, routed, api);
           }),
         );
       return;
@@ -93,7 +95,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     );
   }
 
-  function admit(req: IncomingMessage, res: ServerResponse, routed: ReturnType<typeof routePath>, api: Api | null): void {
+  /** Admits a call; its promise (already tracked) when it is served, undefined when it was answered at once. */
+  function admit(req: IncomingMessage, res: ServerResponse, routed: ReturnType<typeof routePath>, api: Api | null): Promise<void> | undefined {
     const t0 = performance.now();
     guardBody(config, log, req, res, api);
     let capture: CallCapture | null;
@@ -112,7 +115,9 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
       engine.tooLarge(call);
       return;
     }
-    track(engine.run(call));
+    const running = engine.run(call);
+    track(running);
+    return running;
   }
 
   /** The capture that records a call of a recorded API (null for any other); throws CorrelationError on a bad id. */

@@ -22,7 +22,7 @@ export interface UpstreamDetection {
   flavor: UpstreamFlavor;
   evidence: string;
   serverVersion: string | null;
-  /** False when no HTTP answer came at all (the server is down or unreachable, not another kind of server). */
+  /** False when no usable HTTP answer came (none at all, or a 5xx): the server is down or starting, not known to be another kind. */
   answered?: boolean;
 }
 
@@ -85,6 +85,9 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
     return { flavor: 'openai', evidence: `GET ${modelsPath}: models owned by ${[...new Set(owners)].join(', ')}, not vllm or sglang`, serverVersion: null };
   }
 
+  // No answer at all (refused, or nothing within the timeout): the server's other routes would
+  // only wait as long again.
+  if (models.status === 0) return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null, answered: false };
   // No usable listing: the servers' own info routes, which no other server answers this way.
   const info = await sglangInfo(get, root);
   if (info)
@@ -102,7 +105,8 @@ async function detect(baseUrl: string, options: DetectOptions): Promise<Upstream
         serverVersion: version,
       };
   }
-  return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null, answered: models.status !== 0 };
+  // A 5xx is a gateway or server still starting (its workers not up yet): not an answer about what it is.
+  return { flavor: 'unknown', evidence: describe(models, modelsPath), serverVersion: null, answered: models.status < 500 };
 }
 
 async function sglangInfo(get: (url: string) => Promise<ProbeResult>, root: string): Promise<{ path: string; version: string } | null> {

@@ -156,6 +156,22 @@ describe('detectUpstream', () => {
     }
   });
 
+  it('a 5xx listing (a gateway whose workers are starting) is not an answer about the server; no answer at all asks nothing more', async () => {
+    const seen: string[] = [];
+    const answering =
+      (status: number): ProbeFetch =>
+      async (url) => {
+        seen.push(url);
+        return status === 0 ? { status: 0, body: '', error: 'ECONNREFUSED' } : { status, body: '{"error": "no healthy upstream"}' };
+      };
+    expect(await detectUpstream('http://gw:8000/v1', { timeoutMs: 100, fetchImpl: answering(503) })).toMatchObject({ flavor: 'unknown', answered: false });
+    expect(await detectUpstream('http://gw:8000/v1', { timeoutMs: 100, fetchImpl: answering(404) })).toMatchObject({ flavor: 'unknown', answered: true });
+    seen.length = 0;
+    expect(await detectUpstream('http://down:8000/v1', { timeoutMs: 100, fetchImpl: answering(0) })).toMatchObject({ flavor: 'unknown', answered: false });
+    // A server that does not answer its listing is not asked its other routes (each would wait as long again).
+    expect(seen).toEqual(['http://down:8000/v1/models']);
+  });
+
   it('a malformed base URL is unknown, not an exception; a fetchImpl is used when given, with the configured headers', async () => {
     expect((await detectUpstream('not a url', { timeoutMs: 100 })).flavor).toBe('unknown');
     const seen: string[] = [];
