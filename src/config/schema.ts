@@ -272,6 +272,25 @@ export const policySchema = z
   })
   .strict();
 
+/**
+ * MoE routing replay (docs/output-contract.md#routed-experts). vLLM returns routing on every answer
+ * when started with `--enable-return-routed-experts`; SGLang only when asked, as raw int32 whose
+ * shape is the model's: naming its layers and top-k makes the sidecar ask an SGLang server for it.
+ */
+export const routedExpertsSchema = z
+  .object({
+    sglang: z
+      .object({
+        /** Rows of the routing per token: the model's `num_hidden_layers` (SGLang reports every layer). */
+        layers: positiveInt,
+        /** Experts per token and layer: the model's `num_experts_per_tok`. */
+        top_k: positiveInt,
+      })
+      .strict()
+      .optional(),
+  })
+  .strict();
+
 export const spansSchema = z
   .object({
     /** A tool or reward span whose rollout is not known yet waits this long for a call of its trace. */
@@ -354,6 +373,7 @@ export const configSchema = z
         capture: captureSchema.prefault({}),
         spans: spansSchema.prefault({}),
         policy: policySchema.prefault({}),
+        routed_experts: routedExpertsSchema.prefault({}),
       })
       .strict()
       .prefault({}),
@@ -455,4 +475,5 @@ export type CreditConfig = z.infer<typeof creditSchema>;
 export type AirConfig = z.infer<typeof airSchema>;
 export type AirRule = z.infer<typeof airRuleSchema>;
 export type CaptureConfig = z.infer<typeof captureSchema>;
+export type RoutedExpertsConfig = z.infer<typeof routedExpertsSchema>;
 export type KafkaExporterConfig = z.infer<typeof kafkaExporterSchema>;

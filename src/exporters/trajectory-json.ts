@@ -1,4 +1,5 @@
-import type { Trajectory, TrajectoryRecord } from '../model/records';
+import { dtypeOf } from '../formats/routed-experts';
+import type { RoutedExpertsJson, Trajectory, TrajectoryRecord, TrajectoryRouting } from '../model/records';
 import type { TransitionWriter } from './transition-json';
 
 /** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
@@ -14,7 +15,21 @@ function zeroRun(n: number): Buffer {
  * written from the turns. Key order is the contract's (docs/output-contract.md).
  */
 export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord): (string | Buffer)[] {
-  const { last, length: _length, turnLogprobs, turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at, ...head } = t;
+  const {
+    last,
+    length: _length,
+    turnLogprobs,
+    routing,
+    turns,
+    token_rewards,
+    reward,
+    final_reward,
+    episode_status,
+    policy_versions,
+    started_at,
+    ended_at,
+    ...head
+  } = t;
   const parts: (string | Buffer)[] = [];
   const headText = JSON.stringify(head);
   parts.push(headText.slice(0, -1), ',"token_ids":');
@@ -46,6 +61,13 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     }
     parts.push(']');
   }
+  if (routing !== null) {
+    // The values' base64 is written a few MiB at a time (32k positions × 48 × 8 is 16 MiB of it), never held as one string.
+    const bytes = routingBytes(routing);
+    parts.push(`,"routed_experts":{"dtype":"${dtypeOf(routing.data)}","shape":[${routing.rows},${routing.layers},${routing.topK}],"data":"`);
+    for (let i = 0; i < bytes.length; i += BASE64_STEP) parts.push(Buffer.from(bytes.subarray(i, i + BASE64_STEP).toString('base64'), 'latin1'));
+    parts.push(`","missing":${JSON.stringify(routing.missing)}},"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
+  }
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));
   return parts;
@@ -56,9 +78,12 @@ export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): B
   return Buffer.concat(trajectoryJsonParts(writer, t).map((p) => (typeof p === 'string' ? Buffer.from(p) : p)));
 }
 
-/** The trajectory as a plain object, its arrays read from the journal (protobuf, dead letters, tests). */
-export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord): Trajectory {
-  const { last, length, turnLogprobs, ...rest } = t;
+/**
+ * The trajectory as a plain object, its arrays read from the journal (protobuf, dead letters,
+ * tests); without its routing fields when `withRouting` is false (protobuf takes the raw bytes).
+ */
+export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord, withRouting = true): Trajectory {
+  const { last, length, turnLogprobs, routing, ...rest } = t;
   const prompt = writer.ids(last, last.prompt_token_ids);
   const response = writer.ids(last, last.response_token_ids);
   if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
@@ -75,6 +100,7 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     token_ids: prompt.concat(response),
     loss_mask: mask,
     logprobs,
+    ...(routing !== null && withRouting ? routingFields(routing) : {}),
     turns,
     token_rewards,
     reward,
@@ -85,6 +111,23 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     ended_at,
   };
 }
+
+/** A trajectory's routing as its three JSON fields (docs/output-contract.md#routed-experts). */
+export function routingFields(r: TrajectoryRouting): { routed_experts: RoutedExpertsJson; routing_coverage: number; routing_complete: boolean } {
+  return {
+    routed_experts: { dtype: dtypeOf(r.data), shape: [r.rows, r.layers, r.topK], data: routingBytes(r).toString('base64'), missing: r.missing },
+    routing_coverage: r.coverage,
+    routing_complete: r.complete,
+  };
+}
+
+/** The routing values' bytes (little-endian: the typed array's own, on the little-endian hosts the decoder accepts). */
+export function routingBytes(r: TrajectoryRouting): Buffer {
+  return Buffer.from(r.data.buffer, r.data.byteOffset, r.data.byteLength);
+}
+
+/** Bytes of routing turned into base64 at a time: a multiple of 3, so the pieces join into one base64 text. */
+const BASE64_STEP = 3 << 20;
 
 /** `[…]` as `[…` (the closing bracket and any white space before it dropped). */
 function trimEnd(array: Buffer): Buffer {

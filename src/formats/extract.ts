@@ -2,7 +2,7 @@ import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
 import { isObject } from './json';
-import { IDS_MARKER, logprobsMarker } from './adapters/shape';
+import { IDS_MARKER, logprobsMarker, ROUTING_MARKER } from './adapters/shape';
 import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, type Member, type ValueEnd } from './json-scan';
 
 /**
@@ -85,10 +85,13 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       const lpMembers = lifted
         ? findMembers(bytes, 'logprobs', 0, bytes.length, readLogprobs).filter((m) => bytes[m.valueStart] === 0x7b || bytes[m.valueStart] === 0x6e)
         : [];
+      // Routed experts (base64, megabytes) are decoded from the bytes too, not parsed as a string.
+      const routing = lifted ? findMembers(bytes, 'routed_experts').filter((m) => bytes[m.valueStart] === 0x22) : [];
       let patched = patchIds(
         bytes,
         ['prompt_token_ids', 'token_ids'],
         lpMembers.filter((m) => logprobs.has(logprobsMarker(m.valueStart))),
+        routing,
       );
       let value: unknown;
       try {
@@ -98,7 +101,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         // parsed whole instead.
         if (!markersOnlyInChoices(value, logprobs)) {
           logprobs.clear();
-          patched = patchIds(bytes, ['prompt_token_ids', 'token_ids']);
+          patched = patchIds(bytes, ['prompt_token_ids', 'token_ids'], [], routing);
           value = JSON.parse(patched.text);
         }
       } catch {
@@ -211,12 +214,13 @@ function modelFromRequest(offsets: number[], read: BodyReader): string | null {
  * The text of `buf` with each `key` member's array value replaced by a marker string naming the
  * array's byte range, and each of `read` (logprobs objects already read) by its logprobs marker.
  */
-export function patchIds(buf: Buffer, keys: string[], read: Member[] = []): { text: string; members: Member[] } {
+export function patchIds(buf: Buffer, keys: string[], read: Member[] = [], strings: Member[] = []): { text: string; members: Member[] } {
   const members: Member[] = [];
   for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b) members.push(m);
-  if (members.length === 0 && read.length === 0) return { text: buf.toString('utf8'), members };
+  if (members.length === 0 && read.length === 0 && strings.length === 0) return { text: buf.toString('utf8'), members };
   const replaced = members.map((m) => ({ m, marker: `${IDS_MARKER}${m.valueStart}:${m.valueEnd}` }));
   for (const m of read) replaced.push({ m, marker: logprobsMarker(m.valueStart) });
+  for (const m of strings) replaced.push({ m, marker: `${ROUTING_MARKER}${m.valueStart}:${m.valueEnd}` });
   replaced.sort((a, b) => a.m.valueStart - b.m.valueStart);
   const parts: string[] = [];
   let at = 0;

@@ -17,24 +17,9 @@
  * has `n - 1 - start` rows: the last sampled token was never fed back and has none.
  */
 
-export type RoutingDtype = 'uint8' | 'int16' | 'uint16' | 'int32';
+import type { RoutingArray, RoutingDtype, RoutingRows, TrajectoryRouting } from '../model/records';
 
-export type RoutingArray = Uint8Array | Int16Array | Uint16Array | Int32Array;
-
-/** One call's routing rows: `rows × layers × topK` expert ids, row-major, covering positions `[start, start + rows)`. */
-export interface RoutingRows {
-  start: number;
-  rows: number;
-  layers: number;
-  topK: number;
-  data: RoutingArray;
-  /**
-   * vLLM v0.21's lists give one row per token, the last sampled one included (its documented
-   * shapes are `[prompt_len, …]` and `[gen_len, …]`); that row decided no token of the call and is
-   * not used. Unset for the forms that stop at the last token but one.
-   */
-  rowPerToken?: boolean;
-}
+export type { RoutingArray, RoutingDtype, RoutingRows, TrajectoryRouting };
 
 /** An answer's routing could not be read as its engine writes it; the message says what was wrong. */
 export class RoutingFormatError extends Error {
@@ -97,20 +82,23 @@ export function decodeNpy(file: Buffer): { dtype: RoutingDtype; shape: [number, 
 
 /** Little-endian bytes as a typed array of their own (aligned; this machine's byte order is checked). */
 function typedCopy(bytes: Buffer, dtype: RoutingDtype, count: number): RoutingArray {
-  const copy = new Uint8Array(bytes.length);
-  copy.set(bytes);
   if (!LITTLE_ENDIAN && dtype !== 'uint8') throw new RoutingFormatError('big-endian hosts are not supported');
+  // The bytes are the decoder's own (decoded from base64 here): viewed in place when aligned, copied only when not.
+  const size = BYTES[dtype];
+  const copy = bytes.byteOffset % size === 0 ? new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length) : Uint8Array.from(bytes);
   switch (dtype) {
     case 'uint8':
       return copy;
     case 'int16':
-      return new Int16Array(copy.buffer, 0, count);
+      return new Int16Array(copy.buffer, copy.byteOffset, count);
     case 'uint16':
-      return new Uint16Array(copy.buffer, 0, count);
+      return new Uint16Array(copy.buffer, copy.byteOffset, count);
     case 'int32':
-      return new Int32Array(copy.buffer, 0, count);
+      return new Int32Array(copy.buffer, copy.byteOffset, count);
   }
 }
+
+const BYTES: Record<RoutingDtype, number> = { uint8: 1, int16: 2, uint16: 2, int32: 4 };
 
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -120,9 +108,10 @@ const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
  * the `routed_experts_prompt_start` the request asked for (0 when it did not).
  */
 export function vllmRoutedExperts(value: unknown, promptRows: unknown = null, start = 0): RoutingRows {
-  if (typeof value === 'string') {
+  // A base64 string, or its bytes decoded already (`base64Range`).
+  if (typeof value === 'string' || Buffer.isBuffer(value)) {
     if (promptRows !== null && promptRows !== undefined) throw new RoutingFormatError('a .npy routed_experts with prompt_routed_experts beside it');
-    const { shape, data } = decodeNpy(Buffer.from(value, 'base64'));
+    const { shape, data } = decodeNpy(Buffer.isBuffer(value) ? value : Buffer.from(value, 'base64'));
     return { start, rows: shape[0], layers: shape[1], topK: shape[2], data };
   }
   if (!Array.isArray(value)) throw new RoutingFormatError(`expected a base64 .npy string or nested lists, got ${value === null ? 'null' : typeof value}`);
@@ -158,10 +147,11 @@ function nestedRows(rows: unknown[], start: number): RoutingRows {
  * with `layers` and `topK` from the model's config; `start` is the request's `routed_experts_start_len`.
  */
 export function sglangRoutedExperts(value: unknown, layers: number, topK: number, start = 0): RoutingRows {
-  if (typeof value !== 'string') throw new RoutingFormatError(`expected a base64 string, got ${value === null ? 'null' : typeof value}`);
+  if (typeof value !== 'string' && !Buffer.isBuffer(value))
+    throw new RoutingFormatError(`expected a base64 string, got ${value === null ? 'null' : typeof value}`);
   if (!(Number.isInteger(layers) && layers > 0 && Number.isInteger(topK) && topK > 0))
     throw new RoutingFormatError('the model config must give layers and top_k');
-  const bytes = Buffer.from(value, 'base64');
+  const bytes = Buffer.isBuffer(value) ? value : Buffer.from(value, 'base64');
   const perRow = layers * topK * 4;
   if (bytes.length % perRow !== 0) throw new RoutingFormatError(`${bytes.length} bytes are not whole rows of ${layers} layers × ${topK} int32 experts`);
   const rows = bytes.length / perRow;
@@ -208,22 +198,8 @@ export interface RoutedTurn {
   responseStart: number;
   responseEnd: number;
   routing: RoutingRows | null;
-}
-
-/** A trajectory's routing: one row per position but the last, with what is missing. */
-export interface TrajectoryRouting {
-  layers: number;
-  topK: number;
-  /** `(length - 1) × layers × topK`, narrowed; rows of missing positions hold 0. */
-  data: RoutingArray;
-  /** Position ranges `[start, end)` with no row (no call routed them, or a call's rows did not fit). */
-  missing: [number, number][];
-  /** Share of sampled positions whose logits' row is present (row `p - 1` for a sampled token at `p`). */
-  coverage: number;
-  /** Every row present and every call's rows aligned with its tokens. */
-  complete: boolean;
-  /** Why it is not complete, one entry a reason. */
-  problems: string[];
+  /** Why its call's routing could not be read (then `routing` is null). */
+  error?: string;
 }
 
 /**
@@ -233,22 +209,30 @@ export interface TrajectoryRouting {
  * the first turn), so every sampled token's row comes from the call that sampled it and a prompt
  * row from the first call that ran it. A call's rows must end exactly at its last token but one
  * (`start + rows == responseEnd - 1`), or they are not aligned with its tokens and are not used.
- * Null when no turn has routing.
+ * Null when no turn has routing or routing it could not read (a trajectory none of whose calls
+ * returned any); when none could be read, the shape is `0 × 0` and every position missing.
  */
 export function trajectoryRouting(turns: readonly RoutedTurn[], length: number): TrajectoryRouting | null {
+  // One call whose rows cover the whole trajectory as they are: its array is the trajectory's (no copy).
+  const only = turns.length === 1 ? turns[0].routing : null;
+  if (only !== null && only.start === 0 && only.rows === length - 1 && !only.rowPerToken && only.rows * only.layers * only.topK === only.data.length)
+    return { rows: only.rows, layers: only.layers, topK: only.topK, data: narrow(only.data), missing: [], coverage: 1, complete: true, problems: [] };
   const shaped = turns.find((t) => t.routing !== null)?.routing;
-  if (!shaped) return null;
-  const { layers, topK } = shaped;
+  // Routing the server sent but that could not be read is flagged, never left out as if none came.
+  if (!shaped && !turns.some((t) => t.error !== undefined)) return null;
+  const layers = shaped?.layers ?? 0;
+  const topK = shaped?.topK ?? 0;
   const width = layers * topK;
   const rows = Math.max(0, length - 1);
-  const data = new Int32Array(rows * width);
+  // In the widest type of the calls' rows (not int32 for all: 32k × 48 × 8 rows are 12 MiB as uint8, 48 as int32).
+  const data = arrayOf(widest(turns), rows * width);
   const have = new Uint8Array(rows);
   const problems = new Set<string>();
   let from = 0;
   for (const t of turns) {
     const to = Math.min(rows, t.responseEnd - 1);
     const r = t.routing;
-    if (r === null) problems.add('a call returned no routing');
+    if (r === null) problems.add(t.error ? `a call's routing could not be read (${t.error})` : 'a call returned no routing');
     else if (r.layers !== layers || r.topK !== topK) problems.add(`a call's rows are ${r.layers} × ${r.topK}, not ${layers} × ${topK}`);
     else if (r.start + r.rows - (r.rowPerToken ? 1 : 0) !== t.responseEnd - 1)
       problems.add(
@@ -277,5 +261,54 @@ export function trajectoryRouting(turns: readonly RoutedTurn[], length: number):
       sampled++;
       if (have[p - 1]) covered++;
     }
-  return { layers, topK, data: narrow(data), missing, coverage: sampled === 0 ? 1 : covered / sampled, complete: problems.size === 0, problems: [...problems] };
+  return {
+    rows,
+    layers,
+    topK,
+    data: narrow(data),
+    missing,
+    coverage: sampled === 0 ? 1 : covered / sampled,
+    complete: problems.size === 0,
+    problems: [...problems],
+  };
+}
+
+/** The type that holds the values of every turn's rows. */
+function widest(turns: readonly RoutedTurn[]): RoutingDtype {
+  const types = new Set(turns.flatMap((t) => (t.routing ? [dtypeOf(t.routing.data)] : [])));
+  if (types.has('int32') || (types.has('int16') && types.has('uint16'))) return 'int32';
+  if (types.has('int16')) return 'int16';
+  if (types.has('uint16')) return 'uint16';
+  return 'uint8';
+}
+
+function arrayOf(dtype: RoutingDtype, length: number): RoutingArray {
+  switch (dtype) {
+    case 'uint8':
+      return new Uint8Array(length);
+    case 'int16':
+      return new Int16Array(length);
+    case 'uint16':
+      return new Uint16Array(length);
+    case 'int32':
+      return new Int32Array(length);
+  }
+}
+
+/** Base64 characters decoded at a time (a multiple of 4): no string of the whole value is made. */
+const BASE64_CHUNK = 4 << 20;
+
+/**
+ * The bytes a JSON string of base64 at `[start, end)` of `json` (quotes included) stands for,
+ * decoded a few MiB at a time into one buffer. A string with escapes (`\/`) is parsed first.
+ */
+export function base64Range(json: Buffer, start: number, end: number): Buffer {
+  if (json[start] !== 0x22 || json[end - 1] !== 0x22) throw new RoutingFormatError('not a JSON string');
+  const from = start + 1;
+  const to = end - 1;
+  if (json.subarray(from, to).includes(0x5c)) return Buffer.from(JSON.parse(json.toString('utf8', start, end)) as string, 'base64');
+  const out = Buffer.allocUnsafe(Math.floor(((to - from) * 3) / 4));
+  let written = 0;
+  for (let at = from; at < to; at += BASE64_CHUNK) written += out.write(json.toString('latin1', at, Math.min(to, at + BASE64_CHUNK)), written, 'base64');
+  return out.subarray(0, written);
 }

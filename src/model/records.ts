@@ -49,6 +49,12 @@ export interface ChoiceCapture {
   /** SGLang reports prompt ids per choice. */
   promptTokenIds: TokenIds | null;
   toolCalls: ToolCallRequest[];
+  /** The answer's routed experts as the server wrote them (vLLM `routed_experts`, and v0.21's `prompt_routed_experts`), until decoded. */
+  routedExperts?: { value: unknown; prompt: unknown; form: 'vllm' | 'sglang'; start?: unknown };
+  /** Decoded routed experts, when the answer had them. */
+  routing?: RoutingRows;
+  /** Why the answer's routed experts could not be read. */
+  routingError?: string;
 }
 
 /** Which bytes of a call a journal body frame holds (model server side, or agent side when translated). */
@@ -359,6 +365,16 @@ export interface Trajectory {
   token_ids: number[];
   loss_mask: number[];
   logprobs: number[] | null;
+  /**
+   * MoE routing replay: the experts the engine chose, one row per position of `token_ids` but the
+   * last (row `i` is the forward pass over position `i`); present only when a call of the
+   * trajectory returned routing (docs/output-contract.md#routed-experts).
+   */
+  routed_experts?: RoutedExpertsJson;
+  /** Share of sampled positions whose row (the one before them) is present; with `routed_experts`. */
+  routing_coverage?: number;
+  /** Every row present and every call's rows aligned with its tokens; with `routed_experts`. */
+  routing_complete?: boolean;
   turns: TrajectoryTurn[];
   token_rewards: { position: number; value: number }[];
   reward: number;
@@ -369,12 +385,61 @@ export interface Trajectory {
   ended_at: string;
 }
 
+export type RoutingDtype = 'uint8' | 'int16' | 'uint16' | 'int32';
+
+/** Expert ids, row-major `[rows, layers, top_k]`, in the smallest type that holds them. */
+export type RoutingArray = Uint8Array | Int16Array | Uint16Array | Int32Array;
+
+/** One call's routing rows: `rows × layers × topK` expert ids, row-major, covering positions `[start, start + rows)`. */
+export interface RoutingRows {
+  start: number;
+  rows: number;
+  layers: number;
+  topK: number;
+  data: RoutingArray;
+  /**
+   * vLLM v0.21's lists give one row per token, the last sampled one included (its documented
+   * shapes are `[prompt_len, …]` and `[gen_len, …]`); that row decided no token of the call and is
+   * not used. Unset for the forms that stop at the last token but one.
+   */
+  rowPerToken?: boolean;
+}
+
+/** A trajectory's routing: one row per position but the last, with what is missing. */
+export interface TrajectoryRouting {
+  /** `length - 1`: a row per position but the last. */
+  rows: number;
+  layers: number;
+  topK: number;
+  /** `(length - 1) × layers × topK`, narrowed; rows of missing positions hold 0. */
+  data: RoutingArray;
+  /** Position ranges `[start, end)` with no row (no call routed them, or a call's rows did not fit). */
+  missing: [number, number][];
+  /** Share of sampled positions whose logits' row is present (row `p - 1` for a sampled token at `p`). */
+  coverage: number;
+  /** Every row present and every call's rows aligned with its tokens. */
+  complete: boolean;
+  /** Why it is not complete, one entry a reason. */
+  problems: string[];
+}
+
+/** A trajectory's routed experts as JSON: little-endian C-order values, base64, of `shape` `[rows, layers, top_k]`. */
+export interface RoutedExpertsJson {
+  dtype: RoutingDtype;
+  shape: [number, number, number];
+  data: string;
+  /** Position ranges `[start, end)` whose rows no call gave (their values are 0). */
+  missing: [number, number][];
+}
+
 /**
  * A trajectory as the pipeline hands it to exporters: the wire shape less its three per-token
  * arrays, which are written from the journal when it is encoded: `token_ids` are the last turn's
  * prompt and response ids (`last`), the mask follows from the turns, the logprobs are the turns'.
  */
-export type TrajectoryRecord = Omit<Trajectory, 'token_ids' | 'loss_mask' | 'logprobs'> & {
+export type TrajectoryRecord = Omit<Trajectory, 'token_ids' | 'loss_mask' | 'logprobs' | 'routed_experts' | 'routing_coverage' | 'routing_complete'> & {
+  /** The routed experts of its calls, aligned (null: no call returned any); written as `routed_experts` and its two flags. */
+  routing: TrajectoryRouting | null;
   /** The transition of the segment's last call: its prompt and response ids are `token_ids`. */
   last: TransitionRecord;
   /** Length of `token_ids`. */

@@ -62,6 +62,7 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
     credit: config.processors.credit,
     air: config.processors.air,
     capture: config.processors.capture,
+    routedExperts: config.processors.routed_experts,
     read,
     records: config.exporters.records,
     onLate: (kind, rolloutId, attemptId) => {

@@ -523,6 +523,7 @@ export class ExportQueue {
     m.trajectorySegments.observe(c.trajectories.length);
     for (const t of c.trajectories) {
       m.trajectoryTokens.observe(t.length);
+      if (t.routing !== null) this.countRouting(t);
       m.trajectoryCalls.inc({ outcome: 'new_segment', reason: t.start_reason });
       if (t.turns.length > 1) m.trajectoryCalls.inc({ outcome: 'merged', reason: 'continued' }, t.turns.length - 1);
     }
@@ -535,6 +536,18 @@ export class ExportQueue {
         if (tc.reward !== null) m.airRewards.observe(tc.reward);
       }
     }
+  }
+
+  /** A trajectory with routed experts: counted, and said when they are not complete (the trainer must not replay them as they are). */
+  private countRouting(t: ClosedEpisode['trajectories'][number]): void {
+    const r = t.routing!;
+    this.ctx.m.trajectoryRouting.inc({ complete: String(r.complete) });
+    if (r.complete) return;
+    this.ctx.warnLimited(
+      'routing_incomplete',
+      "a trajectory's routed experts are incomplete: it is exported with routing_complete false, and a trainer must not replay its routing as it is",
+      { trajectory_id: t.trajectory_id, problems: r.problems, coverage: r.coverage },
+    );
   }
 
   /**

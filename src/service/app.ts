@@ -113,6 +113,7 @@ export function createApp(config: Config, deps: AppDeps) {
     localRoutes: rolloutApi,
     now: deps.now,
     resolve: deps.resolve,
+    sglangRouting: config.processors.routed_experts.sglang !== undefined,
   });
   const otlpConfig = config.receivers.otlp;
   const otlp =

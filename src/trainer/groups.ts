@@ -1,4 +1,4 @@
-import type { EpisodeSummary, Trajectory, Transition } from '../model/records';
+import type { EpisodeSummary, RoutedExpertsJson, Trajectory, Transition } from '../model/records';
 import { rebuildPrompt, withFullPrompt, type WireTransition } from './prompt-delta';
 
 /** Where a record came from, for offset commits (commit only below what is still pending). */
@@ -50,6 +50,10 @@ export interface TrajectoryGroupBatch {
     segment: number[];
     turns: number[];
     policy_versions: string[][];
+    /** Each row's `routed_experts` as recorded (null without); only when a trajectory of the group has routing. */
+    routed_experts?: (RoutedExpertsJson | null)[];
+    /** Each row's `routing_complete` (false without routing); with `routed_experts`. */
+    routing_complete?: boolean[];
   };
   /** Calls of the group's episodes that are in no trajectory (each episode's `unmerged_calls`). */
   unmerged_calls: number;
@@ -324,10 +328,12 @@ export class GroupAssembler {
       policy_versions: [],
     };
     let unmerged = 0;
+    const routing: { experts: RoutedExpertsJson | null; complete: boolean }[] = [];
     for (const e of episodes) {
       unmerged += e.unmerged_calls?.length ?? 0;
       for (const id of e.trajectory_ids) {
         const t = this.trajectories.get(id)!.t;
+        routing.push({ experts: t.routed_experts ?? null, complete: t.routed_experts !== undefined && t.routing_complete === true });
         const p = t.prompt_length;
         const scores = new Array<number>(t.token_ids.length - p).fill(0);
         // A position outside the response (a malformed record) is skipped.
@@ -347,6 +353,11 @@ export class GroupAssembler {
         batch.is_last.push(t.segment === t.segments - 1);
         batch.policy_versions.push(t.policy_versions);
       }
+    }
+    // MoE routing replay: the columns are there only when a trajectory of the group has routing.
+    if (routing.some((r) => r.experts !== null)) {
+      batch.routed_experts = routing.map((r) => r.experts);
+      batch.routing_complete = routing.map((r) => r.complete);
     }
     return {
       schema: 'lightning.group.v1',

@@ -1,5 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import {
+  base64Range,
   decodeNpy,
   narrow,
   RoutingFormatError,
@@ -115,6 +116,17 @@ describe('routed experts: the forms numpy is not needed for', () => {
     expect(() => decodeNpy(Buffer.from('not numpy at all'))).toThrow(/no \\x93NUMPY magic/);
   });
 
+  it('base64 in a JSON string decodes from the bytes, escaped slashes and all', () => {
+    const values = Buffer.from(Array.from({ length: 3000 }, (_, i) => (i * 37) % 256));
+    const b64 = values.toString('base64');
+    expect(b64).toContain('/');
+    const plain = Buffer.from(`{"routed_experts":${JSON.stringify(b64)}}`);
+    expect(base64Range(plain, 18, plain.length - 1).equals(values)).toBe(true);
+    const escaped = Buffer.from(`{"routed_experts":"${b64.replace(/\//g, '\\/')}"}`);
+    expect(base64Range(escaped, 18, escaped.length - 1).equals(values)).toBe(true);
+    expect(() => base64Range(plain, 17, plain.length - 1)).toThrow(/not a JSON string/);
+  });
+
   it('narrows to the smallest type that holds the values', () => {
     expect(narrow(Int32Array.from([0, 255]))).toBeInstanceOf(Uint8Array);
     expect(narrow(Int32Array.from([-1, 255]))).toBeInstanceOf(Int16Array);
@@ -147,6 +159,15 @@ describe('a trajectory of several calls: each row from the call that ran that po
     expect(r.missing).toEqual([]);
     // Rows 0..6 from call 1 (row 6 decided the token at 7), rows 7..10 from call 2.
     expect(Array.from(r.data, (v) => v)).toEqual([1000, 1001, 1002, 1003, 1004, 1005, 1006, 2007, 2008, 2009, 2010]);
+  });
+
+  it('one call whose rows cover the whole trajectory: its rows as they are, complete', () => {
+    const one = rowsOf(1, 0, 7);
+    const r = trajectoryRouting([{ responseStart: 5, responseEnd: 8, routing: one }], 8)!;
+    expect(r).toMatchObject({ rows: 7, layers: 1, topK: 1, missing: [], coverage: 1, complete: true, problems: [] });
+    expect(Array.from(r.data)).toEqual([1000, 1001, 1002, 1003, 1004, 1005, 1006]);
+    // Rows that stop short are not taken as a whole.
+    expect(trajectoryRouting([{ responseStart: 5, responseEnd: 8, routing: rowsOf(1, 0, 6) }], 8)!.complete).toBe(false);
   });
 
   it("vLLM v0.21's row per token (prompt_len + gen_len rows): the last sampled token's row is not used", () => {
@@ -194,5 +215,9 @@ describe('a trajectory of several calls: each row from the call that ran that po
     expect(off.problems[0]).toMatch(/cover positions \[0, 8\), not up to its last token but one \(7\)/);
     expect(off.missing).toEqual([[0, 7]]);
     expect(trajectoryRouting([{ responseStart: 5, responseEnd: 8, routing: null }], 8)).toBeNull();
+    // Routing that came but could not be read is flagged, not left out as if none came.
+    const unread = trajectoryRouting([{ responseStart: 5, responseEnd: 8, routing: null, error: 'routed_experts: bad' }], 8)!;
+    expect(unread).toMatchObject({ layers: 0, topK: 0, missing: [[0, 7]], coverage: 0, complete: false });
+    expect(unread.problems[0]).toBe("a call's routing could not be read (routed_experts: bad)");
   });
 });

@@ -86,6 +86,13 @@ export interface FakeModelServerOptions {
   gzip?: boolean;
   /** Listen on this port (a replica brought back where it was); any free one by default. */
   port?: number;
+  /**
+   * Lenient SGLang: a non-streamed chat call with `return_routed_experts: true` gets
+   * `sglext.routed_experts`, base64 of raw little-endian int32 `[prompt + output - 1 - start, layers,
+   * topK]` (`start`: the request's `routed_experts_start_len`), expert = (position × 31 + layer × 7 + k
+   * × 3 + token) mod 200.
+   */
+  sglangRouting?: { layers: number; topK: number };
 }
 
 export interface FakeModelServer {
@@ -169,6 +176,8 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
           : path === '/v1/responses'
             ? buildResponses(gen, stream)
             : buildAnthropic(gen, stream);
+    if (!stream && path === '/v1/chat/completions' && flavor === 'sglang' && options.sglangRouting && r.json.return_routed_experts === true)
+      (out.body as Record<string, unknown>).sglext = { routed_experts: sglangRows(options.sglangRouting, gen, r.json.routed_experts_start_len) };
     return stream ? { stream: true, events: out.events, contentType: 'text/event-stream' } : { stream: false, body: out.body };
   }
 
@@ -568,4 +577,25 @@ function cannedNative(path: string, body: Record<string, unknown>) {
 /** vLLM's error body: `{"error": {message, type, param, code}}` with the HTTP status as `code`. */
 export function errorBody(message: string, type: string, code: number) {
   return { error: { message, type, param: null, code } };
+}
+
+/** The expert the lenient SGLang server reports (see `sglangRouting`). */
+export function sglangStandInExpert(position: number, token: number, layer: number, k: number): number {
+  return (position * 31 + layer * 7 + k * 3 + token) % 200;
+}
+
+/** SGLang's routed experts for the first choice of `gen`: raw little-endian int32, base64. */
+function sglangRows(shape: { layers: number; topK: number }, gen: Generation, startLen: unknown): string {
+  const ids = [...gen.promptIds, ...gen.choices[0].tokens];
+  const start = typeof startLen === 'number' ? startLen : 0;
+  const rows = Math.max(0, ids.length - 1 - start);
+  const out = Buffer.alloc(rows * shape.layers * shape.topK * 4);
+  let at = 0;
+  for (let p = start; p < start + rows; p++)
+    for (let l = 0; l < shape.layers; l++)
+      for (let k = 0; k < shape.topK; k++) {
+        out.writeInt32LE(sglangStandInExpert(p, ids[p], l, k), at);
+        at += 4;
+      }
+  return out.toString('base64');
 }

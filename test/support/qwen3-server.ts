@@ -154,7 +154,67 @@ export interface Qwen3Server {
   close(): Promise<void>;
 }
 
-export async function startQwen3Server(): Promise<Qwen3Server> {
+/**
+ * Routed experts as vLLM answers them (server flag `--enable-return-routed-experts`): on every
+ * non-streamed chat and completions answer (never on a stream), `choices[].routed_experts` is the
+ * base64 of an `.npy` of `[n - 1 - start, layers, top_k]` (n: prompt + output ids; `start`: the
+ * request's `routed_experts_prompt_start`), narrowed to uint8 here; with `form: 'nested'`, v0.21's
+ * nested lists, a row per token, the prompt's in `prompt_routed_experts`. The expert of (answer,
+ * position, token, layer, k) is a hash of them all, so rows differ from answer to answer and a
+ * row taken from the wrong answer shows.
+ */
+export interface RoutingStandIn {
+  layers: number;
+  topK: number;
+  experts: number;
+  form?: 'npy' | 'nested';
+  /** Answers (numbered from 0 in the order given) that carry no routing. */
+  skip?: (answer: number) => boolean;
+  /** What each answer carried: its ids (prompt + output), the first position of its rows, the rows' values (row-major), or null when skipped. */
+  returned: { ids: number[]; start: number; values: number[] | null }[];
+}
+
+/** The expert the stand-in reports (see RoutingStandIn). */
+export function standInExpert(r: RoutingStandIn, answer: number, position: number, token: number, layer: number, k: number): number {
+  return (token * 131 + position * 31 + layer * 7 + k * 3 + answer * 17) % r.experts;
+}
+
+/** The `.npy` bytes of a C-order uint8 array (np.save's format, version 1.0). */
+export function npyUint8(values: Uint8Array, shape: readonly number[]): Buffer {
+  let header = `{'descr': '|u1', 'fortran_order': False, 'shape': (${shape.join(', ')}${shape.length === 1 ? ',' : ''}), }`;
+  const unpadded = 10 + header.length + 1;
+  header += ' '.repeat((64 - (unpadded % 64)) % 64) + '\n';
+  const head = Buffer.alloc(10);
+  Buffer.from([0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 1, 0]).copy(head);
+  head.writeUInt16LE(header.length, 8);
+  return Buffer.concat([head, Buffer.from(header, 'latin1'), Buffer.from(values)]);
+}
+
+/** The fields an answer of `ids` (prompt + output) gets for its routing, recorded in `returned`. */
+function routingFields(r: RoutingStandIn | undefined, promptIds: number[], outputIds: number[], json: Record<string, unknown>): Record<string, unknown> {
+  if (!r) return {};
+  const answer = r.returned.length;
+  const ids = [...promptIds, ...outputIds];
+  if (r.skip?.(answer)) {
+    r.returned.push({ ids, start: 0, values: null });
+    return {};
+  }
+  const nested = r.form === 'nested';
+  const start = nested ? 0 : typeof json.routed_experts_prompt_start === 'number' ? json.routed_experts_prompt_start : 0;
+  const end = nested ? ids.length : ids.length - 1;
+  const values: number[] = [];
+  for (let p = start; p < end; p++) for (let l = 0; l < r.layers; l++) for (let k = 0; k < r.topK; k++) values.push(standInExpert(r, answer, p, ids[p], l, k));
+  r.returned.push({ ids, start, values });
+  if (!nested) return { routed_experts: npyUint8(Uint8Array.from(values), [end - start, r.layers, r.topK]).toString('base64') };
+  const width = r.layers * r.topK;
+  const rows = (from: number, to: number) =>
+    Array.from({ length: to - from }, (_, i) =>
+      Array.from({ length: r.layers }, (_, l) => values.slice((from + i) * width + l * r.topK, (from + i) * width + (l + 1) * r.topK)),
+    );
+  return { routed_experts: rows(promptIds.length, ids.length), prompt_routed_experts: rows(0, promptIds.length) };
+}
+
+export async function startQwen3Server(options: { routing?: RoutingStandIn } = {}): Promise<Qwen3Server> {
   qwen3();
   const completionPrompts: number[][] = [];
   const requests: Qwen3Server['requests'] = [];
@@ -179,7 +239,7 @@ export async function startQwen3Server(): Promise<Qwen3Server> {
         return send(res, fault, { object: 'error', message: `stand-in fault on ${path}`, type: 'InternalServerError', code: fault });
       }
       try {
-        route(req, res, path, json, completionPrompts);
+        route(req, res, path, json, completionPrompts, options.routing);
       } catch (err) {
         send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
       }
@@ -205,14 +265,21 @@ export async function startQwen3Server(): Promise<Qwen3Server> {
   };
 }
 
-function route(req: IncomingMessage, res: ServerResponse, path: string, json: Record<string, unknown>, completionPrompts: number[][]): void {
+function route(
+  req: IncomingMessage,
+  res: ServerResponse,
+  path: string,
+  json: Record<string, unknown>,
+  completionPrompts: number[][],
+  routing: RoutingStandIn | undefined,
+): void {
   if (req.method === 'GET' && path === '/v1/models')
     return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'vllm' }] });
   if (req.method === 'GET' && path === '/version') return send(res, 200, { version: '0.11.0' });
   if (req.method !== 'POST') return send(res, 404, { detail: 'Not Found' });
   if (path === '/tokenize') return tokenizeRoute(res, json);
-  if (path === '/v1/chat/completions') return chatRoute(res, json);
-  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts);
+  if (path === '/v1/chat/completions') return chatRoute(res, json, routing);
+  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts, routing);
   send(res, 404, { detail: 'Not Found' });
 }
 
@@ -226,7 +293,7 @@ function tokenizeRoute(res: ServerResponse, json: Record<string, unknown>): void
   send(res, 200, { count: tokens.length, max_model_len: 40960, tokens, token_strs: null });
 }
 
-function chatRoute(res: ServerResponse, json: Record<string, unknown>): void {
+function chatRoute(res: ServerResponse, json: Record<string, unknown>, routing: RoutingStandIn | undefined): void {
   const kwargs = (json.chat_template_kwargs as Record<string, unknown> | undefined) ?? {};
   const promptIds = encode(renderChat(json.messages as ChatMessage[], json.tools as unknown[] | undefined, true, kwargs));
   const s = sample(decode(promptIds, false));
@@ -246,6 +313,7 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>): void {
   const logprobsOf = (ids: number[]) =>
     json.logprobs === true ? { content: ids.map((t) => ({ token: `token_id:${t}`, logprob: -((t % 7) / 10), bytes: null, top_logprobs: [] })) } : null;
   if (json.stream !== true) {
+    const chatRouting = split(routingFields(routing, promptIds, s.ids, json));
     const message = {
       role: 'assistant',
       content: s.content === '' ? null : s.content,
@@ -258,9 +326,20 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>): void {
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
       model: json.model,
-      choices: [{ index: 0, message, logprobs: logprobsOf(s.ids), finish_reason: finish, stop_reason: null, ...(tokens ? { token_ids: s.ids } : {}) }],
+      choices: [
+        {
+          index: 0,
+          message,
+          logprobs: logprobsOf(s.ids),
+          finish_reason: finish,
+          stop_reason: null,
+          ...(tokens ? { token_ids: s.ids } : {}),
+          ...chatRouting.choice,
+        },
+      ],
       usage,
       ...(tokens ? { prompt_token_ids: promptIds } : {}),
+      ...chatRouting.top,
     });
   }
   const head = { id, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model: json.model };
@@ -288,7 +367,7 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>): void {
   stream(res, events);
 }
 
-function completionsRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][]): void {
+function completionsRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][], routing: RoutingStandIn | undefined): void {
   const prompt = json.prompt;
   if (!Array.isArray(prompt) || !prompt.every((t) => Number.isInteger(t) && t >= 0))
     return send(res, 400, { object: 'error', message: 'this stand-in takes token-id prompts only', type: 'BadRequestError', code: 400 });
@@ -305,7 +384,9 @@ function completionsRoute(res: ServerResponse, json: Record<string, unknown>, co
   const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
   const text = decode(s.ids, true);
   if (json.stream !== true) {
+    const r = split(routingFields(routing, promptIds, s.ids, json));
     return send(res, 200, {
+      ...r.top,
       id,
       object: 'text_completion',
       created: Math.floor(Date.now() / 1000),
@@ -318,6 +399,7 @@ function completionsRoute(res: ServerResponse, json: Record<string, unknown>, co
           finish_reason: 'stop',
           stop_reason: null,
           ...(tokens ? { token_ids: s.ids, prompt_token_ids: promptIds } : {}),
+          ...r.choice,
         },
       ],
       usage,
@@ -358,4 +440,10 @@ function stream(res: ServerResponse, events: unknown[]): void {
   res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
   for (const e of events) res.write(`data: ${JSON.stringify(e)}\n\n`);
   res.end('data: [DONE]\n\n');
+}
+
+/** Routing fields by where they go: the choice's, and v0.21's response-level `prompt_routed_experts`. */
+function split(fields: Record<string, unknown>): { choice: Record<string, unknown>; top: Record<string, unknown> } {
+  const { prompt_routed_experts, ...choice } = fields;
+  return { choice, top: prompt_routed_experts === undefined ? {} : { prompt_routed_experts } };
 }

@@ -44,19 +44,7 @@ export async function startSidecar(upstreamUrl: string, overrides: Record<string
   const app = createApp(config, { logger: createLogger({ level: 'debug', write: (l) => logs.push(l) }), metrics: createMetrics(), ...deps });
   await app.start();
   const origin = `http://127.0.0.1:${app.proxy.port()}`;
-  const read = <T>(kind: string): T[] => {
-    const dir = path.join(dataDir, kind);
-    if (!existsSync(dir)) return [];
-    return readdirSync(dir)
-      .filter((f) => f.endsWith('.ndjson'))
-      .sort()
-      .flatMap((f) =>
-        readFileSync(path.join(dir, f), 'utf8')
-          .split('\n')
-          .filter((l) => l.trim() !== ''),
-      )
-      .map((l) => JSON.parse(l) as T);
-  };
+  const read = <T>(kind: string): T[] => readNdjson<T>(path.join(dataDir, kind));
   const sidecar: TestSidecar = {
     app,
     origin,
@@ -122,4 +110,18 @@ export function useSidecar(overrides: Record<string, unknown> = {}): { readonly 
     await f.upstream?.close();
   });
   return f;
+}
+
+/** Every record of the `.ndjson` files of a file exporter's folder, in file order (none when it is not there). */
+export function readNdjson<T>(dir: string): T[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir)
+    .filter((f) => f.endsWith('.ndjson'))
+    .sort()
+    .flatMap((f) =>
+      readFileSync(path.join(dir, f), 'utf8')
+        .split('\n')
+        .filter((l) => l.trim() !== ''),
+    )
+    .map((l) => JSON.parse(l) as T);
 }

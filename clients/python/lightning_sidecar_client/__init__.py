@@ -10,7 +10,9 @@ directory, and yields
 - ``iter_trajectories``: every trajectory once;
 - ``iter_transitions``: every transition once, with its full prompt ids.
 
-``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors.
+``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors (and routed
+experts, aligned with the ids, when the trajectories have them). ``routed_experts_array`` and
+``routing_missing_mask`` give one trajectory's routed experts (MoE routing replay) as numpy arrays.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, DEFAULT_TRAJECT
 from .position import Position
 from .readers import Event, GroupReader, RecordReader
 from .records import decode_episode, decode_trajectory, decode_transition
+from .routing import routed_experts_array, routing_missing_mask
 from .source import Incoming, Source, SourceEvent
 from .tensors import to_verl_batch
 
 __all__ = [
     'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch',
     'GroupReader', 'Incoming', 'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode',
-    'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'to_verl_batch',
+    'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'routed_experts_array',
+    'routing_missing_mask', 'to_verl_batch',
 ]
 
 __version__ = '0.1.0'

@@ -386,10 +386,17 @@ class GroupAssembler:
         outputs and the prompt text added between turns); ``token_level_scores`` holds each token
         reward at its position (AIR on a turn's last token, the final reward on the last sampled
         one) and 0 elsewhere.
+
+        When a trajectory of the group has ``routed_experts`` (MoE routing replay), the batch also
+        has ``routed_experts`` (each row's trajectory member as it is, rows over the whole
+        ``token_ids``; None for a trajectory without) and ``routing_complete`` (its flag; False
+        without); ``tensors.to_verl_batch`` aligns them with the ids. Without routing the batch is
+        as before.
         """
         names = ('uid', 'rollout_id', 'attempt_id', 'trajectory_id', 'segment', 'turns', 'prompt_ids', 'response_ids', 'response_mask',
                  'token_level_scores', 'rollout_log_probs', 'reward', 'is_last', 'policy_versions')
         batch: dict[str, list[Any]] = {n: [] for n in names}
+        routing: list[tuple[Any, bool]] = []
         for e in episodes:
             for tid in e['trajectory_ids']:
                 t = self._records[tid].t
@@ -417,6 +424,10 @@ class GroupAssembler:
                 batch['reward'].append(t.get('reward'))
                 batch['is_last'].append(t['segment'] == t['segments'] - 1)
                 batch['policy_versions'].append(t.get('policy_versions'))
+                routing.append((t.get('routed_experts'), bool(t.get('routing_complete'))))
+        if any(r is not None for r, _ in routing):
+            batch['routed_experts'] = [r for r, _ in routing]
+            batch['routing_complete'] = [r is not None and c for r, c in routing]
         return {
             'schema': 'lightning.group.v1',
             'uid': uid,

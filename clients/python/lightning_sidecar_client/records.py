@@ -14,9 +14,15 @@ reads an empty list as what an older sidecar wrote: transitions only.
 A protobuf record without the protobuf runtime raises ``ProtoUnavailableError``, not
 ``DecodeError``: the record is fine and must not be skipped as undecodable (offsets would move past
 it); installing the extra and reading again gets it.
+
+A trajectory's ``routed_experts`` (present only when a call returned routing) is raw bytes in
+protobuf and base64 in JSON; decoded, both give the JSON dict (``data`` base64), with
+``routing_coverage`` and ``routing_complete`` after it. ``routing.routed_experts_array`` makes it
+a numpy array.
 """
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Mapping, Sequence
 
@@ -172,6 +178,8 @@ def _trajectory_from_proto(m: Any) -> Record:
     out['token_ids'] = list(m.token_ids)
     out['loss_mask'] = list(m.loss_mask)
     out['logprobs'] = list(m.logprobs) if m.has_logprobs else None
+    if 'routed_experts' in m.DESCRIPTOR.fields_by_name and m.HasField('routed_experts'):
+        out.update(_routing_from_proto(m))
     out['turns'] = [_turn_from_proto(t) for t in m.turns]
     out['token_rewards'] = [{'position': r.position, 'value': r.value} for r in m.token_rewards]
     out.update((f, _opt(m, f)) for f in _TRAJECTORY_TAIL)
@@ -179,6 +187,22 @@ def _trajectory_from_proto(m: Any) -> Record:
     out['started_at'] = m.started_at
     out['ended_at'] = m.ended_at
     return out
+
+
+def _routing_from_proto(m: Any) -> Record:
+    """The three routing keys as JSON has them: ``shape`` from the three sizes, ``data`` base64 of the
+    raw little-endian bytes, ``missing`` as ``[start, end]`` pairs."""
+    r = m.routed_experts
+    return {
+        'routed_experts': {
+            'dtype': r.dtype,
+            'shape': [r.rows, r.layers, r.top_k],
+            'data': base64.b64encode(r.data).decode('ascii'),
+            'missing': [[x.start, x.end] for x in r.missing],
+        },
+        'routing_coverage': m.routing_coverage,
+        'routing_complete': m.routing_complete,
+    }
 
 
 def _turn_from_proto(t: Any) -> Record:

@@ -15,12 +15,26 @@ responses on the right, so every row's response starts at the same column:
 - ``old_log_probs`` [B, R] (the sampler's log-probs; 0 where absent), ``has_old_log_probs`` [B]
 - ``uid``, ``rollout_id``, and ``trajectory_id`` or ``transition_id`` (per row), ``reward`` [B]
 
+Only when a trajectory of the group has routed experts (MoE routing replay: the batch then has a
+``routed_experts`` column, see ``groups``; docs/output-contract.md#routed-experts):
+
+- ``routed_experts`` [B, P + R, layers, top_k]: rows aligned with ``input_ids`` columns: the
+  column of the token at position ``i`` holds row ``i`` (the forward pass over that token, which
+  chose the experts for the logits of the next one). Pad columns, the row's last token (it has no
+  row), a trajectory's ``missing`` positions and every column of a row without routing hold 0.
+  dtype: the rows' dtypes promoted (numpy), e.g. uint8.
+- ``routed_experts_mask`` [B, P + R]: 1 where the column holds a real row, 0 on the padding above.
+- ``routing_complete`` [B]: the trajectory's ``routing_complete`` (False without routing). A row
+  that is not complete must not be replayed: drop it or let the live router decide.
+
 numpy arrays (int64 ids and masks, float32 scores and log-probs) when numpy is importable and
 ``use_numpy`` is not False; nested lists of the same shapes otherwise.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
+
+from .routing import missing_rows, routed_experts_array, routed_experts_values, routing_missing_mask
 
 
 def _numpy() -> Any:
@@ -91,6 +105,8 @@ def to_verl_batch(
     np = _numpy() if use_numpy is not False else None
     if use_numpy and np is None:
         raise ImportError('to_verl_batch: use_numpy=True but numpy is not installed')
+    if any(r is not None for r in b.get('routed_experts') or []):
+        result.update(_routing(b, names, prompts, responses, p_len, r_len, np))
     if np is not None:
         # Explicit widths, so a group without rows still gives [0, width] arrays.
         widths = {'prompts': p_len, 'responses': r_len, 'input_ids': p_len + r_len, 'attention_mask': p_len + r_len,
@@ -109,3 +125,55 @@ def to_verl_batch(
         result['rollout_id'] = list(b['rollout_id'])
         result[id_key] = list(names)
     return result
+
+
+def _routing(b: dict[str, Any], names: list[str], prompts: list[list[int]], responses: list[list[int]], p_len: int, r_len: int,
+             np: Any) -> dict[str, Any]:
+    """``routed_experts``, ``routed_experts_mask`` and ``routing_complete``, aligned with ``input_ids``."""
+    width = p_len + r_len
+    complete = [bool(c) for c in b.get('routing_complete') or [r is not None for r in b['routed_experts']]]
+    # Routing the sidecar could not read at all (shape [rows, 0, 0], never complete) has no rows to place.
+    routed: list[Any] = [None if r is not None and 0 in (int(r['shape'][1]), int(r['shape'][2])) else r for r in b['routed_experts']]
+    sizes: Optional[tuple[int, int]] = None
+    for i, r in enumerate(routed):
+        if r is None:
+            continue
+        rows, layers, top_k = (int(x) for x in r['shape'])
+        n = len(prompts[i]) + len(responses[i])
+        if rows != max(n - 1, 0):
+            raise ValueError(f'to_verl_batch: routed_experts of {names[i]} has {rows} rows for {n} tokens (one per token but the last)')
+        if sizes is None:
+            sizes = (layers, top_k)
+        elif sizes != (layers, top_k):
+            raise ValueError(f'to_verl_batch: routed_experts of {names[i]} has {layers} layers × top-{top_k}, others {sizes[0]} × top-{sizes[1]}')
+    layers, top_k = sizes or (0, 0)
+    if np is not None:
+        arrays = [routed_experts_array(r) if r is not None else None for r in routed]
+        present = [a.dtype for a in arrays if a is not None]
+        dtype = np.result_type(*present) if present else np.uint8
+        experts = np.zeros((len(routed), width, layers, top_k), dtype=dtype)
+        mask = np.zeros((len(routed), width), dtype=np.int64)
+        for i, a in enumerate(arrays):
+            if a is None:
+                continue
+            start = p_len - len(prompts[i])
+            experts[i, start:start + len(a)] = a
+            mask[i, start:start + len(a)] = ~routing_missing_mask(routed[i])
+        return {'routed_experts': experts, 'routed_experts_mask': mask, 'routing_complete': np.asarray(complete, dtype=bool)}
+    zero_row = [[0] * top_k for _ in range(layers)]
+    experts_rows, mask_rows = [], []
+    for i, r in enumerate(routed):
+        row = [[list(x) for x in zero_row] for _ in range(width)]
+        m = [0] * width
+        if r is not None:
+            (rows, _, _), values = routed_experts_values(r)
+            gone = missing_rows(r)
+            start = p_len - len(prompts[i])
+            per_row = layers * top_k
+            for j in range(rows):
+                flat = values[j * per_row:(j + 1) * per_row]
+                row[start + j] = [flat[k * top_k:(k + 1) * top_k] for k in range(layers)]
+                m[start + j] = 0 if j in gone else 1
+        experts_rows.append(row)
+        mask_rows.append(m)
+    return {'routed_experts': experts_rows, 'routed_experts_mask': mask_rows, 'routing_complete': complete}

@@ -1,6 +1,7 @@
 """Records shaped as the sidecar writes them, and their Kafka encodings, for the tests."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -215,11 +216,31 @@ def encode_trajectory_pb(t: dict) -> bytes:
         elif k == 'token_rewards':
             for r in v:
                 m.token_rewards.add(**r)
+        elif k == 'routed_experts':
+            # Raw bytes in protobuf (base64 in JSON); the shape as three sizes.
+            m.routed_experts.dtype = v['dtype']
+            m.routed_experts.rows, m.routed_experts.layers, m.routed_experts.top_k = v['shape']
+            m.routed_experts.data = base64.b64decode(v['data'])
+            for start, end in v['missing']:
+                m.routed_experts.missing.add(start=start, end=end)
         elif isinstance(v, list):
             getattr(m, k).extend(v)
         else:
             setattr(m, k, v)
     return m.SerializeToString()
+
+
+def with_routing(t: dict, values: Any, *, missing: list[list[int]] = (), coverage: float = 1, complete: bool = True) -> dict:
+    """``t`` with ``routed_experts`` holding ``values`` (a numpy array [rows, layers, top_k], rows =
+    len(token_ids) - 1), keys where the sidecar puts them (after ``logprobs``)."""
+    routed = {'dtype': str(values.dtype), 'shape': list(values.shape), 'data': base64.b64encode(values.astype(values.dtype.newbyteorder('<')).tobytes()).decode(),
+              'missing': [list(m) for m in missing]}
+    out: dict[str, Any] = {}
+    for k, v in t.items():
+        if k == 'turns':
+            out.update(routed_experts=routed, routing_coverage=coverage, routing_complete=complete)
+        out[k] = v
+    return out
 
 
 def proto_has_delta() -> bool:

@@ -1,7 +1,7 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import type { PromptIdsDelta } from '../../model/prompt-delta';
-import type { EpisodeSummary, Trajectory, TrajectoryRecord, Transition, TransitionRecord } from '../../model/records';
+import type { EpisodeSummary, RoutedExpertsJson, RoutingDtype, Trajectory, TrajectoryRecord, Transition, TransitionRecord } from '../../model/records';
 import { TransitionWriter } from '../transition-json';
 import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
 
@@ -138,10 +138,16 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
     ...dropNulls(x),
     logprobs: x.logprobs ?? [],
     has_logprobs: x.logprobs !== null,
+    routed_experts: x.routed_experts === undefined ? undefined : routedExpertsMessage(x.routed_experts),
     turns: x.turns.map((turn) => ({ ...dropNulls(turn), tool_calls: turn.tool_calls.map((c) => dropNulls(c)) })),
   };
   const type = types().trajectory;
-  return Buffer.from(type.encode(type.fromObject(msg)).finish());
+  return asBuffer(type.encode(type.fromObject(msg)).finish());
+}
+
+/** protobufjs's output as a Buffer, without a copy (a trajectory's can be tens of MiB). */
+function asBuffer(u8: Uint8Array): Buffer {
+  return Buffer.isBuffer(u8) ? u8 : Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength);
 }
 
 export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory {
@@ -187,6 +193,7 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
     token_ids: o.token_ids,
     loss_mask: o.loss_mask,
     logprobs: o.has_logprobs ? o.logprobs : null,
+    ...routingFromMessage(o),
     turns,
     token_rewards: (o.token_rewards as { position: number; value: number }[]).map((r) => ({ position: r.position, value: r.value })),
     reward: o.reward,
@@ -196,6 +203,29 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
     started_at: o.started_at,
     ended_at: o.ended_at,
   } as Trajectory;
+}
+
+/** `routed_experts` as its message: the shape as three sizes, the base64 values as raw bytes, `missing` as ranges. */
+function routedExpertsMessage(r: RoutedExpertsJson): Record<string, unknown> {
+  const [rows, layers, top_k] = r.shape;
+  return { dtype: r.dtype, rows, layers, top_k, data: Buffer.from(r.data, 'base64'), missing: r.missing.map(([start, end]) => ({ start, end })) };
+}
+
+/** The three routing fields of a decoded trajectory message in their JSON shape; none when it has no routing. */
+function routingFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'routed_experts' | 'routing_coverage' | 'routing_complete'> {
+  const m = o.routed_experts as
+    { dtype: RoutingDtype; rows: number; layers: number; top_k: number; data: Uint8Array; missing: { start: number; end: number }[] } | undefined;
+  if (m === undefined || m === null) return {};
+  return {
+    routed_experts: {
+      dtype: m.dtype,
+      shape: [m.rows, m.layers, m.top_k],
+      data: Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength).toString('base64'),
+      missing: m.missing.map((r) => [r.start, r.end]),
+    },
+    routing_coverage: (o.routing_coverage as number | undefined) ?? 0,
+    routing_complete: (o.routing_complete as boolean | undefined) ?? false,
+  };
 }
 
 /** Scalar fields copied as they are (optional ones come back as null when unset). */

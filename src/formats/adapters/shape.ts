@@ -54,6 +54,20 @@ export function logprobsMarker(valueStart: number): string {
   return `${LOGPROBS_MARKER}${valueStart}`;
 }
 
+/**
+ * A routed-experts string (base64, megabytes of it) is cut out of the text before the parse too,
+ * and replaced by this marker naming its byte range `[start, end)` (the JSON string, quotes
+ * included); it is decoded from the bytes (formats/routed-experts.ts `base64Range`).
+ */
+export const ROUTING_MARKER = `\u0000routing:${randomBytes(8).toString('hex')}:`;
+
+/** The byte range a routing marker names, or null for any other value. */
+export function routingRange(v: unknown): [number, number] | null {
+  if (typeof v !== 'string' || !v.startsWith(ROUTING_MARKER)) return null;
+  const [start, end] = v.slice(ROUTING_MARKER.length).split(':').map(Number);
+  return Number.isSafeInteger(start) && Number.isSafeInteger(end) ? [start, end] : null;
+}
+
 /** Logprobs read from the bytes, by marker. */
 export type ReadLogprobs = ReadonlyMap<string, number[] | null>;
 
@@ -77,4 +91,27 @@ export function emptyChoice(index: number): ChoiceCapture {
 
 export function toolCall(id: unknown, name: unknown, args: unknown): ToolCallRequest {
   return { id: str(id), name: str(name), arguments: typeof args === 'string' ? args : args === undefined ? null : JSON.stringify(args) };
+}
+
+/**
+ * Keeps a choice's routed experts as the server wrote them (vLLM: `choices[].routed_experts`, with
+ * v0.21's response-level `prompt_routed_experts`), for decoding when the episode is built.
+ */
+export function withRouting(choice: ChoiceCapture, c: Record<string, unknown>, res: Record<string, unknown>): ChoiceCapture {
+  if (c.routed_experts !== undefined && c.routed_experts !== null) {
+    choice.routedExperts = { value: c.routed_experts, prompt: res.prompt_routed_experts ?? null, form: 'vllm' };
+    return choice;
+  }
+  // SGLang (asked with `return_routed_experts`): the choice's `meta_info`, or the answer's `sglext`
+  // (built from the first choice only).
+  const meta = isRecord(c.meta_info) ? c.meta_info : null;
+  const ext = isRecord(res.sglext) && choice.index === 0 ? res.sglext : null;
+  const value = meta?.routed_experts ?? ext?.routed_experts;
+  if (value !== undefined && value !== null)
+    choice.routedExperts = { value, prompt: null, form: 'sglang', start: meta?.routed_experts_start_len ?? ext?.routed_experts_start_len };
+  return choice;
+}
+
+function isRecord(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
 }

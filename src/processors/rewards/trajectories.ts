@@ -1,5 +1,6 @@
 import type { EpisodeStatus, SegmentStart, TokenIds, TrajectoryRecord, TrajectoryTurn, TransitionRecord, UnmergedReason } from '../../model/records';
 import { resolveIds, type CallFacts } from '../../formats/extract';
+import { trajectoryRouting } from '../../formats/routed-experts';
 import { concatIds, continuesFrom, idsLength, sameIds, startsWith } from './continuity';
 
 /**
@@ -233,6 +234,13 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       if (last.intermediate_reward !== null && ctx.airWeight !== 0) add(rewards, t.responseEnd - 1, ctx.airWeight * last.intermediate_reward);
     }
     const end = s.turns[s.turns.length - 1].responseEnd;
+    const routing = trajectoryRouting(
+      s.turns.map((t) => {
+        const choice = ctx.calls.get(t.seq)?.choices.find((c) => c.index === t.choice);
+        return { responseStart: t.responseStart, responseEnd: t.responseEnd, routing: choice?.routing ?? null, error: choice?.routingError };
+      }),
+      end,
+    );
     if (ctx.finalReward !== null) add(rewards, end - 1, ctx.finalReward);
     const tokenRewards = [...rewards].sort((a, b) => a[0] - b[0]).map(([position, value]) => ({ position, value }));
     const first = ctx.calls.get(s.turns[0].seq)!;
@@ -265,6 +273,7 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       last,
       length: end,
       turnLogprobs,
+      routing,
     };
   });
 }

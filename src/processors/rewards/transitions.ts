@@ -17,6 +17,7 @@ import { extractFacts, type BodyReader, type CallFacts } from '../../formats/ext
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 import { continuesFrom, type Ids } from './continuity';
+import { decodeRouting, type SglangRoutingShape } from './routing';
 import { buildTrajectories, Segmenter } from './trajectories';
 
 export interface EpisodeFacts {
@@ -50,6 +51,8 @@ export interface TransitionOptions {
   scratch?: [Buffer, Buffer];
   /** What the exporter writes (`exporters.records`); the episode summary says so. Default: both. */
   exported?: ('transitions' | 'trajectories')[];
+  /** SGLang's routing shape (`processors.routed_experts.sglang`); without it SGLang routing cannot be read. */
+  sglangRouting?: SglangRoutingShape | null;
 }
 
 const NO_BODIES: BodyReader = () => {
@@ -83,6 +86,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     const pinned = [previous?.body, segmenter?.pinned];
     const free = scratch.find((b) => b !== undefined && !pinned.some((p) => p && p.buffer === b.buffer));
     const { facts: f, responseBytes } = extractFacts(call, read, free);
+    decodeRouting(f, read, options.sglangRouting ?? null, responseBytes);
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
     if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
     all.push(f);

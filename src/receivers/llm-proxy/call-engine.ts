@@ -8,7 +8,7 @@ import { POLICY_VERSION, redacted, type Call, type CallEnd, type Engine, type Up
 import type { CallCapture } from './capture';
 import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
-import { fieldsFor } from './inject';
+import { fieldsFor, SGLANG_ROUTING_FIELDS } from './inject';
 import { passThrough } from './pass-through';
 import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
@@ -49,6 +49,8 @@ export interface EngineDeps {
   redact?: ((body: unknown) => unknown) | null;
   /** Resolves an upstream host name to its addresses (tests replace DNS). */
   resolve?: (hostname: string) => Promise<string[]>;
+  /** Ask an SGLang server for routed experts (`processors.routed_experts.sglang` is set). */
+  sglangRouting?: boolean;
 }
 
 export class CallEngine implements Engine {
@@ -210,7 +212,7 @@ export class CallEngine implements Engine {
       body,
       agentHeaders: call.req.rawHeaders,
       upstream: this.upstream,
-      fields: fieldsFor(this.flavors.current(), 'chat.completions'),
+      fields: fieldsFor(this.flavors.current(), 'chat.completions', this.extraFields()),
       timeoutMs: this.config.upstream_timeout_ms,
       capture: call.capture,
       redact: this.deps.redact,
@@ -229,6 +231,10 @@ export class CallEngine implements Engine {
 
   flavor(): Flavor {
     return this.flavors.current();
+  }
+
+  extraFields(): Record<string, string> | null {
+    return this.deps.sglangRouting && this.flavors.current() === 'sglang' ? SGLANG_ROUTING_FIELDS : null;
   }
 
   responded(call: Call, ures: UpstreamResponse, sentAt: number, at = performance.now()): void {

@@ -179,6 +179,8 @@ export interface Engine {
   readonly redacts: boolean;
   /** What the model server is taken to be now (which fields it takes). */
   flavor(): Flavor;
+  /** Fields added beside the flavor's own (SGLang's routing request), or null. */
+  extraFields(): Record<string, string> | null;
   /** The upstream's response head arrived (`at`, after it left at `sentAt`): first-byte time, policy version. */
   responded(call: Call, ures: UpstreamResponse, sentAt: number, at?: number): void;
   /** The server refused a field the sidecar added: stop adding it. */

@@ -29,9 +29,8 @@ export interface Injection {
  * whether it is one of them. Returns null when nothing applies or the body is not a JSON object
  * (forwarded untouched).
  */
-export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, body: Buffer): Injection | null {
-  if (flavor === 'openai') return null;
-  const fields = FIELDS[flavor][api];
+export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, body: Buffer, extra: Record<string, string> | null = null): Injection | null {
+  const fields = fieldsFor(flavor, api, extra);
   if (!fields) return null;
   const open = skipWs(body, 0);
   if (body[open] !== 0x7b /* { */) return null;
@@ -55,10 +54,15 @@ export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, bod
   };
 }
 
-/** The fields the sidecar adds for this flavor and API, or null when it adds none. */
-export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api): Record<string, string> | null {
-  return flavor === 'openai' ? null : (FIELDS[flavor][api] ?? null);
+/** The fields the sidecar adds for this flavor and API (with `extra`, e.g. SGLang's routing), or null when it adds none. */
+export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api, extra: Record<string, string> | null = null): Record<string, string> | null {
+  const base = flavor === 'openai' ? undefined : FIELDS[flavor][api];
+  if (!base) return null;
+  return extra ? { ...base, ...extra } : base;
 }
+
+/** SGLang returns routed experts only when asked (`processors.routed_experts.sglang`). */
+export const SGLANG_ROUTING_FIELDS: Record<string, string> = { return_routed_experts: 'true' };
 
 /**
  * What the injector noted about a request for the next request of its rollout: where it wrote the

@@ -45,7 +45,7 @@ class PassThrough {
     this.flavor = engine.flavor();
     this.encoded = !!req.headers['content-encoding'];
     this.mustBuffer = capture !== null && engine.redacts && !this.encoded;
-    const fields = capture !== null && !this.mustBuffer && !this.encoded && preread === null ? fieldsFor(this.flavor, capture.api) : null;
+    const fields = capture !== null && !this.mustBuffer && !this.encoded && preread === null ? fieldsFor(this.flavor, capture.api, engine.extraFields()) : null;
     this.injector = fields ? new StreamInjector(fields) : null;
   }
 
@@ -113,7 +113,7 @@ class PassThrough {
     const { capture } = this.call;
     let body = whole;
     if (capture) {
-      const injection = this.encoded ? null : injectFields(this.flavor, capture.api, body);
+      const injection = this.encoded ? null : injectFields(this.flavor, capture.api, body, this.engine.extraFields());
       if (injection) {
         body = injection.body;
         capture.injected = injection.injected;

@@ -6,6 +6,7 @@ const BROUGHT: Record<string, string[]> = {
   return_token_ids: ['prompt_token_ids', 'token_ids'],
   return_prompt_token_ids: ['prompt_token_ids'],
   logprobs: ['logprobs'],
+  return_routed_experts: ['routed_experts'],
 };
 
 /** The answer's members the agent did not ask for, given the fields the sidecar added for it. */

@@ -1,7 +1,7 @@
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { decodeEpisode, decodeTrajectory, decodeTransition, encodeEpisode, encodeTransition } from '../../../src/exporters/kafka/encoding';
+import { decodeEpisode, decodeTrajectory, decodeTransition, encodeEpisode, encodeTrajectory, encodeTransition } from '../../../src/exporters/kafka/encoding';
 import { TransitionWriter } from '../../../src/exporters/transition-json';
 import { materializeTrajectory } from '../../../src/exporters/trajectory-json';
 import { createKafkaExporter, ExportError } from '../../../src/exporters/kafka/kafka-exporter';
@@ -13,7 +13,7 @@ import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
 import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
-import type { ClosedEpisode, Transition } from '../../../src/model/records';
+import type { ClosedEpisode, RoutingArray, TrajectoryRecord, Transition } from '../../../src/model/records';
 import { NO_JOURNAL, type EncodedEpisode } from '../../../src/exporters/exporter';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
@@ -401,5 +401,79 @@ describe('kafka exporter', () => {
     };
     for (const t of c.transitions) expect(decodeTransition(encodeTransition(t, encoding), encoding)).toEqual(t);
     expect(decodeEpisode(encodeEpisode(c.episode, encoding), encoding)).toEqual(c.episode);
+  });
+});
+
+describe('trajectory routing (routed experts) in JSON and protobuf', () => {
+  const writer = new TransitionWriter(() => {
+    throw new Error('no journal');
+  });
+  /** The one trajectory of three continuing calls (308 ids: 307 rows), with `routing` as given. */
+  function routed(routing: TrajectoryRecord['routing']): TrajectoryRecord {
+    const [t] = continuing('rt').trajectories;
+    return { ...t, routing };
+  }
+  /** 2 layers × top-2 expert ids `i % mod` for every row, rows 0-2 missing (0 there). */
+  function routing(make: (n: number) => RoutingArray, mod: number): NonNullable<TrajectoryRecord['routing']> {
+    const data = make(307 * 4);
+    for (let i = 0; i < data.length; i++) data[i] = i < 3 * 4 ? 0 : (i % mod) - (data instanceof Int16Array || data instanceof Int32Array ? 1 : 0);
+    return { rows: 307, layers: 2, topK: 2, data, missing: [[0, 3]], coverage: 1, complete: false, problems: ['rows 0-3 missing'] };
+  }
+
+  it('gives the same object, keys in the same order, through either encoding, for every dtype', () => {
+    const cases: [string, RoutingArray][] = [
+      ['uint8', routing((n) => new Uint8Array(n), 256).data],
+      ['int16', routing((n) => new Int16Array(n), 300).data],
+      ['uint16', routing((n) => new Uint16Array(n), 40000).data],
+      ['int32', routing((n) => new Int32Array(n), 70000).data],
+    ];
+    for (const [dtype, data] of cases) {
+      const t = routed({ ...routing(() => data, 1), data });
+      const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+      const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+      expect(proto).toEqual(json);
+      expect(Object.keys(proto)).toEqual(Object.keys(json));
+      expect(json).toEqual(materializeTrajectory(writer, t));
+      const keys = Object.keys(json);
+      expect(keys.slice(keys.indexOf('logprobs'), keys.indexOf('turns') + 1)).toEqual([
+        'logprobs',
+        'routed_experts',
+        'routing_coverage',
+        'routing_complete',
+        'turns',
+      ]);
+      expect(json.routed_experts).toEqual({ dtype, shape: [307, 2, 2], data: expect.any(String), missing: [[0, 3]] });
+      expect(json.token_ids).toHaveLength(308);
+      expect([json.routing_coverage, json.routing_complete]).toEqual([1, false]);
+      // The base64 is the values' little-endian bytes, C order.
+      const bytes = Buffer.from(json.routed_experts!.data, 'base64');
+      expect(bytes.equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))).toBe(true);
+    }
+  });
+
+  it('carries the values as raw bytes in protobuf, not base64', () => {
+    const data = new Uint8Array(307 * 4).fill(0xab);
+    const t = routed({ rows: 307, layers: 2, topK: 2, data, missing: [], coverage: 0.5, complete: true, problems: [] });
+    const bytes = encodeTrajectory(t, 'protobuf', writer);
+    expect(bytes.includes(Buffer.from(data))).toBe(true);
+    expect(bytes.includes(Buffer.from(Buffer.from(data).toString('base64')))).toBe(false);
+    const back = decodeTrajectory(bytes, 'protobuf');
+    expect([back.routed_experts!.missing, back.routing_coverage, back.routing_complete]).toEqual([[], 0.5, true]);
+  });
+
+  it('keeps an empty routing (no layers: none of it could be read) as it is, rows and all', () => {
+    const t = routed({ rows: 307, layers: 0, topK: 0, data: new Uint8Array(0), missing: [[0, 307]], coverage: 0, complete: false, problems: [] });
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    expect(decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf')).toEqual(json);
+    expect(json.routed_experts).toEqual({ dtype: 'uint8', shape: [307, 0, 0], data: '', missing: [[0, 307]] });
+  });
+
+  it('has none of the routing keys when no call returned routing, in either encoding', () => {
+    const t = routed(null);
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+    for (const x of [json, proto]) for (const k of ['routed_experts', 'routing_coverage', 'routing_complete']) expect(x).not.toHaveProperty(k);
+    expect(proto).toEqual(json);
+    expect(Object.keys(proto)).toEqual(Object.keys(json));
   });
 });
