@@ -291,6 +291,24 @@ export const routedExpertsSchema = z
   })
   .strict();
 
+/** Sampling provenance (docs/output-contract.md#sampling-parameters): off, records are as they were. */
+export const samplingSchema = z
+  .object({
+    /** Each transition and trajectory turn records the sampling parameters the model server was asked for. */
+    record: z.boolean().default(false),
+    /**
+     * Training values: a chat or completions call that leaves one out gets it; one that sets another
+     * is overridden (`force`) or refused with a 400 (`refuse`).
+     */
+    pin: z
+      .partialRecord(
+        z.enum(['temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'max_tokens']),
+        z.object({ value: z.number().finite(), mode: z.enum(['force', 'refuse']).default('force') }).strict(),
+      )
+      .default({}),
+  })
+  .strict();
+
 export const spansSchema = z
   .object({
     /** A tool or reward span whose rollout is not known yet waits this long for a call of its trace. */
@@ -374,6 +392,7 @@ export const configSchema = z
         spans: spansSchema.prefault({}),
         policy: policySchema.prefault({}),
         routed_experts: routedExpertsSchema.prefault({}),
+        sampling: samplingSchema.prefault({}),
       })
       .strict()
       .prefault({}),
@@ -476,4 +495,5 @@ export type AirConfig = z.infer<typeof airSchema>;
 export type AirRule = z.infer<typeof airRuleSchema>;
 export type CaptureConfig = z.infer<typeof captureSchema>;
 export type RoutedExpertsConfig = z.infer<typeof routedExpertsSchema>;
+export type SamplingConfig = z.infer<typeof samplingSchema>;
 export type KafkaExporterConfig = z.infer<typeof kafkaExporterSchema>;

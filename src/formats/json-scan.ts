@@ -148,20 +148,32 @@ export function isJson(buf: Buffer, start = 0, end = buf.length): boolean {
  * skipping each value (long strings by memchr); null when `buf` is not one well-formed object.
  */
 export function topLevelKeys(buf: Buffer): Set<string> | null {
+  const members = topLevelMembers(buf);
+  return members === null ? null : new Set(members.keys());
+}
+
+/**
+ * The top-level members of the JSON object in `buf`: each name and where its value lies (the last
+ * of a repeated name, as JSON parsers keep it); null when `buf` is not one well-formed object.
+ */
+export function topLevelMembers(buf: Buffer): Map<string, [number, number]> | null {
   let i = skipWs(buf, 0);
   if (buf[i] !== 0x7b) return null;
-  const keys = new Set<string>();
+  const keys = new Map<string, [number, number]>();
   i = skipWs(buf, i + 1);
   if (buf[i] === 0x7d) return skipWs(buf, i + 1) === buf.length ? keys : null;
   for (;;) {
     if (buf[i] !== QUOTE) return null;
     const k = skipString(buf, i, buf.length);
     if (k < 0) return null;
-    keys.add(JSON.parse(buf.toString('utf8', i, k)) as string);
+    const name = JSON.parse(buf.toString('utf8', i, k)) as string;
     i = skipWs(buf, k);
     if (buf[i] !== 0x3a) return null;
-    const v = skipValue(buf, i + 1);
+    const start = skipWs(buf, i + 1);
+    const v = skipValue(buf, start);
     if (v < 0) return null;
+    keys.delete(name);
+    keys.set(name, [start, v]);
     i = skipWs(buf, v);
     if (buf[i] === 0x2c) {
       i = skipWs(buf, i + 1);

@@ -258,6 +258,26 @@ export interface Transition {
   token_in: string | null;
   /** The model-server replica that answered the call (`address:port`); null when none answered. */
   upstream_replica: string | null;
+  /** The sampling parameters the server was asked for; only with `processors.sampling.record`. */
+  sampling?: SamplingParams;
+}
+
+/**
+ * The sampling parameters of a call as the request the model server got had them (after the
+ * sidecar's own additions, e.g. token-in's `max_tokens`); null where it left one to the server's
+ * default (docs/output-contract.md#sampling-parameters).
+ */
+export interface SamplingParams {
+  temperature: number | null;
+  top_p: number | null;
+  top_k: number | null;
+  min_p: number | null;
+  seed: number | null;
+  presence_penalty: number | null;
+  frequency_penalty: number | null;
+  repetition_penalty: number | null;
+  /** `max_tokens`, else chat's `max_completion_tokens`. */
+  max_tokens: number | null;
 }
 
 /** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */
@@ -344,6 +364,8 @@ export interface TrajectoryTurn {
   /** The call's transition reward (credit + AIR), for reference; `token_rewards` places rewards for trajectory training. */
   reward: number;
   policy_version: string | null;
+  /** The call's sampling parameters; only with `processors.sampling.record`. */
+  sampling?: SamplingParams;
 }
 
 /** A trajectory, JSON shape (docs/output-contract.md). */

@@ -63,6 +63,7 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
     air: config.processors.air,
     capture: config.processors.capture,
     routedExperts: config.processors.routed_experts,
+    sampling: config.processors.sampling,
     read,
     records: config.exporters.records,
     onLate: (kind, rolloutId, attemptId) => {

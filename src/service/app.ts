@@ -114,6 +114,7 @@ export function createApp(config: Config, deps: AppDeps) {
     now: deps.now,
     resolve: deps.resolve,
     sglangRouting: config.processors.routed_experts.sglang !== undefined,
+    pins: config.processors.sampling.pin,
   });
   const otlpConfig = config.receivers.otlp;
   const otlp =

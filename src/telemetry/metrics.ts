@@ -348,6 +348,12 @@ function exportMetrics(registry: Registry) {
       buckets: [256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576],
       registers: [registry],
     }),
+    samplingPinned: new Counter({
+      name: 'lightning_sidecar_sampling_pinned_total',
+      help: 'Pinned sampling parameters (processors.sampling.pin) by parameter and what was done: set (the call left it out), overridden (force), refused (refuse).',
+      labelNames: ['param', 'action'] as const,
+      registers: [registry],
+    }),
     trajectoryRouting: new Counter({
       name: 'lightning_sidecar_trajectory_routing_total',
       help: 'Trajectories with routed experts (MoE routing replay), by whether every row is there and aligned (complete) or not.',

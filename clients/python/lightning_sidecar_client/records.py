@@ -19,6 +19,13 @@ A trajectory's ``routed_experts`` (present only when a call returned routing) is
 protobuf and base64 in JSON; decoded, both give the JSON dict (``data`` base64), with
 ``routing_coverage`` and ``routing_complete`` after it. ``routing.routed_experts_array`` makes it
 a numpy array.
+
+A transition's and a trajectory turn's ``sampling`` (present only with the sidecar's
+``processors.sampling.record``) is a ``SamplingParams`` message of optional doubles in protobuf;
+decoded, it is the JSON dict, every key present (None where unset), as the record's last key (a
+transition's ``prompt_token_ids_delta`` still after it). Whole numbers are ints there, as in the
+JSON. A protobuf transition also has ``translation``, ``token_ids_missing``, ``token_in`` and
+``upstream_replica`` (None when unset), as the JSON of a sidecar that has those fields.
 """
 from __future__ import annotations
 
@@ -36,11 +43,16 @@ TRAJECTORY_SCHEMA = 'lightning.trajectory.v1'
 
 Record = dict[str, Any]
 
-_TRANSITION_SCALARS = (
+# A transition's keys in the sidecar's JSON order (``sampling``, then the extras, follow when present).
+_TRANSITION_KEYS = (
     'schema', 'transition_id', 'rollout_id', 'attempt_id', 'group_id', 'seq', 'choice_index', 'agent_name', 'model',
-    'policy_version', 'api', 'streamed', 'status', 'http_status', 'error', 'finish_reason', 'continues_previous',
-    'intermediate_reward', 'final_reward', 'reward', 'credit', 'is_last', 'episode_status', 'truncated', 'trace_id',
-    'span_id', 'started_at', 'ended_at', 'latency_ms', 'ttft_ms',
+    'policy_version', 'api', 'request', 'response', 'streamed', 'status', 'http_status', 'error', 'finish_reason', 'usage',
+    'prompt_token_ids', 'response_token_ids', 'response_logprobs', 'continues_previous', 'tool_calls', 'intermediate_reward',
+    'final_reward', 'reward', 'credit', 'is_last', 'episode_status', 'truncated', 'trace_id', 'span_id', 'started_at', 'ended_at',
+    'latency_ms', 'ttft_ms', 'injected', 'translation', 'token_ids_missing', 'token_in', 'upstream_replica',
+)
+_SAMPLING_KEYS = (
+    'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'max_tokens',
 )
 _TOOL_CALL_FIELDS = ('id', 'name', 'status', 'reward', 'span_id', 'join')
 _TRAJECTORY_HEAD = (
@@ -126,18 +138,29 @@ def _opt(m: Any, field: str) -> Any:
 
 
 def _transition_from_proto(m: Any) -> Record:
-    out: Record = {f: _opt(m, f) for f in _TRANSITION_SCALARS}
-    out['injected'] = list(m.injected)
-    out['request'] = json.loads(m.request_json or 'null')
-    out['response'] = json.loads(m.response_json or 'null')
-    out['usage'] = json.loads(m.usage_json or 'null')
-    out['prompt_token_ids'] = list(m.prompt_token_ids) if m.has_prompt_token_ids else None
-    out['response_token_ids'] = list(m.response_token_ids) if m.has_response_token_ids else None
-    out['response_logprobs'] = list(m.response_logprobs) if m.has_response_logprobs else None
-    out['tool_calls'] = _tool_calls(m.tool_calls)
+    fields = m.DESCRIPTOR.fields_by_name
+    out: Record = {}
+    for f in _TRANSITION_KEYS:
+        if f in ('request', 'response', 'usage'):
+            out[f] = json.loads(getattr(m, f'{f}_json') or 'null')
+        elif f in ('prompt_token_ids', 'response_token_ids', 'response_logprobs'):
+            out[f] = list(getattr(m, f)) if getattr(m, f'has_{f}') else None
+        elif f == 'tool_calls':
+            out[f] = _tool_calls(m.tool_calls)
+        elif f == 'injected':
+            out[f] = list(m.injected)
+        elif f not in fields:
+            continue
+        elif f == 'translation':
+            out[f] = {'upstream_api': m.translation.upstream_api, 'notes': list(m.translation.notes)} if m.HasField('translation') else None
+        else:
+            out[f] = _opt(m, f)
+    sampling = _sampling_from_proto(m)
+    if sampling is not None:
+        out['sampling'] = sampling
     if m.bodies_dropped:
         out['bodies_dropped'] = True
-    if 'prompt_token_ids_delta' in m.DESCRIPTOR.fields_by_name and m.HasField('prompt_token_ids_delta'):
+    if 'prompt_token_ids_delta' in fields and m.HasField('prompt_token_ids_delta'):
         d = m.prompt_token_ids_delta
         out['prompt_token_ids_delta'] = {
             'previous_transition_id': d.previous_transition_id,
@@ -145,6 +168,21 @@ def _transition_from_proto(m: Any) -> Record:
             'suffix': list(d.suffix),
         }
     return out
+
+
+def _sampling_from_proto(m: Any) -> Record | None:
+    """A transition's or turn's ``sampling`` as JSON has it (every key, None where unset), None when
+    it has none. A whole number comes back an int, as the JSON text the sidecar writes parses to."""
+    if 'sampling' not in m.DESCRIPTOR.fields_by_name or not m.HasField('sampling'):
+        return None
+    s = m.sampling
+    return {f: _js_number(getattr(s, f)) if s.HasField(f) else None for f in _SAMPLING_KEYS}
+
+
+def _js_number(x: float) -> int | float:
+    """``x`` as ``json.loads`` gives it back from JavaScript's JSON text: whole numbers below 1e21
+    are written without a point or exponent, so they parse to ints."""
+    return int(x) if x.is_integer() and abs(x) < 1e21 else x
 
 
 def _episode_from_proto(m: Any) -> Record:
@@ -209,4 +247,7 @@ def _turn_from_proto(t: Any) -> Record:
     out: Record = {f: _opt(t, f) for f in _TURN_HEAD}
     out['tool_calls'] = _tool_calls(t.tool_calls)
     out.update((f, _opt(t, f)) for f in _TURN_TAIL)
+    sampling = _sampling_from_proto(t)
+    if sampling is not None:
+        out['sampling'] = sampling
     return out

@@ -32,6 +32,7 @@ def transition(rollout_id: str, seq: int, *, attempt_id: str = '0', group_id: Op
         'continues_previous': seq > 0, 'tool_calls': [], 'intermediate_reward': None, 'final_reward': None, 'reward': reward,
         'credit': None, 'is_last': is_last, 'episode_status': 'completed', 'truncated': False, 'trace_id': None, 'span_id': None,
         'started_at': '2025-01-01T00:00:00.000Z', 'ended_at': '2025-01-01T00:00:00.100Z', 'latency_ms': 100, 'ttft_ms': None, 'injected': [],
+        'translation': None, 'token_ids_missing': None, 'token_in': None, 'upstream_replica': None,
     }
     t.update(extra)
     return t
@@ -160,7 +161,8 @@ def encode_transition_pb(t: dict) -> bytes:
     """The protobuf encoding, field for field as the exporter writes it."""
     pb = records_pb2()
     m = pb.Transition()
-    skip = {'request', 'response', 'usage', 'prompt_token_ids', 'response_token_ids', 'response_logprobs', 'tool_calls', 'injected', 'prompt_token_ids_delta'}
+    skip = {'request', 'response', 'usage', 'prompt_token_ids', 'response_token_ids', 'response_logprobs', 'tool_calls', 'injected', 'prompt_token_ids_delta',
+            'translation', 'sampling'}
     for k, v in _drop_nulls(t).items():
         if k not in skip:
             setattr(m, k, v)
@@ -181,7 +183,19 @@ def encode_transition_pb(t: dict) -> bytes:
         m.prompt_token_ids_delta.previous_transition_id = d['previous_transition_id']
         m.prompt_token_ids_delta.prefix_length = d['prefix_length']
         m.prompt_token_ids_delta.suffix.extend(d['suffix'])
+    if t.get('translation'):
+        m.translation.upstream_api = t['translation']['upstream_api']
+        m.translation.notes.extend(t['translation']['notes'])
+    if t.get('sampling') is not None:
+        set_sampling(m.sampling, t['sampling'])
     return m.SerializeToString()
+
+
+def set_sampling(m: Any, sampling: dict) -> None:
+    """A ``SamplingParams`` message from the JSON ``sampling`` (its nulls unset; set, even to 0, marks it present)."""
+    m.SetInParent()
+    for k, v in _drop_nulls(sampling).items():
+        setattr(m, k, v)
 
 
 def encode_episode_pb(e: dict) -> bytes:
@@ -211,6 +225,8 @@ def encode_trajectory_pb(t: dict) -> bytes:
                     if tk == 'tool_calls':
                         for c in tv:
                             pt.tool_calls.add(**_drop_nulls(c))
+                    elif tk == 'sampling':
+                        set_sampling(pt.sampling, tv)
                     else:
                         setattr(pt, tk, tv)
         elif k == 'token_rewards':

@@ -1,7 +1,16 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import type { PromptIdsDelta } from '../../model/prompt-delta';
-import type { EpisodeSummary, RoutedExpertsJson, RoutingDtype, Trajectory, TrajectoryRecord, Transition, TransitionRecord } from '../../model/records';
+import type {
+  EpisodeSummary,
+  RoutedExpertsJson,
+  RoutingDtype,
+  SamplingParams,
+  Trajectory,
+  TrajectoryRecord,
+  Transition,
+  TransitionRecord,
+} from '../../model/records';
 import { TransitionWriter } from '../transition-json';
 import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
 
@@ -56,6 +65,7 @@ export function encodeTransition(
     tool_calls: t.tool_calls.map((c) => dropNulls(c)),
     bodies_dropped: t.bodies_dropped === true,
     prompt_token_ids_delta: t.prompt_token_ids_delta,
+    sampling: t.sampling === undefined ? undefined : dropNulls(t.sampling),
   };
   const type = types().transition;
   return Buffer.from(type.encode(type.fromObject(msg)).finish());
@@ -65,29 +75,42 @@ export function decodeTransition(bytes: Buffer, encoding: Encoding): OutgoingTra
   if (encoding === 'json') return JSON.parse(bytes.toString('utf8')) as OutgoingTransition;
   const type = types().transition;
   const o = type.toObject(type.decode(bytes), { longs: Number, defaults: true, arrays: true }) as Record<string, unknown>;
+  // Keys in the order the JSON record has them (the Transition interface's), extras last.
   const out: Record<string, unknown> = {};
-  for (const f of TRANSITION_FIELDS) out[f] = o[f] === undefined ? null : o[f];
-  out.request = JSON.parse(o.request_json as string);
-  out.response = JSON.parse(o.response_json as string);
-  out.usage = JSON.parse(o.usage_json as string);
-  out.prompt_token_ids = o.has_prompt_token_ids ? o.prompt_token_ids : null;
-  out.response_token_ids = o.has_response_token_ids ? o.response_token_ids : null;
-  out.response_logprobs = o.has_response_logprobs ? o.response_logprobs : null;
-  out.tool_calls = (o.tool_calls as Record<string, unknown>[]).map((c) => ({
-    id: c.id ?? null,
-    name: c.name ?? null,
-    status: c.status ?? null,
-    reward: c.reward ?? null,
-    span_id: c.span_id ?? null,
-    join: c.join ?? null,
-  }));
+  for (const f of TRANSITION_FIELDS) {
+    switch (f) {
+      case 'request':
+      case 'response':
+      case 'usage':
+        out[f] = JSON.parse(o[`${f}_json`] as string);
+        break;
+      case 'prompt_token_ids':
+      case 'response_token_ids':
+      case 'response_logprobs':
+        out[f] = o[`has_${f}`] ? o[f] : null;
+        break;
+      case 'tool_calls':
+        out.tool_calls = (o.tool_calls as Record<string, unknown>[]).map((c) => ({
+          id: c.id ?? null,
+          name: c.name ?? null,
+          status: c.status ?? null,
+          reward: c.reward ?? null,
+          span_id: c.span_id ?? null,
+          join: c.join ?? null,
+        }));
+        break;
+      case 'translation':
+        out.translation = o.translation
+          ? { upstream_api: (o.translation as { upstream_api: string }).upstream_api, notes: (o.translation as { notes?: string[] }).notes ?? [] }
+          : null;
+        break;
+      default:
+        out[f] = o[f] === undefined ? null : o[f];
+    }
+  }
+  const sampling = samplingFromMessage(o.sampling);
+  if (sampling) out.sampling = sampling;
   if (o.bodies_dropped) out.bodies_dropped = true;
-  out.translation = o.translation
-    ? { upstream_api: (o.translation as { upstream_api: string }).upstream_api, notes: (o.translation as { notes?: string[] }).notes ?? [] }
-    : null;
-  out.token_ids_missing = o.token_ids_missing ?? null;
-  out.token_in = o.token_in ?? null;
-  out.upstream_replica = o.upstream_replica ?? null;
   const d = o.prompt_token_ids_delta as { previous_transition_id: string; prefix_length: number; suffix: number[] } | undefined;
   if (d) out.prompt_token_ids_delta = { previous_transition_id: d.previous_transition_id, prefix_length: d.prefix_length, suffix: d.suffix };
   return out as unknown as OutgoingTransition;
@@ -139,7 +162,11 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
     logprobs: x.logprobs ?? [],
     has_logprobs: x.logprobs !== null,
     routed_experts: x.routed_experts === undefined ? undefined : routedExpertsMessage(x.routed_experts),
-    turns: x.turns.map((turn) => ({ ...dropNulls(turn), tool_calls: turn.tool_calls.map((c) => dropNulls(c)) })),
+    turns: x.turns.map((turn) => ({
+      ...dropNulls(turn),
+      tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
+      sampling: turn.sampling === undefined ? undefined : dropNulls(turn.sampling),
+    })),
   };
   const type = types().trajectory;
   return asBuffer(type.encode(type.fromObject(msg)).finish());
@@ -155,26 +182,30 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
   const type = types().trajectory;
   const o = type.toObject(type.decode(bytes), { longs: Number, defaults: true, arrays: true }) as Record<string, unknown>;
   const opt = (v: unknown) => (v === undefined ? null : v);
-  const turns = (o.turns as Record<string, unknown>[]).map((t) => ({
-    transition_id: t.transition_id,
-    seq: t.seq,
-    choice_index: t.choice_index,
-    response_start: t.response_start,
-    response_end: t.response_end,
-    has_logprobs: t.has_logprobs,
-    finish_reason: opt(t.finish_reason),
-    tool_calls: (t.tool_calls as Record<string, unknown>[]).map((c) => ({
-      id: opt(c.id),
-      name: opt(c.name),
-      status: opt(c.status),
-      reward: opt(c.reward),
-      span_id: opt(c.span_id),
-      join: opt(c.join),
-    })),
-    intermediate_reward: opt(t.intermediate_reward),
-    reward: t.reward,
-    policy_version: opt(t.policy_version),
-  }));
+  const turns = (o.turns as Record<string, unknown>[]).map((t) => {
+    const sampling = samplingFromMessage(t.sampling);
+    return {
+      transition_id: t.transition_id,
+      seq: t.seq,
+      choice_index: t.choice_index,
+      response_start: t.response_start,
+      response_end: t.response_end,
+      has_logprobs: t.has_logprobs,
+      finish_reason: opt(t.finish_reason),
+      tool_calls: (t.tool_calls as Record<string, unknown>[]).map((c) => ({
+        id: opt(c.id),
+        name: opt(c.name),
+        status: opt(c.status),
+        reward: opt(c.reward),
+        span_id: opt(c.span_id),
+        join: opt(c.join),
+      })),
+      intermediate_reward: opt(t.intermediate_reward),
+      reward: t.reward,
+      policy_version: opt(t.policy_version),
+      ...(sampling ? { sampling } : {}),
+    };
+  });
   return {
     schema: o.schema,
     trajectory_id: o.trajectory_id,
@@ -228,7 +259,7 @@ function routingFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'route
   };
 }
 
-/** Scalar fields copied as they are (optional ones come back as null when unset). */
+/** The transition's keys in the JSON record's order; scalars are copied as they are (optional ones come back as null when unset). */
 const TRANSITION_FIELDS = [
   'schema',
   'transition_id',
@@ -241,12 +272,19 @@ const TRANSITION_FIELDS = [
   'model',
   'policy_version',
   'api',
+  'request',
+  'response',
   'streamed',
   'status',
   'http_status',
   'error',
   'finish_reason',
+  'usage',
+  'prompt_token_ids',
+  'response_token_ids',
+  'response_logprobs',
   'continues_previous',
+  'tool_calls',
   'intermediate_reward',
   'final_reward',
   'reward',
@@ -261,7 +299,36 @@ const TRANSITION_FIELDS = [
   'latency_ms',
   'ttft_ms',
   'injected',
-] as const;
+  'translation',
+  'token_ids_missing',
+  'token_in',
+  'upstream_replica',
+] as const satisfies readonly Exclude<keyof Transition, 'sampling'>[];
+
+/** The sampling parameters' keys, in their JSON order. */
+const SAMPLING_FIELDS = [
+  'temperature',
+  'top_p',
+  'top_k',
+  'min_p',
+  'seed',
+  'presence_penalty',
+  'frequency_penalty',
+  'repetition_penalty',
+  'max_tokens',
+] as const satisfies readonly (keyof SamplingParams)[];
+
+/** A decoded `SamplingParams` message in its JSON shape (every key, null where unset); undefined when the record has none. */
+function samplingFromMessage(m: unknown): SamplingParams | undefined {
+  if (m === undefined || m === null) return undefined;
+  const o = m as Record<string, unknown>;
+  const out = {} as Record<keyof SamplingParams, number | null>;
+  for (const f of SAMPLING_FIELDS) {
+    const v = o[f];
+    out[f] = typeof v === 'number' ? v : null;
+  }
+  return out;
+}
 
 function dropNulls<T extends object>(o: T): Record<string, unknown> {
   const out: Record<string, unknown> = {};

@@ -1,4 +1,4 @@
-import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig, RoutedExpertsConfig } from '../../config/schema';
+import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig, RoutedExpertsConfig, SamplingConfig } from '../../config/schema';
 import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../model/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
@@ -14,6 +14,8 @@ export interface AssemblerOptions {
   capture?: CaptureConfig;
   /** Reads journaled bodies of captured calls when their episode closes. */
   read?: BodyReader;
+  /** Sampling provenance (`processors.sampling`). */
+  sampling?: SamplingConfig;
   /** MoE routing replay settings (`processors.routed_experts`). */
   routedExperts?: RoutedExpertsConfig;
   /** What the exporter writes (`exporters.records`; default both), named in each episode summary. */
@@ -96,6 +98,7 @@ export class EpisodeAssembler {
       excludeAgents: (options.capture?.exclude_agents ?? []).map(globToRegExp),
       read: options.read,
       exported: exportedOf(options.records ?? 'both'),
+      recordSampling: options.sampling?.record === true,
       sglangRouting: options.routedExperts?.sglang ? { layers: options.routedExperts.sglang.layers, topK: options.routedExperts.sglang.top_k } : null,
       // Bodies up to 4 MiB are read into these while an episode closes; bigger ones get their own.
       scratch: [Buffer.allocUnsafe(4 << 20), Buffer.allocUnsafe(4 << 20)],

@@ -228,6 +228,7 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
         intermediate_reward: last.intermediate_reward,
         reward: last.reward,
         policy_version: last.policy_version,
+        ...(last.sampling ? { sampling: last.sampling } : {}),
       });
       turnLogprobs.push(logprobs);
       if (last.policy_version !== null) versions.add(last.policy_version);

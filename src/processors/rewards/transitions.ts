@@ -18,6 +18,7 @@ import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 import { continuesFrom, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
+import { samplingOf } from './sampling';
 import { buildTrajectories, Segmenter } from './trajectories';
 
 export interface EpisodeFacts {
@@ -51,6 +52,8 @@ export interface TransitionOptions {
   scratch?: [Buffer, Buffer];
   /** What the exporter writes (`exporters.records`); the episode summary says so. Default: both. */
   exported?: ('transitions' | 'trajectories')[];
+  /** Record each call's sampling parameters (`processors.sampling.record`). */
+  recordSampling?: boolean;
   /** SGLang's routing shape (`processors.routed_experts.sglang`); without it SGLang routing cannot be read. */
   sglangRouting?: SglangRoutingShape | null;
 }
@@ -105,6 +108,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   const transitions: TransitionRecord[] = [];
   calls.forEach((call, position) => {
     const callCredit = credit(options.credit, facts.finalReward, position, calls.length);
+    const sampling = options.recordSampling ? samplingOf(call, read) : null;
     const choices: (ChoiceCapture | null)[] = call.choices.length > 0 ? call.choices : [null];
     const multi = choices.length > 1;
     const groupId = call.correlation.groupId ?? facts.groupId;
@@ -163,6 +167,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
         token_ids_missing: promptIds === null || responseIds === null ? missingIdsReason(call, promptIds === null) : null,
         token_in: call.tokenIn ?? null,
         upstream_replica: call.upstreamReplica ?? null,
+        ...(sampling ? { sampling } : {}),
       };
       if (call.bodies) t.source = call.bodies;
       transitions.push(t);

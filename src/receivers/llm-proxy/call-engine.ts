@@ -10,6 +10,7 @@ import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
 import { fieldsFor, SGLANG_ROUTING_FIELDS } from './inject';
 import { passThrough } from './pass-through';
+import { pinSampling, type Pins } from './pin';
 import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
 import { REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
@@ -51,6 +52,8 @@ export interface EngineDeps {
   resolve?: (hostname: string) => Promise<string[]>;
   /** Ask an SGLang server for routed experts (`processors.routed_experts.sglang` is set). */
   sglangRouting?: boolean;
+  /** Training values of sampling parameters (`processors.sampling.pin`); null or empty: none. */
+  pins?: Pins | null;
 }
 
 export class CallEngine implements Engine {
@@ -60,6 +63,8 @@ export class CallEngine implements Engine {
   private readonly now: () => number;
   /** The last call of each rollout attempt, under token-in. */
   private readonly tokenStates: TokenStates | null;
+  /** Pinned sampling parameters; null when none are. */
+  private readonly pins: Pins | null;
   /** Warnings about a `/v1` missing from a base URL, rate-limited. */
   private readonly hints: HintLog;
   /** Where agents reach the proxy (`host:port`, the port bound once listening), for those warnings. */
@@ -84,6 +89,7 @@ export class CallEngine implements Engine {
     this.now = deps.now ?? Date.now;
     const t = config.token_in;
     this.tokenStates = t.enabled ? new TokenStates(t.max_rollouts, t.max_held_tokens) : null;
+    this.pins = deps.pins && Object.keys(deps.pins).length > 0 ? deps.pins : null;
     this.hints = new HintLog(log, this.now);
     this.endpoint = config.endpoint;
   }
@@ -91,6 +97,7 @@ export class CallEngine implements Engine {
   /** Serves one admitted call; resolves once it has ended. */
   run(call: Call): Promise<void> {
     const capture = call.capture;
+    if (capture && this.pinned(call)) return this.planned(call, this.planPinned(call));
     if (capture && this.tokenInFor(call)) return this.planned(call, this.planTokenIn(call));
     // A call that is not translated starts at once: its body streams upstream as it arrives.
     if (!capture || !this.translatable(capture.api, call.req)) return this.execute(call, { kind: 'pass-through', body: null });
@@ -136,9 +143,42 @@ export class CallEngine implements Engine {
     capture.tokenIn = result === 'spliced' ? 'spliced' : `${result}:${reason}`;
   }
 
-  private async planTokenIn(call: Call): Promise<Plan | null> {
+  /** Chat and completions calls get the training values of pinned sampling parameters (their body is read whole for that). */
+  private pinned(call: Call): boolean {
+    const api = call.capture!.api;
+    return this.pins !== null && (api === 'chat.completions' || api === 'completions') && !call.req.headers['content-encoding'];
+  }
+
+  /** Reads the body, pins its sampling parameters (or refuses the call), then plans it as without pins. */
+  private async planPinned(call: Call): Promise<Plan | null> {
+    const read = await this.readBody(call);
+    if (read === null) return null;
+    const pinned = pinSampling(read, this.pins!);
+    if ('refused' in pinned) {
+      this.metrics.samplingPinned.inc({ param: pinned.refused, action: 'refused' });
+      this.refuse(call, pinned.refused, pinned.message);
+      return null;
+    }
+    for (const param of pinned.set) this.metrics.samplingPinned.inc({ param, action: 'set' });
+    for (const param of pinned.overridden) this.metrics.samplingPinned.inc({ param, action: 'overridden' });
+    if (this.tokenInFor(call)) return this.planTokenIn(call, pinned.body);
+    return { kind: 'pass-through', body: pinned.body };
+  }
+
+  /** A call refused for a pinned sampling parameter: a 400 naming it, recorded as an error; the model server never sees it. */
+  private refuse(call: Call, param: string, message: string): void {
+    const { res, api, capture, t0 } = call;
+    this.metrics.proxyRequests.inc({ api: api ?? 'other', status_class: '4xx' });
+    sendProxyError(res, 400, 'sampling_pinned', message, api, {}, param);
+    if (capture) {
+      capture.responseStatus = 400;
+      this.finishCapture(capture, 'error', message, t0);
+    }
+  }
+
+  private async planTokenIn(call: Call, preread: Buffer | null = null): Promise<Plan | null> {
     const capture = call.capture!;
-    const body = await this.readBody(call);
+    const body = preread ?? (await this.readBody(call));
     if (body === null) return null;
     const request = readTokenInRequest(body);
     if ('reason' in request) {

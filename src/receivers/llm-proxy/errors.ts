@@ -13,6 +13,8 @@ export function sendProxyError(
   message: string,
   api: Api | null,
   extraHeaders: Record<string, string> = {},
+  /** The request field at fault (OpenAI's `param`). */
+  param: string | null = null,
 ): void {
   if (res.headersSent) {
     res.destroy();
@@ -21,7 +23,7 @@ export function sendProxyError(
   const body =
     api === 'anthropic.messages'
       ? { type: 'error', error: { type: anthropicType(status), message: `lightning-sidecar: ${message}` } }
-      : { error: { message: `lightning-sidecar: ${message}`, type: openAiType(status), param: null, code } };
+      : { error: { message: `lightning-sidecar: ${message}`, type: openAiType(status), param, code } };
   const bytes = Buffer.from(JSON.stringify(body));
   res.writeHead(status, {
     'content-type': 'application/json',

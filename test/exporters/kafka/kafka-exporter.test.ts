@@ -13,7 +13,7 @@ import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
 import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
-import type { ClosedEpisode, RoutingArray, TrajectoryRecord, Transition } from '../../../src/model/records';
+import type { ClosedEpisode, RoutingArray, SamplingParams, TrajectoryRecord, Transition } from '../../../src/model/records';
 import { NO_JOURNAL, type EncodedEpisode } from '../../../src/exporters/exporter';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
@@ -39,8 +39,8 @@ function episode(rolloutId: string, calls: number, bodyBytes = 10) {
   );
 }
 
-/** An episode of three calls whose prompts continue each other (deltas apply). */
-function continuing(rolloutId: string) {
+/** An episode of three calls whose prompts continue each other (deltas apply); `recordSampling` as `processors.sampling.record`. */
+function continuing(rolloutId: string, recordSampling = false) {
   let prompt = Array.from({ length: 300 }, (_, i) => 1000 + i);
   const calls = [0, 1, 2].map((seq) => {
     const response = [7 + seq, 8 + seq];
@@ -54,7 +54,7 @@ function continuing(rolloutId: string) {
   return buildEpisode(
     { rolloutId, attemptId: '0', groupId: null, calls, toolSpans: [], rewards: [], finalReward: 1, startedAt: 0, endedAt: 100 },
     'completed',
-    { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [] },
+    { credit: { mode: 'identical', gamma: 1 }, airWeight: 0, air: null, includeAgents: [], excludeAgents: [], recordSampling },
   );
 }
 
@@ -475,5 +475,120 @@ describe('trajectory routing (routed experts) in JSON and protobuf', () => {
     for (const x of [json, proto]) for (const k of ['routed_experts', 'routing_coverage', 'routing_complete']) expect(x).not.toHaveProperty(k);
     expect(proto).toEqual(json);
     expect(Object.keys(proto)).toEqual(Object.keys(json));
+  });
+});
+
+describe('sampling parameters in JSON and protobuf', () => {
+  const writer = new TransitionWriter(() => {
+    throw new Error('no journal');
+  });
+  const SAMPLING_KEYS = ['temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'max_tokens'];
+  /** Numbers a double must carry exactly (an integer beyond 2^32, the smallest normal, a negative top_k), nulls between. */
+  const SAMPLINGS: SamplingParams[] = [
+    {
+      temperature: 0.7,
+      top_p: null,
+      top_k: null,
+      min_p: null,
+      seed: 7,
+      presence_penalty: null,
+      frequency_penalty: null,
+      repetition_penalty: null,
+      max_tokens: 256,
+    },
+    {
+      temperature: 0,
+      top_p: 0.1,
+      top_k: -1,
+      min_p: 2.2250738585072014e-308,
+      seed: 2 ** 53 - 1,
+      presence_penalty: -1.5,
+      frequency_penalty: 1e-7,
+      repetition_penalty: 1.05,
+      max_tokens: 1e21,
+    },
+  ];
+  const ALL_NULL = Object.fromEntries(SAMPLING_KEYS.map((k) => [k, null])) as unknown as SamplingParams;
+
+  /** Decoded from both encodings: equal, keys in the same order, nested `sampling` too. */
+  function same<T extends object>(json: T, proto: T): void {
+    expect(proto).toEqual(json);
+    expect(Object.keys(proto)).toEqual(Object.keys(json));
+  }
+
+  it("carries a transition's sampling as its last key, every parameter kept, nulls as nulls", () => {
+    const c = continuing('ts', true);
+    for (const t of c.transitions) {
+      // The record as built: the key last, after upstream_replica, all null without a request in the journal.
+      expect(Object.keys(t).slice(-2)).toEqual(['upstream_replica', 'sampling']);
+      expect(t.sampling).toEqual(ALL_NULL);
+    }
+    for (const sampling of [...SAMPLINGS, ALL_NULL]) {
+      const t = { ...c.transitions[1], sampling };
+      const json = decodeTransition(encodeTransition(t, 'json', writer), 'json');
+      const proto = decodeTransition(encodeTransition(t, 'protobuf', writer), 'protobuf');
+      same(json, proto);
+      expect(Object.keys(json).slice(-2)).toEqual(['upstream_replica', 'sampling']);
+      expect(json.sampling).toEqual(sampling);
+      expect(Object.keys(proto.sampling!)).toEqual(SAMPLING_KEYS);
+      expect(proto.sampling).toEqual(sampling);
+      // With a prompt delta the delta comes after it, in either encoding.
+      const delta = { prompt_token_ids_delta: { previous_transition_id: c.transitions[0].transition_id, prefix_length: 302, suffix: [5] } };
+      const jd = decodeTransition(encodeTransition(t, 'json', writer, delta), 'json');
+      const pd = decodeTransition(encodeTransition(t, 'protobuf', writer, delta), 'protobuf');
+      same(jd, pd);
+      expect(Object.keys(pd).slice(-3)).toEqual(['upstream_replica', 'sampling', 'prompt_token_ids_delta']);
+    }
+  });
+
+  it('gives a transition without sampling no key, in either encoding, the protobuf keys in the JSON order', () => {
+    const c = continuing('tn');
+    for (const t of c.transitions) {
+      expect(t).not.toHaveProperty('sampling');
+      const json = decodeTransition(encodeTransition(t, 'json', writer), 'json');
+      const proto = decodeTransition(encodeTransition(t, 'protobuf', writer), 'protobuf');
+      same(json, proto);
+      expect(proto).not.toHaveProperty('sampling');
+      expect(Object.keys(proto).at(-1)).toBe('upstream_replica');
+    }
+  });
+
+  it("carries each trajectory turn's sampling as the turn's last key", () => {
+    const [built] = continuing('tj', true).trajectories;
+    for (const turn of built.turns) {
+      expect(Object.keys(turn).slice(-2)).toEqual(['policy_version', 'sampling']);
+      expect(turn.sampling).toEqual(ALL_NULL);
+    }
+    const t: TrajectoryRecord = { ...built, turns: built.turns.map((turn, i) => ({ ...turn, sampling: [...SAMPLINGS, ALL_NULL][i] })) };
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+    same(json, proto);
+    expect(json).toEqual(materializeTrajectory(writer, t));
+    expect(json.turns.map((turn) => turn.sampling)).toEqual([...SAMPLINGS, ALL_NULL]);
+    proto.turns.forEach((turn, i) => {
+      same(json.turns[i], turn);
+      expect(Object.keys(turn).slice(-2)).toEqual(['policy_version', 'sampling']);
+      expect(Object.keys(turn.sampling!)).toEqual(SAMPLING_KEYS);
+    });
+    // One turn with, one without: only the first has the key.
+    const mixed: TrajectoryRecord = {
+      ...built,
+      turns: [{ ...built.turns[0], sampling: SAMPLINGS[0] }, ...built.turns.slice(1).map(({ sampling: _, ...u }) => u)],
+    };
+    const mj = decodeTrajectory(encodeTrajectory(mixed, 'json', writer), 'json');
+    const mp = decodeTrajectory(encodeTrajectory(mixed, 'protobuf', writer), 'protobuf');
+    same(mj, mp);
+    expect(mp.turns.map((turn) => 'sampling' in turn)).toEqual([true, false, false]);
+  });
+
+  it('gives trajectory turns without sampling no key, in either encoding', () => {
+    const [t] = continuing('tk').trajectories;
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+    same(json, proto);
+    for (const turn of [...json.turns, ...proto.turns]) {
+      expect(turn).not.toHaveProperty('sampling');
+      expect(Object.keys(turn).at(-1)).toBe('policy_version');
+    }
   });
 });
