@@ -20,6 +20,7 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     length: _length,
     turnLogprobs,
     routing,
+    weightVersions,
     turns,
     token_rewards,
     reward,
@@ -68,6 +69,7 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     for (let i = 0; i < bytes.length; i += BASE64_STEP) parts.push(Buffer.from(bytes.subarray(i, i + BASE64_STEP).toString('base64'), 'latin1'));
     parts.push(`","missing":${JSON.stringify(routing.missing)}},"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
   }
+  if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));
   return parts;
@@ -83,7 +85,7 @@ export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): B
  * tests); without its routing fields when `withRouting` is false (protobuf takes the raw bytes).
  */
 export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord, withRouting = true): Trajectory {
-  const { last, length, turnLogprobs, routing, ...rest } = t;
+  const { last, length, turnLogprobs, routing, weightVersions, ...rest } = t;
   const prompt = writer.ids(last, last.prompt_token_ids);
   const response = writer.ids(last, last.response_token_ids);
   if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
@@ -101,6 +103,7 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     loss_mask: mask,
     logprobs,
     ...(routing !== null && withRouting ? routingFields(routing) : {}),
+    ...(weightVersions !== null ? { weight_versions: weightVersions } : {}),
     turns,
     token_rewards,
     reward,

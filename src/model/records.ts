@@ -55,6 +55,12 @@ export interface ChoiceCapture {
   routing?: RoutingRows;
   /** Why the answer's routed experts could not be read. */
   routingError?: string;
+  /**
+   * Which weights sampled its tokens, as the server said: spans over the choice's output-token
+   * indexes (vLLM `weight_versions`, SGLang `weight_versions`), or one version for the whole answer
+   * (SGLang's `weight_version`: the version when it ended).
+   */
+  weightVersions?: WeightVersionSpan[] | { whole: string };
 }
 
 /** Which bytes of a call a journal body frame holds (model server side, or agent side when translated). */
@@ -397,6 +403,11 @@ export interface Trajectory {
   routing_coverage?: number;
   /** Every row present and every call's rows aligned with its tokens; with `routed_experts`. */
   routing_complete?: boolean;
+  /**
+   * Which weights sampled which tokens: `[start, end)` ranges of `token_ids` positions, in order,
+   * each with its version; present only when a call's answer said (docs/output-contract.md#weight-versions).
+   */
+  weight_versions?: WeightVersionSpan[];
   turns: TrajectoryTurn[];
   token_rewards: { position: number; value: number }[];
   reward: number;
@@ -445,6 +456,13 @@ export interface TrajectoryRouting {
   problems: string[];
 }
 
+/** Tokens `[start, end)` sampled with the weights of `version`. */
+export interface WeightVersionSpan {
+  version: string;
+  start: number;
+  end: number;
+}
+
 /** A trajectory's routed experts as JSON: little-endian C-order values, base64, of `shape` `[rows, layers, top_k]`. */
 export interface RoutedExpertsJson {
   dtype: RoutingDtype;
@@ -459,7 +477,12 @@ export interface RoutedExpertsJson {
  * arrays, which are written from the journal when it is encoded: `token_ids` are the last turn's
  * prompt and response ids (`last`), the mask follows from the turns, the logprobs are the turns'.
  */
-export type TrajectoryRecord = Omit<Trajectory, 'token_ids' | 'loss_mask' | 'logprobs' | 'routed_experts' | 'routing_coverage' | 'routing_complete'> & {
+export type TrajectoryRecord = Omit<
+  Trajectory,
+  'token_ids' | 'loss_mask' | 'logprobs' | 'routed_experts' | 'routing_coverage' | 'routing_complete' | 'weight_versions'
+> & {
+  /** The weight-version spans of its calls' answers, over `token_ids` positions (null: no call said). */
+  weightVersions: WeightVersionSpan[] | null;
   /** The routed experts of its calls, aligned (null: no call returned any); written as `routed_experts` and its two flags. */
   routing: TrajectoryRouting | null;
   /** The transition of the segment's last call: its prompt and response ids are `token_ids`. */

@@ -93,6 +93,8 @@ export interface FakeModelServerOptions {
    * × 3 + token) mod 200.
    */
   sglangRouting?: { layers: number; topK: number };
+  /** Lenient SGLang: non-streamed chat answers carry `sglext.weight_version` (the server's label). */
+  sglangWeightVersion?: string;
 }
 
 export interface FakeModelServer {
@@ -176,8 +178,13 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
           : path === '/v1/responses'
             ? buildResponses(gen, stream)
             : buildAnthropic(gen, stream);
-    if (!stream && path === '/v1/chat/completions' && flavor === 'sglang' && options.sglangRouting && r.json.return_routed_experts === true)
-      (out.body as Record<string, unknown>).sglext = { routed_experts: sglangRows(options.sglangRouting, gen, r.json.routed_experts_start_len) };
+    if (!stream && path === '/v1/chat/completions' && flavor === 'sglang') {
+      const ext: Record<string, unknown> = {};
+      if (options.sglangRouting && r.json.return_routed_experts === true)
+        ext.routed_experts = sglangRows(options.sglangRouting, gen, r.json.routed_experts_start_len);
+      if (options.sglangWeightVersion !== undefined) ext.weight_version = options.sglangWeightVersion;
+      if (Object.keys(ext).length > 0) (out.body as Record<string, unknown>).sglext = ext;
+    }
     return stream ? { stream: true, events: out.events, contentType: 'text/event-stream' } : { stream: false, body: out.body };
   }
 

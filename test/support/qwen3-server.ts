@@ -214,7 +214,21 @@ function routingFields(r: RoutingStandIn | undefined, promptIds: number[], outpu
   return { routed_experts: rows(promptIds.length, ids.length), prompt_routed_experts: rows(0, promptIds.length) };
 }
 
-export async function startQwen3Server(options: { routing?: RoutingStandIn } = {}): Promise<Qwen3Server> {
+/**
+ * vLLM's per-token weight versions (`choices[].weight_versions`, spans over output-token indexes)
+ * on non-streamed chat and completions answers: the spans of the answer numbered `answer` (from 0)
+ * for `outputLength` sampled ids; null: none on that answer.
+ */
+export type VersionsStandIn = (answer: number, outputLength: number) => { version: string; start: number; end: number }[] | null;
+
+export async function startQwen3Server(options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn } = {}): Promise<Qwen3Server> {
+  let answers = 0;
+  const versions = options.weightVersions
+    ? (n: number): Record<string, unknown> => {
+        const spans = options.weightVersions!(answers++, n);
+        return spans === null ? {} : { weight_versions: spans };
+      }
+    : (): Record<string, unknown> => ({});
   qwen3();
   const completionPrompts: number[][] = [];
   const requests: Qwen3Server['requests'] = [];
@@ -239,7 +253,7 @@ export async function startQwen3Server(options: { routing?: RoutingStandIn } = {
         return send(res, fault, { object: 'error', message: `stand-in fault on ${path}`, type: 'InternalServerError', code: fault });
       }
       try {
-        route(req, res, path, json, completionPrompts, options.routing);
+        route(req, res, path, json, completionPrompts, options.routing, versions);
       } catch (err) {
         send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
       }
@@ -272,14 +286,15 @@ function route(
   json: Record<string, unknown>,
   completionPrompts: number[][],
   routing: RoutingStandIn | undefined,
+  versions: (outputLength: number) => Record<string, unknown>,
 ): void {
   if (req.method === 'GET' && path === '/v1/models')
     return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'vllm' }] });
   if (req.method === 'GET' && path === '/version') return send(res, 200, { version: '0.11.0' });
   if (req.method !== 'POST') return send(res, 404, { detail: 'Not Found' });
   if (path === '/tokenize') return tokenizeRoute(res, json);
-  if (path === '/v1/chat/completions') return chatRoute(res, json, routing);
-  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts, routing);
+  if (path === '/v1/chat/completions') return chatRoute(res, json, routing, versions);
+  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts, routing, versions);
   send(res, 404, { detail: 'Not Found' });
 }
 
@@ -293,7 +308,12 @@ function tokenizeRoute(res: ServerResponse, json: Record<string, unknown>): void
   send(res, 200, { count: tokens.length, max_model_len: 40960, tokens, token_strs: null });
 }
 
-function chatRoute(res: ServerResponse, json: Record<string, unknown>, routing: RoutingStandIn | undefined): void {
+function chatRoute(
+  res: ServerResponse,
+  json: Record<string, unknown>,
+  routing: RoutingStandIn | undefined,
+  versions: (outputLength: number) => Record<string, unknown>,
+): void {
   const kwargs = (json.chat_template_kwargs as Record<string, unknown> | undefined) ?? {};
   const promptIds = encode(renderChat(json.messages as ChatMessage[], json.tools as unknown[] | undefined, true, kwargs));
   const s = sample(decode(promptIds, false));
@@ -335,6 +355,7 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>, routing: 
           stop_reason: null,
           ...(tokens ? { token_ids: s.ids } : {}),
           ...chatRouting.choice,
+          ...versions(s.ids.length),
         },
       ],
       usage,
@@ -367,7 +388,13 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>, routing: 
   stream(res, events);
 }
 
-function completionsRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][], routing: RoutingStandIn | undefined): void {
+function completionsRoute(
+  res: ServerResponse,
+  json: Record<string, unknown>,
+  completionPrompts: number[][],
+  routing: RoutingStandIn | undefined,
+  versions: (outputLength: number) => Record<string, unknown>,
+): void {
   const prompt = json.prompt;
   if (!Array.isArray(prompt) || !prompt.every((t) => Number.isInteger(t) && t >= 0))
     return send(res, 400, { object: 'error', message: 'this stand-in takes token-id prompts only', type: 'BadRequestError', code: 400 });
@@ -400,6 +427,7 @@ function completionsRoute(res: ServerResponse, json: Record<string, unknown>, co
           stop_reason: null,
           ...(tokens ? { token_ids: s.ids, prompt_token_ids: promptIds } : {}),
           ...r.choice,
+          ...versions(s.ids.length),
         },
       ],
       usage,

@@ -12,7 +12,8 @@ directory, and yields
 
 ``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors (and routed
 experts, aligned with the ids, when the trajectories have them). ``routed_experts_array`` and
-``routing_missing_mask`` give one trajectory's routed experts (MoE routing replay) as numpy arrays.
+``routing_missing_mask`` give one trajectory's routed experts (MoE routing replay) as numpy arrays;
+``weight_version_per_token`` the weight version that sampled each of its ids.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .groups import GroupAssembler, GroupBatch
 from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, DEFAULT_TRAJECTORIES_TOPIC, KafkaSource, brokers_from_env
 from .position import Position
 from .readers import Event, GroupReader, RecordReader
-from .records import decode_episode, decode_trajectory, decode_transition
+from .records import decode_episode, decode_trajectory, decode_transition, weight_version_per_token
 from .routing import routed_experts_array, routing_missing_mask
 from .source import Incoming, Source, SourceEvent
 from .tensors import to_verl_batch
@@ -33,7 +34,7 @@ __all__ = [
     'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch',
     'GroupReader', 'Incoming', 'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode',
     'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'routed_experts_array',
-    'routing_missing_mask', 'to_verl_batch',
+    'routing_missing_mask', 'to_verl_batch', 'weight_version_per_token',
 ]
 
 __version__ = '0.1.0'

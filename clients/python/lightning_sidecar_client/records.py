@@ -20,6 +20,12 @@ protobuf and base64 in JSON; decoded, both give the JSON dict (``data`` base64),
 ``routing_coverage`` and ``routing_complete`` after it. ``routing.routed_experts_array`` makes it
 a numpy array.
 
+A trajectory's ``weight_versions`` (present only when a call's answer said which weights sampled
+its tokens) is a list of ``{'version', 'start', 'end'}`` dicts, ``[start, end)`` ranges of
+``token_ids`` positions in order, in either encoding; in protobuf ``has_weight_versions`` tells an
+absent list from an empty one. It comes after ``logprobs`` (and the routing keys), before
+``turns``. ``weight_version_per_token`` spreads it over the positions.
+
 A transition's and a trajectory turn's ``sampling`` (present only with the sidecar's
 ``processors.sampling.record``) is a ``SamplingParams`` message of optional doubles in protobuf;
 decoded, it is the JSON dict, every key present (None where unset), as the record's last key (a
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .proto import ProtoUnavailableError, records_pb2
 
@@ -218,6 +224,8 @@ def _trajectory_from_proto(m: Any) -> Record:
     out['logprobs'] = list(m.logprobs) if m.has_logprobs else None
     if 'routed_experts' in m.DESCRIPTOR.fields_by_name and m.HasField('routed_experts'):
         out.update(_routing_from_proto(m))
+    if 'has_weight_versions' in m.DESCRIPTOR.fields_by_name and m.has_weight_versions:
+        out['weight_versions'] = [{'version': s.version, 'start': s.start, 'end': s.end} for s in m.weight_versions]
     out['turns'] = [_turn_from_proto(t) for t in m.turns]
     out['token_rewards'] = [{'position': r.position, 'value': r.value} for r in m.token_rewards]
     out.update((f, _opt(m, f)) for f in _TRAJECTORY_TAIL)
@@ -250,4 +258,18 @@ def _turn_from_proto(t: Any) -> Record:
     sampling = _sampling_from_proto(t)
     if sampling is not None:
         out['sampling'] = sampling
+    return out
+
+
+def weight_version_per_token(trajectory: Mapping[str, Any]) -> list[Optional[str]]:
+    """The weight version that sampled each position of the trajectory's ``token_ids`` (one entry per
+    id), from its ``weight_versions`` spans; None where no span covers a position (prompt ids, calls
+    whose answer did not say) and everywhere when the trajectory has no ``weight_versions``. Span
+    ends past ``token_ids`` are cut at its length."""
+    n = len(trajectory['token_ids'])
+    out: list[Optional[str]] = [None] * n
+    for span in trajectory.get('weight_versions') or ():
+        start, end = max(0, span['start']), min(n, span['end'])
+        if start < end:
+            out[start:end] = [span['version']] * (end - start)
     return out

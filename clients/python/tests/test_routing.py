@@ -180,7 +180,7 @@ const { TransitionWriter } = require(writerJs);
 const writer = new TransitionWriter(() => { throw new Error('no journal'); });
 const TYPES = { uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array, int32: Int32Array };
 const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-const { token_ids, loss_mask, logprobs, routed_experts: r, routing_coverage, routing_complete, ...rest } = t;
+const { token_ids, loss_mask, logprobs, routed_experts: r, routing_coverage, routing_complete, weight_versions, ...rest } = t;
 const cut = t.turns[t.turns.length - 1].response_start;
 let routing = null;
 if (r) {
@@ -191,6 +191,7 @@ if (r) {
 const record = {
   ...rest,
   routing,
+  weightVersions: weight_versions ?? null,
   last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
   length: token_ids.length,
   turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),

@@ -10,6 +10,7 @@ import type {
   TrajectoryRecord,
   Transition,
   TransitionRecord,
+  WeightVersionSpan,
 } from '../../model/records';
 import { TransitionWriter } from '../transition-json';
 import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
@@ -162,6 +163,8 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
     logprobs: x.logprobs ?? [],
     has_logprobs: x.logprobs !== null,
     routed_experts: x.routed_experts === undefined ? undefined : routedExpertsMessage(x.routed_experts),
+    weight_versions: x.weight_versions ?? [],
+    has_weight_versions: x.weight_versions !== undefined,
     turns: x.turns.map((turn) => ({
       ...dropNulls(turn),
       tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
@@ -225,6 +228,7 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
     loss_mask: o.loss_mask,
     logprobs: o.has_logprobs ? o.logprobs : null,
     ...routingFromMessage(o),
+    ...weightVersionsFromMessage(o),
     turns,
     token_rewards: (o.token_rewards as { position: number; value: number }[]).map((r) => ({ position: r.position, value: r.value })),
     reward: o.reward,
@@ -257,6 +261,13 @@ function routingFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'route
     routing_coverage: (o.routing_coverage as number | undefined) ?? 0,
     routing_complete: (o.routing_complete as boolean | undefined) ?? false,
   };
+}
+
+/** `weight_versions` of a decoded trajectory message, `{version, start, end}` as JSON has them; none when `has_weight_versions` is unset. */
+function weightVersionsFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'weight_versions'> {
+  if (o.has_weight_versions !== true) return {};
+  const spans = o.weight_versions as WeightVersionSpan[];
+  return { weight_versions: spans.map((s) => ({ version: s.version, start: s.start, end: s.end })) };
 }
 
 /** The transition's keys in the JSON record's order; scalars are copied as they are (optional ones come back as null when unset). */

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../model/records';
+import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest, WeightVersionSpan } from '../../model/records';
 import { intList, str } from '../json';
 
 /*
@@ -98,6 +98,8 @@ export function toolCall(id: unknown, name: unknown, args: unknown): ToolCallReq
  * v0.21's response-level `prompt_routed_experts`), for decoding when the episode is built.
  */
 export function withRouting(choice: ChoiceCapture, c: Record<string, unknown>, res: Record<string, unknown>): ChoiceCapture {
+  const versions = weightVersionsOf(c, res, choice.index);
+  if (versions !== null) choice.weightVersions = versions;
   if (c.routed_experts !== undefined && c.routed_experts !== null) {
     choice.routedExperts = { value: c.routed_experts, prompt: res.prompt_routed_experts ?? null, form: 'vllm' };
     return choice;
@@ -114,4 +116,30 @@ export function withRouting(choice: ChoiceCapture, c: Record<string, unknown>, r
 
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/**
+ * Which weights sampled a choice's tokens, where the server says: vLLM's `choices[].weight_versions`
+ * (spans over output-token indexes), SGLang's `meta_info` or (first choice) `sglext`
+ * `weight_versions` spans, else their scalar `weight_version` (the version the answer ended with).
+ * Spans must be in order, non-overlapping, with a string or number version; anything else is none.
+ */
+function weightVersionsOf(c: Record<string, unknown>, res: Record<string, unknown>, index: number): WeightVersionSpan[] | { whole: string } | null {
+  const meta = isRecord(c.meta_info) ? c.meta_info : null;
+  const ext = isRecord(res.sglext) && index === 0 ? res.sglext : null;
+  for (const spans of [c.weight_versions, meta?.weight_versions, ext?.weight_versions]) {
+    if (!Array.isArray(spans)) continue;
+    const out: WeightVersionSpan[] = [];
+    let at = 0;
+    for (const s of spans) {
+      if (!isRecord(s) || !Number.isSafeInteger(s.start) || !Number.isSafeInteger(s.end)) return null;
+      const [start, end] = [s.start as number, s.end as number];
+      if (start < at || end < start || (typeof s.version !== 'string' && typeof s.version !== 'number')) return null;
+      out.push({ version: String(s.version), start, end });
+      at = end;
+    }
+    return out;
+  }
+  for (const v of [meta?.weight_version, ext?.weight_version]) if (typeof v === 'string' || typeof v === 'number') return { whole: String(v) };
+  return null;
 }

@@ -1,4 +1,13 @@
-import type { EpisodeStatus, SegmentStart, TokenIds, TrajectoryRecord, TrajectoryTurn, TransitionRecord, UnmergedReason } from '../../model/records';
+import type {
+  EpisodeStatus,
+  SegmentStart,
+  TokenIds,
+  TrajectoryRecord,
+  TrajectoryTurn,
+  TransitionRecord,
+  UnmergedReason,
+  WeightVersionSpan,
+} from '../../model/records';
 import { resolveIds, type CallFacts } from '../../formats/extract';
 import { trajectoryRouting } from '../../formats/routed-experts';
 import { concatIds, continuesFrom, idsLength, sameIds, startsWith } from './continuity';
@@ -235,6 +244,7 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       if (last.intermediate_reward !== null && ctx.airWeight !== 0) add(rewards, t.responseEnd - 1, ctx.airWeight * last.intermediate_reward);
     }
     const end = s.turns[s.turns.length - 1].responseEnd;
+    const weightVersions = trajectoryVersions(s.turns, ctx.calls);
     const routing = trajectoryRouting(
       s.turns.map((t) => {
         const choice = ctx.calls.get(t.seq)?.choices.find((c) => c.index === t.choice);
@@ -275,10 +285,36 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       length: end,
       turnLogprobs,
       routing,
+      weightVersions,
     };
   });
 }
 
 function add(rewards: Map<number, number>, position: number, value: number): void {
   rewards.set(position, (rewards.get(position) ?? 0) + value);
+}
+
+/**
+ * A segment's weight-version spans over `token_ids` positions: each turn's, shifted to where its
+ * sampled ids lie (one version for the whole answer when the server gave only that), adjacent
+ * equal versions merged; null when no turn's answer said. A turn whose answer said nothing leaves
+ * its positions out.
+ */
+function trajectoryVersions(turns: PlannedSegment['turns'], calls: ReadonlyMap<number, CallFacts>): WeightVersionSpan[] | null {
+  const out: WeightVersionSpan[] = [];
+  let said = false;
+  const push = (version: string, start: number, end: number): void => {
+    if (end <= start) return;
+    const last = out[out.length - 1];
+    if (last && last.version === version && last.end === start) last.end = end;
+    else out.push({ version, start, end });
+  };
+  for (const t of turns) {
+    const v = calls.get(t.seq)?.choices.find((c) => c.index === t.choice)?.weightVersions;
+    if (v === undefined) continue;
+    said = true;
+    if (!Array.isArray(v)) push(v.whole, t.responseStart, t.responseEnd);
+    else for (const s of v) push(s.version, t.responseStart + s.start, Math.min(t.responseEnd, t.responseStart + s.end));
+  }
+  return said ? out : null;
 }

@@ -13,7 +13,7 @@ import { silentLogger } from '../../../src/telemetry/logger';
 import { createMetrics } from '../../../src/telemetry/metrics';
 import { callRecord } from '../../support/records';
 import { ChunkReassembler } from '../../../src/trainer/chunk-reassembly';
-import type { ClosedEpisode, RoutingArray, SamplingParams, TrajectoryRecord, Transition } from '../../../src/model/records';
+import type { ClosedEpisode, RoutingArray, SamplingParams, TrajectoryRecord, Transition, WeightVersionSpan } from '../../../src/model/records';
 import { NO_JOURNAL, type EncodedEpisode } from '../../../src/exporters/exporter';
 
 function episode(rolloutId: string, calls: number, bodyBytes = 10) {
@@ -590,5 +590,77 @@ describe('sampling parameters in JSON and protobuf', () => {
       expect(turn).not.toHaveProperty('sampling');
       expect(Object.keys(turn).at(-1)).toBe('policy_version');
     }
+  });
+});
+
+describe('trajectory weight versions in JSON and protobuf', () => {
+  const writer = new TransitionWriter(() => {
+    throw new Error('no journal');
+  });
+  /** The one trajectory of three continuing calls (308 ids; sampled at 300-301, 303-304, 306-307), with `weightVersions` as given. */
+  function versioned(weightVersions: WeightVersionSpan[] | null, routing: TrajectoryRecord['routing'] = null): TrajectoryRecord {
+    const [t] = continuing('wv').trajectories;
+    return { ...t, routing, weightVersions };
+  }
+  const SPANS: WeightVersionSpan[] = [
+    { version: 'step-41', start: 300, end: 302 },
+    { version: 'step-41', start: 303, end: 305 },
+    { version: 'step-42', start: 306, end: 307 },
+    { version: 'step-43', start: 307, end: 308 },
+  ];
+  function both(t: TrajectoryRecord) {
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+    expect(proto).toEqual(json);
+    expect(Object.keys(proto)).toEqual(Object.keys(json));
+    expect(json).toEqual(materializeTrajectory(writer, t));
+    return { json, proto };
+  }
+  const around = (o: object) => {
+    const keys = Object.keys(o);
+    return keys.slice(keys.indexOf('logprobs'), keys.indexOf('turns') + 1);
+  };
+
+  it('gives the same spans, keys in the same order, through either encoding, right before turns', () => {
+    for (const spans of [SPANS, SPANS.slice(0, 1), [{ version: '', start: 0, end: 0 }]]) {
+      const { json, proto } = both(versioned(spans));
+      expect(json.weight_versions).toEqual(spans);
+      for (const x of [json, proto]) {
+        expect(around(x)).toEqual(['logprobs', 'weight_versions', 'turns']);
+        for (const s of x.weight_versions!) expect(Object.keys(s)).toEqual(['version', 'start', 'end']);
+      }
+    }
+  });
+
+  it('puts them after the routing keys when the trajectory has both', () => {
+    const data = new Uint8Array(307 * 4).fill(3);
+    const { json, proto } = both(versioned(SPANS, { rows: 307, layers: 2, topK: 2, data, missing: [], coverage: 1, complete: true, problems: [] }));
+    for (const x of [json, proto]) {
+      expect(around(x)).toEqual(['logprobs', 'routed_experts', 'routing_coverage', 'routing_complete', 'weight_versions', 'turns']);
+      expect(x.weight_versions).toEqual(SPANS);
+    }
+  });
+
+  it('keeps an empty list as an empty list, not as no key', () => {
+    const { json, proto } = both(versioned([]));
+    expect(json.weight_versions).toEqual([]);
+    expect(proto.weight_versions).toEqual([]);
+  });
+
+  it('has no key when no call said, in either encoding, and the records are those of a trajectory without the field', () => {
+    const t = versioned(null);
+    const { json, proto } = both(t);
+    for (const x of [json, proto]) {
+      expect(x).not.toHaveProperty('weight_versions');
+      expect(around(x)).toEqual(['logprobs', 'turns']);
+    }
+    const text = encodeTrajectory(t, 'json', writer).toString('utf8');
+    expect(text).not.toContain('weight_versions');
+    expect(text).toBe(JSON.stringify(materializeTrajectory(writer, t)));
+    // Protobuf: no spans and no flag on the wire; an empty list adds only the flag (field 31, varint: 0xf8 0x01 0x01).
+    const none = encodeTrajectory(t, 'protobuf', writer);
+    const empty = encodeTrajectory(versioned([]), 'protobuf', writer);
+    expect(empty.length - none.length).toBe(3);
+    expect(empty.includes(Buffer.from([0xf8, 0x01, 0x01]))).toBe(true);
   });
 });
