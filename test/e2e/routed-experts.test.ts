@@ -2,7 +2,7 @@ import OpenAI from 'openai';
 import type { Trajectory } from '../../src/model/records';
 import { CALCULATOR_TOOLS, standInExpert, startQwen3Server, type ChatMessage, type Qwen3Server, type RoutingStandIn } from '../support/qwen3-server';
 import { sglangStandInExpert, startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
-import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
+import { rewardedTrajectories as trajectoriesOf, startSidecar, type TestSidecar } from '../support/sidecar';
 
 // MoE routing replay through the sidecar: a vLLM stand-in with Qwen3's real template answers
 // every non-streamed call with routed experts in vLLM's wire form (base64 .npy, or v0.21's nested
@@ -46,16 +46,6 @@ async function runAgent(baseURL: string, stream: boolean): Promise<number> {
     }
   }
   return calls;
-}
-
-async function trajectoriesOf(sidecar: TestSidecar, rollout: string): Promise<Trajectory[]> {
-  expect((await postReward(sidecar.origin, rollout, 1)).status).toBe(202);
-  const deadline = Date.now() + 20_000;
-  while (!sidecar.episodes().some((e) => e.rollout_id === rollout)) {
-    if (Date.now() > deadline) throw new Error(`no episode for ${rollout}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return sidecar.trajectories().filter((t) => t.rollout_id === rollout);
 }
 
 /**

@@ -1,8 +1,7 @@
 import OpenAI from 'openai';
-import type { Trajectory } from '../../src/model/records';
 import { startFakeModelServer, type FakeModelServer } from '../support/fake-model-server';
 import { CALCULATOR_TOOLS, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
-import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
+import { rewardedTrajectories as trajectoriesOf, startSidecar, type TestSidecar } from '../support/sidecar';
 
 // Per-token weight versions (async RL: the weights change while a rollout runs): the servers say
 // which weights sampled which output tokens (vLLM's `weight_versions` spans, SGLang's
@@ -18,16 +17,6 @@ async function toolLoop(baseURL: string): Promise<void> {
     if (calls.length === 0) return;
     for (const c of calls) messages.push({ role: 'tool', tool_call_id: c.id, content: '12' });
   }
-}
-
-async function trajectoriesOf(sidecar: TestSidecar, rollout: string): Promise<Trajectory[]> {
-  expect((await postReward(sidecar.origin, rollout, 1)).status).toBe(202);
-  const deadline = Date.now() + 20_000;
-  while (!sidecar.episodes().some((e) => e.rollout_id === rollout)) {
-    if (Date.now() > deadline) throw new Error(`no episode for ${rollout}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return sidecar.trajectories().filter((t) => t.rollout_id === rollout);
 }
 
 describe('weight versions on trajectories', () => {

@@ -125,3 +125,15 @@ export function readNdjson<T>(dir: string): T[] {
     )
     .map((l) => JSON.parse(l) as T);
 }
+
+/** Posts the rollout's final reward (1), waits (up to 20 s) for its episode, and returns its trajectories. */
+export async function rewardedTrajectories(sidecar: TestSidecar, rollout: string): Promise<Trajectory[]> {
+  const posted = await postReward(sidecar.origin, rollout, 1);
+  if (posted.status !== 202) throw new Error(`reward for ${rollout}: HTTP ${posted.status}`);
+  const deadline = Date.now() + 20_000;
+  while (!sidecar.episodes().some((e) => e.rollout_id === rollout)) {
+    if (Date.now() > deadline) throw new Error(`no episode for ${rollout}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return sidecar.trajectories().filter((t) => t.rollout_id === rollout);
+}
