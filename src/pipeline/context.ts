@@ -3,7 +3,7 @@ import path from 'node:path';
 import type { Config } from '../config/schema';
 import { Journal } from '../journal/journal';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
-import type { Logger } from '../telemetry/logger';
+import { LimitedWarnings, type Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
 import { TraceRouter } from './span-router';
 
@@ -78,17 +78,10 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
       );
     },
   });
-  /** Last warning per key and how many were held back since: at most one line per key each 10 s. */
-  const warned = new Map<string, { at: number; suppressed: number }>();
+  /** At most one line per key each 10 s. */
+  const limited = new LimitedWarnings(log, 10_000);
   function warnLimited(key: string, msg: string, fields: object): void {
-    const at = Date.now();
-    const last = warned.get(key);
-    if (last && at - last.at < 10_000) {
-      last.suppressed++;
-      return;
-    }
-    log.warn(msg, last?.suppressed ? { ...fields, suppressed_since_last: last.suppressed } : fields);
-    warned.set(key, { at, suppressed: 0 });
+    limited.warn(key, msg, fields);
   }
   const router = new TraceRouter({ waitMs: config.processors.spans.unattributed_wait_ms, maxParked: config.processors.spans.max_pending_spans });
 

@@ -57,6 +57,31 @@ function serializeFields(fields: object): Record<string, unknown> {
   return out;
 }
 
+/**
+ * Warnings by key, at most one line per key each `everyMs`; the next line of a key says how many
+ * were held back meanwhile (`suppressed_since_last`).
+ */
+export class LimitedWarnings {
+  private readonly last = new Map<string, { at: number; suppressed: number }>();
+
+  constructor(
+    private readonly log: Logger,
+    private readonly everyMs: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  warn(key: string, msg: string, fields: object): void {
+    const at = this.now();
+    const last = this.last.get(key);
+    if (last && at - last.at < this.everyMs) {
+      last.suppressed++;
+      return;
+    }
+    this.log.warn(msg, last?.suppressed ? { ...fields, suppressed_since_last: last.suppressed } : fields);
+    this.last.set(key, { at, suppressed: 0 });
+  }
+}
+
 /** A logger that drops everything (tests that do not look at logs). */
 export const silentLogger: Logger = {
   debug: () => {},

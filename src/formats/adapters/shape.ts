@@ -95,19 +95,20 @@ export function toolCall(id: unknown, name: unknown, args: unknown): ToolCallReq
 
 /**
  * Keeps a choice's routed experts as the server wrote them (vLLM: `choices[].routed_experts`, with
- * v0.21's response-level `prompt_routed_experts`), for decoding when the episode is built.
+ * v0.21's response-level `prompt_routed_experts`; SGLang's), for decoding when the episode is
+ * built, and which weights sampled it.
  */
 export function withRouting(choice: ChoiceCapture, c: Record<string, unknown>, res: Record<string, unknown>): ChoiceCapture {
-  const versions = weightVersionsOf(c, res, choice.index);
+  // SGLang's extras: the choice's `meta_info`, or the answer's `sglext` (built from the first choice only).
+  const meta = isRecord(c.meta_info) ? c.meta_info : null;
+  const ext = isRecord(res.sglext) && choice.index === 0 ? res.sglext : null;
+  const versions = weightVersionsOf(c, meta, ext);
   if (versions !== null) choice.weightVersions = versions;
   if (c.routed_experts !== undefined && c.routed_experts !== null) {
     choice.routedExperts = { value: c.routed_experts, prompt: res.prompt_routed_experts ?? null, form: 'vllm' };
     return choice;
   }
-  // SGLang (asked with `return_routed_experts`): the choice's `meta_info`, or the answer's `sglext`
-  // (built from the first choice only).
-  const meta = isRecord(c.meta_info) ? c.meta_info : null;
-  const ext = isRecord(res.sglext) && choice.index === 0 ? res.sglext : null;
+  // SGLang answers with routing when asked (`return_routed_experts`).
   const value = meta?.routed_experts ?? ext?.routed_experts;
   if (value !== undefined && value !== null)
     choice.routedExperts = { value, prompt: null, form: 'sglang', start: meta?.routed_experts_start_len ?? ext?.routed_experts_start_len };
@@ -124,9 +125,11 @@ function isRecord(v: unknown): v is Record<string, unknown> {
  * `weight_versions` spans, else their scalar `weight_version` (the version the answer ended with).
  * Spans must be in order, non-overlapping, with a string or number version; anything else is none.
  */
-function weightVersionsOf(c: Record<string, unknown>, res: Record<string, unknown>, index: number): WeightVersionSpan[] | { whole: string } | null {
-  const meta = isRecord(c.meta_info) ? c.meta_info : null;
-  const ext = isRecord(res.sglext) && index === 0 ? res.sglext : null;
+function weightVersionsOf(
+  c: Record<string, unknown>,
+  meta: Record<string, unknown> | null,
+  ext: Record<string, unknown> | null,
+): WeightVersionSpan[] | { whole: string } | null {
   for (const spans of [c.weight_versions, meta?.weight_versions, ext?.weight_versions]) {
     if (!Array.isArray(spans)) continue;
     const out: WeightVersionSpan[] = [];

@@ -1,7 +1,7 @@
 import type { BodyReader, CallFacts } from '../../formats/extract';
-import { findMembers } from '../../formats/json-scan';
 import { routingRange } from '../../formats/adapters/shape';
 import { base64Range, RoutingFormatError, sglangRoutedExperts, vllmRoutedExperts } from '../../formats/routed-experts';
+import { requestNumbers } from './request-numbers';
 
 /** SGLang's routing shape (its wire form has none): the model's layers and experts per token. */
 export interface SglangRoutingShape {
@@ -18,10 +18,12 @@ export interface SglangRoutingShape {
 export function decodeRouting(call: CallFacts, read: BodyReader, sglang: SglangRoutingShape | null = null, response: Buffer | null = null): void {
   const raw = call.choices.filter((c) => c.routedExperts !== undefined);
   if (raw.length === 0) return;
-  let request: Buffer | null | undefined;
+  let request: ReturnType<typeof requestNumbers> | undefined;
+  /** A non-negative integer top-level member of the request (0 when absent or not one). */
   const requested = (key: string): number => {
-    request ??= requestBody(call, read);
-    return request === null ? 0 : intMember(request, key);
+    request ??= requestNumbers(call, read);
+    const v = request?.(key) ?? null;
+    return v !== null && Number.isSafeInteger(v) && v >= 0 ? v : 0;
   };
   for (const c of raw) {
     const { value: wire, prompt, form, start } = c.routedExperts!;
@@ -41,24 +43,4 @@ export function decodeRouting(call: CallFacts, read: BodyReader, sglang: SglangR
       c.routingError = (err as Error).message;
     }
   }
-}
-
-/** The request the server got (null when it is not in the journal or cannot be read). */
-function requestBody(call: CallFacts, read: BodyReader): Buffer | null {
-  const offsets = call.bodies?.request ?? [];
-  if (offsets.length === 0) return null;
-  try {
-    return read(offsets);
-  } catch {
-    return null;
-  }
-}
-
-/** A non-negative integer member of the body (0 when absent or not one). */
-function intMember(body: Buffer, key: string): number {
-  for (const m of findMembers(body, key)) {
-    const v = Number(body.toString('utf8', m.valueStart, m.valueEnd));
-    if (Number.isSafeInteger(v) && v >= 0) return v;
-  }
-  return 0;
 }

@@ -1,4 +1,4 @@
-import type { Logger } from '../../telemetry/logger';
+import { LimitedWarnings, type Logger } from '../../telemetry/logger';
 
 /**
  * Hints for the commonest set-up mistake: a `/v1` missing from a base URL. The proxy maps `/v1/x`
@@ -71,22 +71,13 @@ export function upstreamPathWarning(basePath: string): string | null {
 
 /** At most one warning per kind every `everyMs`, with how many were held back since the last. */
 export class HintLog {
-  private readonly last = new Map<string, { at: number; suppressed: number }>();
+  private readonly limited: LimitedWarnings;
 
-  constructor(
-    private readonly log: Logger,
-    private readonly now: () => number = Date.now,
-    private readonly everyMs = 60_000,
-  ) {}
+  constructor(log: Logger, now: () => number = Date.now, everyMs = 60_000) {
+    this.limited = new LimitedWarnings(log, everyMs, now);
+  }
 
   warn(hint: PathHint): void {
-    const at = this.now();
-    const last = this.last.get(hint.kind);
-    if (last && at - last.at < this.everyMs) {
-      last.suppressed++;
-      return;
-    }
-    this.log.warn(hint.message, last?.suppressed ? { ...hint.fields, suppressed_since_last: last.suppressed } : hint.fields);
-    this.last.set(hint.kind, { at, suppressed: 0 });
+    this.limited.warn(hint.kind, hint.message, hint.fields);
   }
 }
