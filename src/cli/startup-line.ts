@@ -116,7 +116,4 @@ export function noTokenIdsWarning(s: FlavorState): string | null {
   );
 }
 
-/** `host:port` of a configured endpoint with the port actually bound. */
-export function boundAddress(endpoint: string, port: number): string {
-  return `${endpoint.slice(0, endpoint.lastIndexOf(':'))}:${port}`;
-}
+export { boundAddress } from '../config/address';

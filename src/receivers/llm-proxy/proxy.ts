@@ -2,6 +2,7 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { LISTENERS } from '../../config/listeners';
+import { boundAddress } from '../../config/address';
 import { upstreamUrls, type LlmProxyConfig } from '../../config/schema';
 import type { GateHold } from '../../model/component';
 import type { Api } from '../../model/records';
@@ -147,7 +148,7 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     async start(): Promise<void> {
       const host = await listen(server, config.endpoint, LISTENERS.proxy);
       started = true;
-      engine.endpoint = `${config.endpoint.slice(0, config.endpoint.lastIndexOf(':'))}:${boundPort(server)}`;
+      engine.endpoint = boundAddress(config.endpoint, boundPort(server));
       await Promise.all([flavors.start(), upstream.start()]);
       log.info('listening', { address: `${host}:${this.port()}`, upstream: `${upstream.host}${upstream.basePath}` });
       const noPath = upstreamPathWarning(upstream.basePath);
