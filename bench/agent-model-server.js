@@ -3,9 +3,14 @@
 // the real prompt (bench/agent-tokens.js, ~4 bytes a token): prompt_token_ids, choices[].token_ids
 // and logprobs when asked, whole or streamed (`stream: true`: one event a token, the prompt's ids
 // in the first, as vLLM sends them). The answer's text is chosen from the request's size, so every
-// target gets the same answers. Prints {"port": N} when up.
+// target gets the same answers. On paths under `/routed/` (an upstream URL of
+// `http://127.0.0.1:N/routed/v1`) it answers as vLLM started with `--enable-return-routed-experts`:
+// non-streamed answers carry `choices[].routed_experts`, the base64 `.npy` of the routed experts
+// (bench/routed-experts.js: uint8, [prompt + output - 1, 48, 8], from the request's
+// `routed_experts_prompt_start`). Prints {"port": N} when up.
 const http = require('node:http');
 const { promptIds, answerIds } = require('./agent-tokens');
+const { routedExpertsField } = require('./routed-experts');
 
 const delayMs = Number(process.argv[2] ?? 1);
 
@@ -24,6 +29,7 @@ const server = http.createServer((req, res) => {
       res.writeHead(400, { 'content-type': 'application/json' }).end('{"error":{"message":"bad json"}}');
       return;
     }
+    const routed = req.url.startsWith('/routed/');
     const prompt = promptIds(body.messages ?? []);
     const text = answerText(prompt.length);
     const ids = answerIds(text);
@@ -40,6 +46,7 @@ const server = http.createServer((req, res) => {
           logprobs: body.logprobs ? { content: ids.map((t, i) => ({ token: `t${t}`, logprob: -0.001 * (i % 100), bytes: null, top_logprobs: [] })) } : null,
           finish_reason: 'stop',
           ...(body.return_token_ids ? { token_ids: ids } : {}),
+          ...(routed ? { routed_experts: routedExpertsField(prompt.length + ids.length, body.routed_experts_prompt_start) } : {}),
         },
       ],
       usage: { prompt_tokens: prompt.length, completion_tokens: ids.length, total_tokens: prompt.length + ids.length },

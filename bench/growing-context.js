@@ -14,14 +14,14 @@ const { promptIds, answerIds } = require('./agent-tokens');
 
 const TURN_BYTES = 8 * 1024;
 
-function post(agent, port, body, headers) {
+function post(agent, port, body, headers, urlPath = '/v1/chat/completions') {
   return new Promise((resolve) => {
     const start = performance.now();
     const req = http.request(
       {
         host: '127.0.0.1',
         port,
-        path: '/v1/chat/completions',
+        path: urlPath,
         method: 'POST',
         agent,
         headers: { 'content-type': 'application/json', 'content-length': body.length, ...headers },
@@ -70,9 +70,10 @@ function readAnswer(body, stream) {
 
 /**
  * Runs the workload against one target; returns per-call latencies and errors. `ask`: the agents
- * ask for token ids and logprobs; `streamEvery`: every that many turns one is streamed (0: none).
+ * ask for token ids and logprobs; `streamEvery`: every that many turns one is streamed (0: none);
+ * `urlPath`: where the calls go (the routed-experts scenario calls the model server on a second path).
  */
-async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery = 0 }) {
+async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery = 0, urlPath }) {
   const lat = [];
   let errors = 0;
   let streamed = 0;
@@ -99,7 +100,7 @@ async function runAgents({ port, agents, turns, prefix, ask = true, streamEvery 
             ...(stream ? { stream } : {}),
           }),
         );
-        const r = await post(agent, port, body, { 'x-rollout-id': `${prefix}-${a}` });
+        const r = await post(agent, port, body, { 'x-rollout-id': `${prefix}-${a}` }, urlPath);
         if (r.status !== 200) {
           errors++;
           break;
@@ -338,4 +339,4 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
   return out;
 }
 
-module.exports = { benchGrowingContext, runAgents, verifyTrajectories };
+module.exports = { benchGrowingContext, runAgents, verifyTrajectories, exactTrajectory, dirBytes };

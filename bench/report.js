@@ -53,6 +53,39 @@ function growingSection(L, gc, title = '', intro = '') {
   L.push('');
 }
 
+/** The routed-experts section: the same agents with and without routing in the answers. */
+function routedExpertsSection(L, re) {
+  L.push(
+    `## Routed experts: ${re.agents} agents × ${re.turns} turns of the growing context, with and without routing (not a bar)`,
+    '',
+    `The bench model server answers on \`/routed/v1\` as vLLM with \`--enable-return-routed-experts\` does: \`choices[].routed_experts\`, a base64 \`.npy\` of uint8 [prompt + output − 1, ${re.layers}, ${re.top_k}] on every call; on \`/v1\` without. One sidecar calls each (trajectories to files, the default); every episode is closed and exported after its round, and CPU counts that export. Per token: the trajectory NDJSON written, and the CPU, over the trajectories' \`token_ids\` (the same workload for both). ${re.warmup_rounds} warm-up round(s) for the sidecars, not measured, then ${re.rounds} measured in alternating order; medians over rounds (min–max where shown). CPU is the sidecar process's, from \`/proc\`, in 10 ms ticks.`,
+    '',
+    '| target | p50 ms/call | added p50 ms | CPU µs/call (calls) | CPU µs/call (+ export) | CPU ns/token | trajectory bytes/token | of which routing | journal MB/call | peak RSS MiB | errors |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+  );
+  const direct = (x) => re.targets[x.routed ? 'direct-routing' : 'direct'];
+  for (const [name, x] of Object.entries(re.targets)) {
+    const m = x.median;
+    const over = (k, d) => range(summarize(x.rounds.map((y) => y[k])), d);
+    const sc = x.rounds.some((y) => y.cpu_us_per_call !== undefined);
+    const cap = x.rounds.some((y) => y.bytes_per_token !== undefined);
+    L.push(
+      `| ${name} | ${over('p50_ms', 1)} | ${name.startsWith('direct') ? '–' : f(m.p50_ms - (direct(x)?.median.p50_ms ?? NaN), 1)} | ${sc ? over('cpu_us_per_call_load', 0) : '–'} | ${sc ? over('cpu_us_per_call', 0) : '–'} | ${cap ? f(m.cpu_ns_per_token, 0) : '–'} | ${cap ? f(m.bytes_per_token, 1) : '–'} | ${cap ? f(m.routing_data_bytes_per_token, 1) : '–'} | ${cap ? f(m.journal_bytes_per_call / 1e6, 2) : '–'} | ${sc ? f(m.peak_rss_mib, 0) : '–'} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
+    );
+  }
+  const q = re.ratios ?? {};
+  const routed = re.targets['sidecar-routing']?.rounds ?? [];
+  L.push(
+    '',
+    `With routing over without (sidecars): trajectory bytes per token ${f(q.bytes_per_token, 1)}×, CPU per call ${f(q.cpu_per_call)}× (the calls alone ${f(q.cpu_per_call_load)}×), CPU per token ${f(q.cpu_per_token)}×, p50 per call ${f(q.p50)}× (direct to the server: ${f(q.direct_p50)}×).`,
+    '',
+    re.error
+      ? `**Error:** ${re.error}`
+      : `Checked: ${routed.reduce((n, y) => n + y.trajectories, 0)} trajectories with routing, each \`routing_complete: true\` with \`routed_experts.shape[0] = token_ids.length − 1\`, nothing missing and every row the server's; none without routing has routing keys; every trajectory's ids and logprobs exact.`,
+    '',
+  );
+}
+
 function markdown(r) {
   const L = [];
   L.push(`# lightning-sidecar benchmark${r.quick ? ' (quick mode: short, indicative only)' : ''}`, '');
@@ -118,6 +151,7 @@ function markdown(r) {
       `The same agents as an agent framework sends them: they do not ask for token ids or logprobs (the sidecar asks on their behalf and gives them back as null, stripping the prompt's ids from each answer, and from a stream's first event) and one turn in ${ga.stream_every} is streamed (${summarize(ga.targets.direct.rounds.map((x) => x.streamed)).median} calls a round). No bar names it; it measures the path the bars' workload does not take. Here only the sidecar's calls carry ids: the model server answering with them is part of its added latency (${f(serverIds, 1)} ms at p50: the direct p50 of the workload above, which asks, less this one's), and only its process receives them. Answers carrying ids or logprobs the agents did not ask for: ${Object.values(ga.targets).reduce((n, x) => n + x.rounds.reduce((m, y) => m + (y.unasked_ids ?? 0), 0), 0)}.`,
     );
   }
+  if (r.scenarios.routed_experts) routedExpertsSection(L, r.scenarios.routed_experts);
   const ti = r.scenarios.token_in;
   if (ti) {
     L.push(

@@ -11,7 +11,8 @@ const { analyzeProfile, nowUs } = require('./profile');
 const { startPortkey, checkAnswer, upstreamRequests } = require('./portkey');
 
 const QUICK = process.argv.includes('--quick');
-// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, token-in, routing, profile).
+// --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, routed-experts, token-in,
+// routing, profile).
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
   return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
@@ -432,6 +433,40 @@ async function main() {
     await stop(gcSidecar.proc);
     await stop(agentBare.proc);
     await stop(agentPersist.proc);
+    await stop(agentModel.proc);
+  }
+
+  // What MoE routing capture costs: the growing-context agents through a sidecar whose model
+  // server answers with routed experts, and through one whose server does not (the same server,
+  // on two paths), both exporting trajectories to files.
+  if (want('routed-experts')) {
+    log('routed experts');
+    const agentModel = await startNodeChild(path.join(__dirname, 'agent-model-server.js'), ['1']);
+    children.push(agentModel.proc);
+    const plain = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    const routed = await startSidecar(agentModel.port, {
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
+      LIGHTNING_UPSTREAM_URL: `http://127.0.0.1:${agentModel.port}/routed/v1`,
+    });
+    const capture = (sc) => ({ dataDir: sc.dataDir, endRollouts: endRollouts(sc) });
+    results.scenarios.routed_experts = await require('./routed-experts').benchRoutedExperts({
+      targets: [
+        { name: 'direct', port: agentModel.port, pid: null, urlPath: '/v1/chat/completions', routed: false },
+        { name: 'direct-routing', port: agentModel.port, pid: null, urlPath: '/routed/v1/chat/completions', routed: true },
+        { name: 'sidecar', port: plain.port, pid: plain.proc.pid, routed: false, capture: capture(plain) },
+        { name: 'sidecar-routing', port: routed.port, pid: routed.proc.pid, routed: true, capture: capture(routed) },
+      ],
+      proc,
+      agents: QUICK ? 2 : 4,
+      turns: QUICK ? 6 : 12,
+      rounds: QUICK ? 1 : 5,
+      warmup: QUICK ? 0 : 2,
+      // No round is started after it (each is bounded anyway: agents × turns calls).
+      budgetMs: QUICK ? 20_000 : 60_000,
+    });
+    if (results.scenarios.routed_experts.error) log(`routed experts: ${results.scenarios.routed_experts.error}`);
+    await stop(routed.proc);
+    await stop(plain.proc);
     await stop(agentModel.proc);
   }
 

@@ -291,6 +291,9 @@ export const routedExpertsSchema = z
   })
   .strict();
 
+/** The sampling parameters a record names. */
+const samplingParam = z.enum(['temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'max_tokens']);
+
 /** Sampling provenance (docs/output-contract.md#sampling-parameters): off, records are as they were. */
 export const samplingSchema = z
   .object({
@@ -300,12 +303,25 @@ export const samplingSchema = z
      * Training values: a chat or completions call that leaves one out gets it; one that sets another
      * is overridden (`force`) or refused with a 400 (`refuse`).
      */
-    pin: z
-      .partialRecord(
-        z.enum(['temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'max_tokens']),
-        z.object({ value: z.number().finite(), mode: z.enum(['force', 'refuse']).default('force') }).strict(),
-      )
-      .default({}),
+    pin: z.partialRecord(samplingParam, z.object({ value: z.number().finite(), mode: z.enum(['force', 'refuse']).default('force') }).strict()).default({}),
+    /**
+     * The model server's defaults for parameters a request leaves out (vLLM applies the model's
+     * `generation_config.json` with `--generation-config auto`, its default; SGLang likewise), so
+     * the recorded parameters are the ones used; each recorded value taken from here is listed in
+     * the record's `server_defaults`. The sidecar cannot read them from the server.
+     */
+    server_defaults: z.partialRecord(samplingParam, z.number().finite()).optional(),
+    /**
+     * Ask the model server for sampling masks where it gives them (SGLang: non-streamed chat) and
+     * record them on trajectories; every trajectory then says whether they came.
+     */
+    masks: z.boolean().default(false),
+    /**
+     * Which distribution the server's logprobs are over, recorded on every trajectory: vLLM's
+     * `--logprobs-mode` (its default is `raw_logprobs`, before top-k/top-p). The sidecar cannot
+     * read it from the server.
+     */
+    logprobs_mode: z.enum(['raw_logprobs', 'processed_logprobs', 'raw_logits', 'processed_logits']).optional(),
   })
   .strict();
 

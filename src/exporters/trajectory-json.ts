@@ -1,5 +1,5 @@
 import { dtypeOf } from '../formats/routed-experts';
-import type { RoutedExpertsJson, Trajectory, TrajectoryRecord, TrajectoryRouting } from '../model/records';
+import type { RoutedExpertsJson, Trajectory, TrajectoryRecord, TrajectoryRouting, TrajectorySamplingMask } from '../model/records';
 import type { TransitionWriter } from './transition-json';
 
 /** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
@@ -21,6 +21,8 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     turnLogprobs,
     routing,
     weightVersions,
+    samplingMask,
+    logprobsMode,
     turns,
     token_rewards,
     reward,
@@ -70,6 +72,14 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     parts.push(`","missing":${JSON.stringify(routing.missing)}},"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
   }
   if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
+  if (samplingMask !== null) {
+    const m = samplingMask;
+    parts.push(',"sampling_mask":{"offsets":[', m.offsets.join(','), '],"ids":[', m.ids.join(','), ']');
+    parts.push(
+      `,"missing":${JSON.stringify(m.missing)}},"sampling_mask_coverage":${m.coverage},"sampling_mask_complete":${m.complete},"sampling_mask_violations":${m.violations}`,
+    );
+  }
+  if (logprobsMode !== null) parts.push(',"logprobs_mode":', JSON.stringify(logprobsMode));
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));
   return parts;
@@ -85,7 +95,7 @@ export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): B
  * tests); without its routing fields when `withRouting` is false (protobuf takes the raw bytes).
  */
 export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord, withRouting = true): Trajectory {
-  const { last, length, turnLogprobs, routing, weightVersions, ...rest } = t;
+  const { last, length, turnLogprobs, routing, weightVersions, samplingMask, logprobsMode, ...rest } = t;
   const prompt = writer.ids(last, last.prompt_token_ids);
   const response = writer.ids(last, last.response_token_ids);
   if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
@@ -104,6 +114,8 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     logprobs,
     ...(routing !== null && withRouting ? routingFields(routing) : {}),
     ...(weightVersions !== null ? { weight_versions: weightVersions } : {}),
+    ...(samplingMask !== null ? samplingMaskFields(samplingMask) : {}),
+    ...(logprobsMode !== null ? { logprobs_mode: logprobsMode } : {}),
     turns,
     token_rewards,
     reward,
@@ -121,6 +133,18 @@ export function routingFields(r: TrajectoryRouting): { routed_experts: RoutedExp
     routed_experts: { dtype: dtypeOf(r.data), shape: [r.rows, r.layers, r.topK], data: routingBytes(r).toString('base64'), missing: r.missing },
     routing_coverage: r.coverage,
     routing_complete: r.complete,
+  };
+}
+
+/** A trajectory's sampling masks as their four JSON fields (docs/output-contract.md#sampling-masks). */
+export function samplingMaskFields(
+  m: TrajectorySamplingMask,
+): Pick<Trajectory, 'sampling_mask' | 'sampling_mask_coverage' | 'sampling_mask_complete' | 'sampling_mask_violations'> {
+  return {
+    sampling_mask: { offsets: Array.from(m.offsets), ids: Array.from(m.ids), missing: m.missing },
+    sampling_mask_coverage: m.coverage,
+    sampling_mask_complete: m.complete,
+    sampling_mask_violations: m.violations,
   };
 }
 

@@ -37,6 +37,14 @@ export interface IdsRange {
   end: number;
 }
 
+/** A choice's routing as its answer wrote it (`form`: the engine's), until decoded. */
+export interface WireRouting {
+  value: unknown;
+  prompt: unknown;
+  form: 'vllm' | 'sglang';
+  start?: unknown;
+}
+
 /** Token ids: inline (small, or records from older journals) or a range of the response body. */
 export type TokenIds = number[] | IdsRange;
 
@@ -50,7 +58,13 @@ export interface ChoiceCapture {
   promptTokenIds: TokenIds | null;
   toolCalls: ToolCallRequest[];
   /** The answer's routed experts as the server wrote them (vLLM `routed_experts`, and v0.21's `prompt_routed_experts`), until decoded. */
-  routedExperts?: { value: unknown; prompt: unknown; form: 'vllm' | 'sglang'; start?: unknown };
+  routedExperts?: WireRouting;
+  /** The answer's sampling mask (vLLM `sampling_mask`, SGLang `output_token_sampling_mask`): kept ids per output token. */
+  samplingMask?: SamplingMaskRows;
+  /** Why the answer's sampling mask could not be read, or does not fit its tokens. */
+  samplingMaskError?: string;
+  /** Output tokens whose sampled id is not among the ids the mask says were kept. */
+  samplingMaskViolations?: number;
   /** Decoded routed experts, when the answer had them. */
   routing?: RoutingRows;
   /** Why the answer's routed experts could not be read. */
@@ -284,6 +298,11 @@ export interface SamplingParams {
   repetition_penalty: number | null;
   /** `max_tokens`, else chat's `max_completion_tokens`. */
   max_tokens: number | null;
+  /**
+   * The parameters whose value is the model server's default (`processors.sampling.server_defaults`),
+   * the request having left them out; only when a default was applied.
+   */
+  server_defaults?: string[];
 }
 
 /** A body still in the journal, copied into the output as it is, less the byte ranges in `cuts`. */
@@ -408,6 +427,20 @@ export interface Trajectory {
    * each with its version; present only when a call's answer said (docs/output-contract.md#weight-versions).
    */
   weight_versions?: WeightVersionSpan[];
+  /**
+   * Sampling masks: the ids the sampler kept at each sampled position (top-k / top-p / min-p);
+   * present when a call returned one or `processors.sampling.masks` asks for them
+   * (docs/output-contract.md#sampling-masks).
+   */
+  sampling_mask?: SamplingMaskJson;
+  /** Share of sampled positions with a mask row; with `sampling_mask`. */
+  sampling_mask_coverage?: number;
+  /** Every sampled position has its row and every sampled id lies in it; with `sampling_mask`. */
+  sampling_mask_complete?: boolean;
+  /** Sampled ids not in their row (each one a sampler or capture fault); with `sampling_mask`. */
+  sampling_mask_violations?: number;
+  /** Which distribution `logprobs` are over (`processors.sampling.logprobs_mode`); only when configured. */
+  logprobs_mode?: string;
   turns: TrajectoryTurn[];
   token_rewards: { position: number; value: number }[];
   reward: number;
@@ -456,6 +489,36 @@ export interface TrajectoryRouting {
   problems: string[];
 }
 
+/** Kept token ids per output token, in compressed rows: row `r` is `ids[offsets[r]..offsets[r + 1])`. */
+export interface SamplingMaskRows {
+  offsets: Int32Array;
+  ids: Int32Array;
+}
+
+/** A trajectory's sampling masks: kept ids per position of `token_ids`, in compressed rows (empty where nothing was sampled). */
+export interface TrajectorySamplingMask {
+  /** `length + 1` offsets into `ids`. */
+  offsets: Int32Array;
+  ids: Int32Array;
+  /** Sampled position ranges `[start, end)` whose call returned no mask. */
+  missing: [number, number][];
+  /** Share of sampled positions with a mask row. */
+  coverage: number;
+  /** Every sampled position has its row and every sampled id is in it. */
+  complete: boolean;
+  /** Sampled ids not among their row's kept ids. */
+  violations: number;
+  /** Why it is not complete, one entry a reason. */
+  problems: string[];
+}
+
+/** The sampling masks as JSON: `offsets` (`len(token_ids) + 1`) into `ids`, with what is missing. */
+export interface SamplingMaskJson {
+  offsets: number[];
+  ids: number[];
+  missing: [number, number][];
+}
+
 /** Tokens `[start, end)` sampled with the weights of `version`. */
 export interface WeightVersionSpan {
   version: string;
@@ -479,8 +542,23 @@ export interface RoutedExpertsJson {
  */
 export type TrajectoryRecord = Omit<
   Trajectory,
-  'token_ids' | 'loss_mask' | 'logprobs' | 'routed_experts' | 'routing_coverage' | 'routing_complete' | 'weight_versions'
+  | 'token_ids'
+  | 'loss_mask'
+  | 'logprobs'
+  | 'routed_experts'
+  | 'routing_coverage'
+  | 'routing_complete'
+  | 'weight_versions'
+  | 'sampling_mask'
+  | 'sampling_mask_coverage'
+  | 'sampling_mask_complete'
+  | 'sampling_mask_violations'
+  | 'logprobs_mode'
 > & {
+  /** The sampling masks of its calls over `token_ids` (null: none came and none were asked for). */
+  samplingMask: TrajectorySamplingMask | null;
+  /** `processors.sampling.logprobs_mode` (null: not configured). */
+  logprobsMode: string | null;
   /** The weight-version spans of its calls' answers, over `token_ids` positions (null: no call said). */
   weightVersions: WeightVersionSpan[] | null;
   /** The routed experts of its calls, aligned (null: no call returned any); written as `routed_experts` and its two flags. */

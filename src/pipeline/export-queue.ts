@@ -524,6 +524,7 @@ export class ExportQueue {
     for (const t of c.trajectories) {
       m.trajectoryTokens.observe(t.length);
       if (t.routing !== null) this.countRouting(t);
+      if (t.samplingMask !== null) this.countSamplingMask(t);
       m.trajectoryCalls.inc({ outcome: 'new_segment', reason: t.start_reason });
       if (t.turns.length > 1) m.trajectoryCalls.inc({ outcome: 'merged', reason: 'continued' }, t.turns.length - 1);
     }
@@ -547,6 +548,19 @@ export class ExportQueue {
       'routing_incomplete',
       "a trajectory's routed experts are incomplete: it is exported with routing_complete false, and a trainer must not replay its routing as it is",
       { trajectory_id: t.trajectory_id, problems: r.problems, coverage: r.coverage },
+    );
+  }
+
+  /** A trajectory with sampling masks (or asked to have them): counted, and said when they are not complete. */
+  private countSamplingMask(t: ClosedEpisode['trajectories'][number]): void {
+    const m = t.samplingMask!;
+    this.ctx.m.trajectorySamplingMask.inc({ complete: String(m.complete) });
+    if (m.violations > 0) this.ctx.m.samplingMaskViolations.inc(m.violations);
+    if (m.complete) return;
+    this.ctx.warnLimited(
+      'sampling_mask_incomplete',
+      "a trajectory's sampling masks are incomplete: it is exported with sampling_mask_complete false, and a trainer must not apply its masks as they are",
+      { trajectory_id: t.trajectory_id, problems: m.problems, coverage: m.coverage, violations: m.violations },
     );
   }
 

@@ -1,3 +1,4 @@
+import { samplingMaskGap } from '../receivers/llm-proxy/mask-support';
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import path from 'node:path';
 import type { Config } from '../config/schema';
@@ -115,6 +116,7 @@ export function createApp(config: Config, deps: AppDeps) {
     resolve: deps.resolve,
     sglangRouting: config.processors.routed_experts.sglang !== undefined,
     pins: config.processors.sampling.pin,
+    samplingMasks: config.processors.sampling.masks,
   });
   const otlpConfig = config.receivers.otlp;
   const otlp =
@@ -165,6 +167,7 @@ export function createApp(config: Config, deps: AppDeps) {
       { name: 'export_backlog', check: () => pipeline.backlogFull() },
       { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
       { name: 'upstream_replicas', informational: true, check: () => replicasCheck(proxy.routing()) },
+      { name: 'sampling_masks', informational: true, check: () => samplingMaskGap(config.processors.sampling, proxy.flavor()) },
       ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],
     routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),

@@ -360,6 +360,17 @@ function exportMetrics(registry: Registry) {
       labelNames: ['complete'] as const,
       registers: [registry],
     }),
+    trajectorySamplingMask: new Counter({
+      name: 'lightning_sidecar_trajectory_sampling_mask_total',
+      help: 'Trajectories with sampling masks (or asked to have them), by whether every sampled position has its row and every sampled id is in it (complete) or not.',
+      labelNames: ['complete'] as const,
+      registers: [registry],
+    }),
+    samplingMaskViolations: new Counter({
+      name: 'lightning_sidecar_sampling_mask_violations_total',
+      help: 'Sampled token ids that are not among the ids their sampling mask says were kept (a sampler or capture fault).',
+      registers: [registry],
+    }),
     exportErrors: new Counter({
       name: 'lightning_sidecar_export_errors_total',
       help: 'Export attempts that failed, by exporter and kind (retryable, permanent).',

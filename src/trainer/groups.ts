@@ -1,4 +1,4 @@
-import type { EpisodeSummary, RoutedExpertsJson, Trajectory, Transition } from '../model/records';
+import type { EpisodeSummary, RoutedExpertsJson, SamplingMaskJson, Trajectory, Transition } from '../model/records';
 import { rebuildPrompt, withFullPrompt, type WireTransition } from './prompt-delta';
 
 /** Where a record came from, for offset commits (commit only below what is still pending). */
@@ -54,6 +54,10 @@ export interface TrajectoryGroupBatch {
     routed_experts?: (RoutedExpertsJson | null)[];
     /** Each row's `routing_complete` (false without routing); with `routed_experts`. */
     routing_complete?: boolean[];
+    /** Each row's `sampling_mask` as recorded (null without); only when a trajectory of the group has sampling masks. */
+    sampling_mask?: (SamplingMaskJson | null)[];
+    /** Each row's `sampling_mask_complete` (false without a mask); with `sampling_mask`. */
+    sampling_mask_complete?: boolean[];
   };
   /** Calls of the group's episodes that are in no trajectory (each episode's `unmerged_calls`). */
   unmerged_calls: number;
@@ -329,11 +333,13 @@ export class GroupAssembler {
     };
     let unmerged = 0;
     const routing: { experts: RoutedExpertsJson | null; complete: boolean }[] = [];
+    const masks: { mask: SamplingMaskJson | null; complete: boolean }[] = [];
     for (const e of episodes) {
       unmerged += e.unmerged_calls?.length ?? 0;
       for (const id of e.trajectory_ids) {
         const t = this.trajectories.get(id)!.t;
         routing.push({ experts: t.routed_experts ?? null, complete: t.routed_experts !== undefined && t.routing_complete === true });
+        masks.push({ mask: t.sampling_mask ?? null, complete: t.sampling_mask !== undefined && t.sampling_mask_complete === true });
         const p = t.prompt_length;
         const scores = new Array<number>(t.token_ids.length - p).fill(0);
         // A position outside the response (a malformed record) is skipped.
@@ -358,6 +364,11 @@ export class GroupAssembler {
     if (routing.some((r) => r.experts !== null)) {
       batch.routed_experts = routing.map((r) => r.experts);
       batch.routing_complete = routing.map((r) => r.complete);
+    }
+    // Sampling masks likewise: the columns are there only when a trajectory of the group has them.
+    if (masks.some((m) => m.mask !== null)) {
+      batch.sampling_mask = masks.map((m) => m.mask);
+      batch.sampling_mask_complete = masks.map((m) => m.complete);
     }
     return {
       schema: 'lightning.group.v1',

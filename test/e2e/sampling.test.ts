@@ -13,20 +13,25 @@ describe('sampling parameters recorded per call', () => {
   let recording: TestSidecar;
   let tokenIn: TestSidecar;
   let off: TestSidecar;
+  let defaults: TestSidecar;
   beforeAll(async () => {
     server = await startQwen3Server();
     const settings = (record: boolean, tokenInOn: boolean) => ({
       receivers: { llm_proxy: { upstream_flavor: 'vllm', token_in: { enabled: tokenInOn } } },
       processors: { sampling: { record } },
     });
-    [recording, tokenIn, off] = await Promise.all([
+    [recording, tokenIn, off, defaults] = await Promise.all([
       startSidecar(server.url, settings(true, false)),
       startSidecar(server.url, settings(true, true)),
       startSidecar(server.url, settings(false, false)),
+      startSidecar(server.url, {
+        receivers: { llm_proxy: { upstream_flavor: 'vllm' } },
+        processors: { sampling: { record: true, server_defaults: { temperature: 0.6, top_k: 20, top_p: 0.95 } } },
+      }),
     ]);
   }, 30_000);
   afterAll(async () => {
-    await Promise.all([recording?.stop(), tokenIn?.stop(), off?.stop()]);
+    await Promise.all([recording?.stop(), tokenIn?.stop(), off?.stop(), defaults?.stop()]);
     await server?.close();
   });
 
@@ -107,6 +112,15 @@ describe('sampling parameters recorded per call', () => {
     const sent = server.requests.filter((r) => r.path === '/v1/completions').at(-1)!.json;
     expect(transitions[1].sampling).toEqual({ ...NONE, max_tokens: sent.max_tokens });
     expect(typeof sent.max_tokens).toBe('number');
+  }, 30_000);
+
+  it("the server's defaults where a request left a parameter out, each listed; the agent's own values stay", async () => {
+    const { transitions, trajectories } = await rollout(defaults, 'sp-defaults', false);
+    expect(transitions.map((t) => t.sampling)).toEqual([
+      { ...AGENTS, top_k: 20, server_defaults: ['top_k'] },
+      { ...NONE, temperature: 0.6, top_p: 0.95, top_k: 20, server_defaults: ['temperature', 'top_p', 'top_k'] },
+    ]);
+    expect(trajectories.flatMap((t) => t.turns).map((u) => u.sampling)).toEqual(transitions.map((t) => t.sampling));
   }, 30_000);
 
   it('without the setting, no record has the key', async () => {

@@ -95,6 +95,14 @@ export interface FakeModelServerOptions {
   sglangRouting?: { layers: number; topK: number };
   /** Lenient SGLang: non-streamed chat answers carry `sglext.weight_version` (the server's label). */
   sglangWeightVersion?: string;
+  /**
+   * Lenient SGLang with mask support: a non-streamed chat call with `return_meta_info` and
+   * `return_sampling_mask` gets `choices[].meta_info.output_token_sampling_mask`, one row per output
+   * token: the sampled id and `keep - 1` others (see `sglangStandInMask`). `dropSampledFrom`: the
+   * rows of that call (by request index) leave the sampled id out (a faulty sampler).
+   * Without it (a build without mask support) `return_sampling_mask` is ignored.
+   */
+  sglangMasks?: { keep: number; dropSampledFrom?: number };
 }
 
 export interface FakeModelServer {
@@ -184,7 +192,24 @@ export async function startFakeModelServer(options: FakeModelServerOptions = {})
         ext.routed_experts = sglangRows(options.sglangRouting, gen, r.json.routed_experts_start_len);
       if (options.sglangWeightVersion !== undefined) ext.weight_version = options.sglangWeightVersion;
       if (Object.keys(ext).length > 0) (out.body as Record<string, unknown>).sglext = ext;
+      if (r.json.return_meta_info === true)
+        (out.body as { choices: Record<string, unknown>[] }).choices.forEach((c, i) => {
+          const tokens = gen.choices[i].tokens;
+          const meta: Record<string, unknown> = { finish_reason: { type: 'stop' }, prompt_tokens: gen.promptIds.length, completion_tokens: tokens.length };
+          if (options.sglangMasks && r.json!.return_sampling_mask === true) {
+            const drop = options.sglangMasks.dropSampledFrom === requests.length - 1;
+            meta.output_token_sampling_mask = tokens.map((id, p) => sglangStandInMask(id, p, options.sglangMasks!.keep).filter((k) => !drop || k !== id));
+            meta.output_token_sampling_mask_length = tokens.length;
+          }
+          c.meta_info = meta;
+        });
     }
+    // SGLang refuses `return_meta_info` on a streamed chat call.
+    if (stream && path === '/v1/chat/completions' && flavor === 'sglang' && r.json.return_meta_info === true)
+      return {
+        status: 400,
+        body: { object: 'error', message: 'return_meta_info is not supported for streaming requests', type: 'BadRequestError', param: null, code: 400 },
+      };
     return stream ? { stream: true, events: out.events, contentType: 'text/event-stream' } : { stream: false, body: out.body };
   }
 
@@ -584,6 +609,13 @@ function cannedNative(path: string, body: Record<string, unknown>) {
 /** vLLM's error body: `{"error": {message, type, param, code}}` with the HTTP status as `code`. */
 export function errorBody(message: string, type: string, code: number) {
   return { error: { message, type, param: null, code } };
+}
+
+/** The kept ids the lenient SGLang server reports for output token `p` (`id`): it first, then `keep - 1` others. */
+export function sglangStandInMask(id: number, p: number, keep: number): number[] {
+  const row = [id];
+  for (let k = 1; k < keep; k++) row.push((id + 1000 * k + p) % 151_000);
+  return row;
 }
 
 /** The expert the lenient SGLang server reports (see `sglangRouting`). */

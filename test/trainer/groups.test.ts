@@ -262,6 +262,50 @@ describe('GroupAssembler, trajectory rows (the default)', () => {
     expect(a.tick(1000)).toEqual([{ kind: 'orphaned', records: 1 }]);
     expect(a.lowestPending().size).toBe(0);
   });
+
+  it('gives every row its sampling mask and flag only when a trajectory of the group has a mask, after the routing columns', () => {
+    // r1: rows at 2-3, the last call (position 5) returned none; r2: every sampled position has its row; r3: no mask.
+    const incomplete = { offsets: [0, 0, 0, 2, 3, 3, 3], ids: [10, 12, 11], missing: [[5, 6]] as [number, number][] };
+    const complete = { offsets: [0, 0, 0, 1, 3, 3, 4], ids: [10, 11, 4, 20], missing: [] };
+    const masked = (m: typeof incomplete, done: boolean): Partial<Trajectory> => ({
+      sampling_mask: m,
+      sampling_mask_coverage: done ? 1 : 2 / 3,
+      sampling_mask_complete: done,
+      sampling_mask_violations: 0,
+    });
+    const routed = {
+      routed_experts: { dtype: 'uint8', shape: [5, 1, 1], data: 'AQEBAQE=', missing: [] },
+      routing_coverage: 1,
+      routing_complete: true,
+    } as Partial<Trajectory>;
+    const run = (extras: Partial<Trajectory>[]) => {
+      const a = new GroupAssembler({ groupSize: extras.length, timeoutMs: 10_000 });
+      const events = extras.flatMap((extra, i) => [
+        ...a.addTrajectory(trajectory(`r${i + 1}`, 0, 'g', extra), pos(i), 0),
+        ...a.addEpisode(trajectoryEpisode(`r${i + 1}`, 'g', 1), pos(i, 'e'), 0),
+      ]);
+      const [ev, ...more] = groups(events);
+      expect(more).toEqual([]);
+      return ofTrajectories(ev).batch;
+    };
+    const b = run([masked(incomplete, false), masked(complete, true), {}]);
+    expect(b.sampling_mask).toEqual([incomplete, complete, null]);
+    expect(b.sampling_mask_complete).toEqual([false, true, false]);
+    expect(Object.keys(b).slice(-2)).toEqual(['sampling_mask', 'sampling_mask_complete']);
+    expect(b).not.toHaveProperty('routed_experts');
+    // With routing too: the mask columns come after the routing ones.
+    const both = run([{ ...routed, ...masked(complete, true) }, {}]);
+    expect(Object.keys(both).slice(-4)).toEqual(['routed_experts', 'routing_complete', 'sampling_mask', 'sampling_mask_complete']);
+    expect([both.sampling_mask, both.sampling_mask_complete]).toEqual([
+      [complete, null],
+      [true, false],
+    ]);
+    // Without masks the batch is as before (a mode alone brings no columns).
+    for (const none of [run([{}, {}]), run([{ logprobs_mode: 'processed_logprobs' }, routed])]) {
+      expect(none).not.toHaveProperty('sampling_mask');
+      expect(none).not.toHaveProperty('sampling_mask_complete');
+    }
+  });
 });
 
 describe('GroupAssembler: groups leave in partition order', () => {

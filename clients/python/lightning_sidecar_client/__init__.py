@@ -13,7 +13,9 @@ directory, and yields
 ``to_verl_batch`` turns a group into padded id, mask, score and log-prob tensors (and routed
 experts, aligned with the ids, when the trajectories have them). ``routed_experts_array`` and
 ``routing_missing_mask`` give one trajectory's routed experts (MoE routing replay) as numpy arrays;
-``weight_version_per_token`` the weight version that sampled each of its ids.
+``weight_version_per_token`` the weight version that sampled each of its ids; ``sampling_mask_rows``,
+``sampling_mask_row``, ``sampling_mask_missing`` and ``sampling_mask_dense`` the ids its sampler
+kept at each position (its sampling masks, which ``to_verl_batch`` also carries when present).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from .position import Position
 from .readers import Event, GroupReader, RecordReader
 from .records import decode_episode, decode_trajectory, decode_transition, weight_version_per_token
 from .routing import routed_experts_array, routing_missing_mask
+from .sampling_mask import sampling_mask_dense, sampling_mask_missing, sampling_mask_row, sampling_mask_rows
 from .source import Incoming, Source, SourceEvent
 from .tensors import to_verl_batch
 
@@ -34,7 +37,8 @@ __all__ = [
     'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch',
     'GroupReader', 'Incoming', 'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode',
     'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'routed_experts_array',
-    'routing_missing_mask', 'to_verl_batch', 'weight_version_per_token',
+    'routing_missing_mask', 'sampling_mask_dense', 'sampling_mask_missing', 'sampling_mask_row', 'sampling_mask_rows', 'to_verl_batch',
+    'weight_version_per_token',
 ]
 
 __version__ = '0.1.0'

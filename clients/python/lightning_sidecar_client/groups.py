@@ -391,12 +391,15 @@ class GroupAssembler:
         has ``routed_experts`` (each row's trajectory member as it is, rows over the whole
         ``token_ids``; None for a trajectory without) and ``routing_complete`` (its flag; False
         without); ``tensors.to_verl_batch`` aligns them with the ids. Without routing the batch is
-        as before.
+        as before. Likewise ``sampling_mask`` (each row's recorded mask, rows over the whole
+        ``token_ids``, or None) and ``sampling_mask_complete`` (False without), after them, only
+        when a trajectory of the group has ``sampling_mask``.
         """
         names = ('uid', 'rollout_id', 'attempt_id', 'trajectory_id', 'segment', 'turns', 'prompt_ids', 'response_ids', 'response_mask',
                  'token_level_scores', 'rollout_log_probs', 'reward', 'is_last', 'policy_versions')
         batch: dict[str, list[Any]] = {n: [] for n in names}
         routing: list[tuple[Any, bool]] = []
+        masks: list[tuple[Any, bool]] = []
         for e in episodes:
             for tid in e['trajectory_ids']:
                 t = self._records[tid].t
@@ -425,9 +428,13 @@ class GroupAssembler:
                 batch['is_last'].append(t['segment'] == t['segments'] - 1)
                 batch['policy_versions'].append(t.get('policy_versions'))
                 routing.append((t.get('routed_experts'), bool(t.get('routing_complete'))))
+                masks.append((t.get('sampling_mask'), t.get('sampling_mask_complete') is True))
         if any(r is not None for r, _ in routing):
             batch['routed_experts'] = [r for r, _ in routing]
             batch['routing_complete'] = [r is not None and c for r, c in routing]
+        if any(m is not None for m, _ in masks):
+            batch['sampling_mask'] = [m for m, _ in masks]
+            batch['sampling_mask_complete'] = [m is not None and c for m, c in masks]
         return {
             'schema': 'lightning.group.v1',
             'uid': uid,

@@ -26,6 +26,14 @@ its tokens) is a list of ``{'version', 'start', 'end'}`` dicts, ``[start, end)``
 absent list from an empty one. It comes after ``logprobs`` (and the routing keys), before
 ``turns``. ``weight_version_per_token`` spreads it over the positions.
 
+A trajectory's ``sampling_mask`` (present only when a call returned a mask or the sidecar was
+asked for masks) is ``{'offsets', 'ids', 'missing'}`` in either encoding: row ``p`` is
+``ids[offsets[p]:offsets[p + 1]]``, the ids the sampler kept at position ``p``, ``missing`` as
+``[start, end]`` pairs. ``sampling_mask_coverage``, ``sampling_mask_complete`` and
+``sampling_mask_violations`` follow it, then ``logprobs_mode`` (present only when the sidecar
+names it, with or without a mask); all after ``weight_versions``, before ``turns``.
+The module ``sampling_mask`` reads it as arrays.
+
 A transition's and a trajectory turn's ``sampling`` (present only with the sidecar's
 ``processors.sampling.record``) is a ``SamplingParams`` message of optional doubles in protobuf;
 decoded, it is the JSON dict, every key present (None where unset), as the record's last key (a
@@ -226,6 +234,10 @@ def _trajectory_from_proto(m: Any) -> Record:
         out.update(_routing_from_proto(m))
     if 'has_weight_versions' in m.DESCRIPTOR.fields_by_name and m.has_weight_versions:
         out['weight_versions'] = [{'version': s.version, 'start': s.start, 'end': s.end} for s in m.weight_versions]
+    if 'sampling_mask' in m.DESCRIPTOR.fields_by_name and m.HasField('sampling_mask'):
+        out.update(_sampling_mask_from_proto(m))
+    if 'logprobs_mode' in m.DESCRIPTOR.fields_by_name and m.HasField('logprobs_mode'):
+        out['logprobs_mode'] = m.logprobs_mode
     out['turns'] = [_turn_from_proto(t) for t in m.turns]
     out['token_rewards'] = [{'position': r.position, 'value': r.value} for r in m.token_rewards]
     out.update((f, _opt(m, f)) for f in _TRAJECTORY_TAIL)
@@ -248,6 +260,18 @@ def _routing_from_proto(m: Any) -> Record:
         },
         'routing_coverage': m.routing_coverage,
         'routing_complete': m.routing_complete,
+    }
+
+
+def _sampling_mask_from_proto(m: Any) -> Record:
+    """The four sampling-mask keys as JSON has them: ``missing`` as ``[start, end]`` pairs; an unset
+    flag reads as its zero value, as the Node decoder reads it."""
+    s = m.sampling_mask
+    return {
+        'sampling_mask': {'offsets': list(s.offsets), 'ids': list(s.ids), 'missing': [[x.start, x.end] for x in s.missing]},
+        'sampling_mask_coverage': m.sampling_mask_coverage,
+        'sampling_mask_complete': m.sampling_mask_complete,
+        'sampling_mask_violations': m.sampling_mask_violations,
     }
 
 

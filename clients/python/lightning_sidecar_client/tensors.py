@@ -27,6 +27,20 @@ Only when a trajectory of the group has routed experts (MoE routing replay: the 
 - ``routing_complete`` [B]: the trajectory's ``routing_complete`` (False without routing). A row
   that is not complete must not be replayed: drop it or let the live router decide.
 
+Only when a trajectory of the group has sampling masks (the batch then has a ``sampling_mask``
+column, see ``groups`` and ``sampling_mask``), per response column, in compressed rows:
+
+- ``sampling_mask_offsets`` [B, R + 1] and ``sampling_mask_ids`` [B, K]: the ids the sampler kept
+  at response column ``j`` of row ``b`` are ``sampling_mask_ids[b, offsets[b, j]:offsets[b, j + 1]]``
+  (K: the most ids of a row; the ids past a row's last offset are padding, 0). Columns with no
+  row (padding, unsampled tokens, ``missing`` positions, every column of a row without masks) are
+  empty. The prompt has no rows, so nothing is lost.
+- ``sampling_mask_present`` [B, R]: 1 where the column holds a recorded row (a sampled token whose
+  call returned a mask), 0 elsewhere.
+- ``sampling_mask_complete`` [B]: the trajectory's ``sampling_mask_complete`` (False without
+  masks). Restrict the logits of a row that is not complete only knowing why (the trajectory's
+  ``sampling_mask_violations`` and ``missing``).
+
 numpy arrays (int64 ids and masks, float32 scores and log-probs) when numpy is importable and
 ``use_numpy`` is not False; nested lists of the same shapes otherwise.
 """
@@ -35,6 +49,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .routing import missing_rows, routed_experts_array, routed_experts_values, routing_missing_mask
+from .sampling_mask import sampling_mask_values
 
 
 def _numpy() -> Any:
@@ -107,6 +122,8 @@ def to_verl_batch(
         raise ImportError('to_verl_batch: use_numpy=True but numpy is not installed')
     if any(r is not None for r in b.get('routed_experts') or []):
         result.update(_routing(b, names, prompts, responses, p_len, r_len, np))
+    if any(m is not None for m in b.get('sampling_mask') or []):
+        result.update(_sampling_masks(b, names, prompts, responses, r_len, np))
     if np is not None:
         # Explicit widths, so a group without rows still gives [0, width] arrays.
         widths = {'prompts': p_len, 'responses': r_len, 'input_ids': p_len + r_len, 'attention_mask': p_len + r_len,
@@ -177,3 +194,44 @@ def _routing(b: dict[str, Any], names: list[str], prompts: list[list[int]], resp
         experts_rows.append(row)
         mask_rows.append(m)
     return {'routed_experts': experts_rows, 'routed_experts_mask': mask_rows, 'routing_complete': complete}
+
+
+def _sampling_masks(b: dict[str, Any], names: list[str], prompts: list[list[int]], responses: list[list[int]], r_len: int,
+                    np: Any) -> dict[str, Any]:
+    """``sampling_mask_offsets``, ``sampling_mask_ids``, ``sampling_mask_present`` and
+    ``sampling_mask_complete``, over the response columns."""
+    masks = b['sampling_mask']
+    complete = [bool(c) for c in b.get('sampling_mask_complete') or [m is not None for m in masks]]
+    offsets_rows: list[list[int]] = []
+    ids_rows: list[list[int]] = []
+    present_rows: list[list[int]] = []
+    for i, m in enumerate(masks):
+        p, r = len(prompts[i]), len(responses[i])
+        if m is None:
+            offsets_rows.append([0] * (r_len + 1))
+            ids_rows.append([])
+            present_rows.append([0] * r_len)
+            continue
+        try:
+            offsets, ids = sampling_mask_values(m, p + r)
+        except ValueError as e:
+            raise ValueError(f'to_verl_batch: {names[i]}: {e}') from None
+        if offsets[p] != 0:
+            raise ValueError(f'to_verl_batch: sampling_mask of {names[i]} has rows in its prompt')
+        offsets_rows.append(offsets[p:] + [offsets[-1]] * (r_len - r))
+        ids_rows.append(ids)
+        gone = {j for start, end in m.get('missing') or [] for j in range(max(p, int(start)), min(p + r, int(end)))}
+        sampled = b['response_mask'][i]
+        present_rows.append([1 if sampled[j] and p + j not in gone else 0 for j in range(r)] + [0] * (r_len - r))
+    k = max((len(x) for x in ids_rows), default=0)
+    ids_rows = [x + [0] * (k - len(x)) for x in ids_rows]
+    if np is not None:
+        n = len(masks)
+        return {
+            'sampling_mask_offsets': np.asarray(offsets_rows, dtype=np.int64).reshape(n, r_len + 1),
+            'sampling_mask_ids': np.asarray(ids_rows, dtype=np.int64).reshape(n, k),
+            'sampling_mask_present': np.asarray(present_rows, dtype=np.int64).reshape(n, r_len),
+            'sampling_mask_complete': np.asarray(complete, dtype=bool),
+        }
+    return {'sampling_mask_offsets': offsets_rows, 'sampling_mask_ids': ids_rows, 'sampling_mask_present': present_rows,
+            'sampling_mask_complete': complete}

@@ -165,6 +165,7 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
     routed_experts: x.routed_experts === undefined ? undefined : routedExpertsMessage(x.routed_experts),
     weight_versions: x.weight_versions ?? [],
     has_weight_versions: x.weight_versions !== undefined,
+    sampling_mask: x.sampling_mask === undefined ? undefined : { ...x.sampling_mask, missing: x.sampling_mask.missing.map(([start, end]) => ({ start, end })) },
     turns: x.turns.map((turn) => ({
       ...dropNulls(turn),
       tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
@@ -229,6 +230,8 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
     logprobs: o.has_logprobs ? o.logprobs : null,
     ...routingFromMessage(o),
     ...weightVersionsFromMessage(o),
+    ...samplingMaskFromMessage(o),
+    ...(o.logprobs_mode !== undefined && o.logprobs_mode !== null ? { logprobs_mode: o.logprobs_mode } : {}),
     turns,
     token_rewards: (o.token_rewards as { position: number; value: number }[]).map((r) => ({ position: r.position, value: r.value })),
     reward: o.reward,
@@ -260,6 +263,20 @@ function routingFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'route
     },
     routing_coverage: (o.routing_coverage as number | undefined) ?? 0,
     routing_complete: (o.routing_complete as boolean | undefined) ?? false,
+  };
+}
+
+/** The four sampling-mask fields of a decoded trajectory message in their JSON shape; none when it has no mask. */
+function samplingMaskFromMessage(
+  o: Record<string, unknown>,
+): Pick<Trajectory, 'sampling_mask' | 'sampling_mask_coverage' | 'sampling_mask_complete' | 'sampling_mask_violations'> {
+  const m = o.sampling_mask as { offsets: number[]; ids: number[]; missing: { start: number; end: number }[] } | undefined;
+  if (m === undefined || m === null) return {};
+  return {
+    sampling_mask: { offsets: m.offsets, ids: m.ids, missing: m.missing.map((r) => [r.start, r.end]) },
+    sampling_mask_coverage: (o.sampling_mask_coverage as number | undefined) ?? 0,
+    sampling_mask_complete: (o.sampling_mask_complete as boolean | undefined) ?? false,
+    sampling_mask_violations: (o.sampling_mask_violations as number | undefined) ?? 0,
   };
 }
 
@@ -333,12 +350,13 @@ const SAMPLING_FIELDS = [
 function samplingFromMessage(m: unknown): SamplingParams | undefined {
   if (m === undefined || m === null) return undefined;
   const o = m as Record<string, unknown>;
-  const out = {} as Record<keyof SamplingParams, number | null>;
+  const out = {} as Record<(typeof SAMPLING_FIELDS)[number], number | null>;
   for (const f of SAMPLING_FIELDS) {
     const v = o[f];
     out[f] = typeof v === 'number' ? v : null;
   }
-  return out;
+  const defaults = o.server_defaults as string[] | undefined;
+  return defaults !== undefined && defaults.length > 0 ? { ...out, server_defaults: defaults } : out;
 }
 
 function dropNulls<T extends object>(o: T): Record<string, unknown> {

@@ -1,6 +1,6 @@
 import type { ChoiceCapture, TokenIds } from '../../model/records';
 import { appendTo, intList, isObject, str, type Json } from '../json';
-import { emptyChoice, intArray, logprobList, NONE_READ, toolCall, withRouting, type Extracted, type ReadLogprobs } from './shape';
+import { emptyChoice, intArray, logprobList, NONE_READ, toolCall, withEngineExtras, type Extracted, type ReadLogprobs } from './shape';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
 export function extractChat(body: unknown, read: ReadLogprobs = NONE_READ): Extracted {
@@ -11,7 +11,7 @@ export function extractChat(body: unknown, read: ReadLogprobs = NONE_READ): Extr
     model: str(res.model),
     usage: res.usage ?? null,
     promptTokenIds: intArray(res.prompt_token_ids),
-    choices: choices.filter(isObject).map((c, i) => withRouting(chatChoice(c, i, read), c, res)),
+    choices: choices.filter(isObject).map((c, i) => withEngineExtras(chatChoice(c, i, read), c, res)),
     incomplete: false,
   };
 }

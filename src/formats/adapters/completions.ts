@@ -1,12 +1,12 @@
 import type { ChoiceCapture } from '../../model/records';
 import { appendTo, intList, isObject, str, type Json } from '../json';
-import { emptyChoice, intArray, logprobList, withRouting, type Extracted } from './shape';
+import { emptyChoice, intArray, logprobList, withEngineExtras, type Extracted } from './shape';
 
 /** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
 export function extractCompletions(body: unknown): Extracted {
   const res = isObject(body) ? body : {};
   const choices = Array.isArray(res.choices) ? res.choices.filter(isObject) : [];
-  const mapped = choices.map((c, i) => withRouting(completionChoice(c, i), c, res));
+  const mapped = choices.map((c, i) => withEngineExtras(completionChoice(c, i), c, res));
   return {
     response: body,
     model: str(res.model),

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
-import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest, WeightVersionSpan } from '../../model/records';
+import { ENGINES } from '../engines';
+import type { ChoiceCapture, IdsRange, TokenIds, ToolCallRequest } from '../../model/records';
 import { intList, str } from '../json';
 
 /*
@@ -94,55 +95,11 @@ export function toolCall(id: unknown, name: unknown, args: unknown): ToolCallReq
 }
 
 /**
- * Keeps a choice's routed experts as the server wrote them (vLLM: `choices[].routed_experts`, with
- * v0.21's response-level `prompt_routed_experts`; SGLang's), for decoding when the episode is
- * built, and which weights sampled it.
+ * Keeps a choice's engine extras as the server wrote them (routed experts, for decoding when the
+ * episode is built; weight versions; sampling mask), read by the engine whose fields the answer
+ * has (src/formats/engines).
  */
-export function withRouting(choice: ChoiceCapture, c: Record<string, unknown>, res: Record<string, unknown>): ChoiceCapture {
-  // SGLang's extras: the choice's `meta_info`, or the answer's `sglext` (built from the first choice only).
-  const meta = isRecord(c.meta_info) ? c.meta_info : null;
-  const ext = isRecord(res.sglext) && choice.index === 0 ? res.sglext : null;
-  const versions = weightVersionsOf(c, meta, ext);
-  if (versions !== null) choice.weightVersions = versions;
-  if (c.routed_experts !== undefined && c.routed_experts !== null) {
-    choice.routedExperts = { value: c.routed_experts, prompt: res.prompt_routed_experts ?? null, form: 'vllm' };
-    return choice;
-  }
-  // SGLang answers with routing when asked (`return_routed_experts`).
-  const value = meta?.routed_experts ?? ext?.routed_experts;
-  if (value !== undefined && value !== null)
-    choice.routedExperts = { value, prompt: null, form: 'sglang', start: meta?.routed_experts_start_len ?? ext?.routed_experts_start_len };
+export function withEngineExtras(choice: ChoiceCapture, c: Record<string, unknown>, res: Record<string, unknown>): ChoiceCapture {
+  for (const engine of ENGINES) if (engine.readChoice(choice, c, res)) break;
   return choice;
-}
-
-function isRecord(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-/**
- * Which weights sampled a choice's tokens, where the server says: vLLM's `choices[].weight_versions`
- * (spans over output-token indexes), SGLang's `meta_info` or (first choice) `sglext`
- * `weight_versions` spans, else their scalar `weight_version` (the version the answer ended with).
- * Spans must be in order, non-overlapping, with a string or number version; anything else is none.
- */
-function weightVersionsOf(
-  c: Record<string, unknown>,
-  meta: Record<string, unknown> | null,
-  ext: Record<string, unknown> | null,
-): WeightVersionSpan[] | { whole: string } | null {
-  for (const spans of [c.weight_versions, meta?.weight_versions, ext?.weight_versions]) {
-    if (!Array.isArray(spans)) continue;
-    const out: WeightVersionSpan[] = [];
-    let at = 0;
-    for (const s of spans) {
-      if (!isRecord(s) || !Number.isSafeInteger(s.start) || !Number.isSafeInteger(s.end)) return null;
-      const [start, end] = [s.start as number, s.end as number];
-      if (start < at || end < start || (typeof s.version !== 'string' && typeof s.version !== 'number')) return null;
-      out.push({ version: String(s.version), start, end });
-      at = end;
-    }
-    return out;
-  }
-  for (const v of [meta?.weight_version, ext?.weight_version]) if (typeof v === 'string' || typeof v === 'number') return { whole: String(v) };
-  return null;
 }

@@ -99,6 +99,9 @@ export class EpisodeAssembler {
       read: options.read,
       exported: exportedOf(options.records ?? 'both'),
       recordSampling: options.sampling?.record === true,
+      samplingMasks: options.sampling?.masks === true,
+      serverDefaults: options.sampling?.server_defaults ?? null,
+      logprobsMode: options.sampling?.logprobs_mode ?? null,
       sglangRouting: options.routedExperts?.sglang ? { layers: options.routedExperts.sglang.layers, topK: options.routedExperts.sglang.top_k } : null,
       // Bodies up to 4 MiB are read into these while an episode closes; bigger ones get their own.
       scratch: [Buffer.allocUnsafe(4 << 20), Buffer.allocUnsafe(4 << 20)],

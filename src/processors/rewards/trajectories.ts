@@ -10,6 +10,7 @@ import type {
 } from '../../model/records';
 import { resolveIds, type CallFacts } from '../../formats/extract';
 import { trajectoryRouting } from '../../formats/routed-experts';
+import { trajectorySamplingMask } from './sampling-mask';
 import { concatIds, continuesFrom, idsLength, sameIds, startsWith } from './continuity';
 
 /**
@@ -202,6 +203,10 @@ export interface TrajectoryContext {
   calls: Map<number, CallFacts>;
   /** The transitions by `${seq}.${choice}`. */
   transitions: Map<string, TransitionRecord>;
+  /** Sampling masks were asked for: every trajectory says whether they came. */
+  samplingMasks?: boolean;
+  /** `processors.sampling.logprobs_mode`, recorded on every trajectory (null: not configured). */
+  logprobsMode?: string | null;
 }
 
 export function trajectoryId(rolloutId: string, attemptId: string, segment: number): string {
@@ -245,12 +250,20 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
     }
     const end = s.turns[s.turns.length - 1].responseEnd;
     const weightVersions = trajectoryVersions(s.turns, ctx.calls);
+    const chosen = s.turns.map((t) => ({ t, choice: ctx.calls.get(t.seq)?.choices.find((c) => c.index === t.choice) }));
     const routing = trajectoryRouting(
-      s.turns.map((t) => {
-        const choice = ctx.calls.get(t.seq)?.choices.find((c) => c.index === t.choice);
-        return { responseStart: t.responseStart, responseEnd: t.responseEnd, routing: choice?.routing ?? null, error: choice?.routingError };
-      }),
+      chosen.map(({ t, choice }) => ({
+        responseStart: t.responseStart,
+        responseEnd: t.responseEnd,
+        routing: choice?.routing ?? null,
+        error: choice?.routingError,
+      })),
       end,
+    );
+    const samplingMask = trajectorySamplingMask(
+      chosen.map(({ t, choice }) => ({ responseStart: t.responseStart, responseEnd: t.responseEnd, choice })),
+      end,
+      ctx.samplingMasks === true,
     );
     if (ctx.finalReward !== null) add(rewards, end - 1, ctx.finalReward);
     const tokenRewards = [...rewards].sort((a, b) => a[0] - b[0]).map(([position, value]) => ({ position, value }));
@@ -286,6 +299,8 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       turnLogprobs,
       routing,
       weightVersions,
+      samplingMask,
+      logprobsMode: ctx.logprobsMode ?? null,
     };
   });
 }

@@ -18,7 +18,8 @@ import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 import { continuesFrom, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
-import { samplingOf } from './sampling';
+import { checkSamplingMasks } from './sampling-mask';
+import { samplingOf, type ServerDefaults } from './sampling';
 import { buildTrajectories, Segmenter } from './trajectories';
 
 export interface EpisodeFacts {
@@ -56,6 +57,12 @@ export interface TransitionOptions {
   recordSampling?: boolean;
   /** SGLang's routing shape (`processors.routed_experts.sglang`); without it SGLang routing cannot be read. */
   sglangRouting?: SglangRoutingShape | null;
+  /** The model server's sampling defaults, recorded where a request left a parameter out (`processors.sampling.server_defaults`). */
+  serverDefaults?: ServerDefaults | null;
+  /** Sampling masks were asked for (`processors.sampling.masks`): trajectories say whether they came. */
+  samplingMasks?: boolean;
+  /** Which distribution the server's logprobs are over (`processors.sampling.logprobs_mode`). */
+  logprobsMode?: string | null;
 }
 
 const NO_BODIES: BodyReader = () => {
@@ -90,6 +97,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     const free = scratch.find((b) => b !== undefined && !pinned.some((p) => p && p.buffer === b.buffer));
     const { facts: f, responseBytes } = extractFacts(call, read, free);
     decodeRouting(f, read, options.sglangRouting ?? null, responseBytes);
+    checkSamplingMasks(f, responseBytes);
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
     if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
     all.push(f);
@@ -108,7 +116,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   const transitions: TransitionRecord[] = [];
   calls.forEach((call, position) => {
     const callCredit = credit(options.credit, facts.finalReward, position, calls.length);
-    const sampling = options.recordSampling ? samplingOf(call, read) : null;
+    const sampling = options.recordSampling ? samplingOf(call, read, options.serverDefaults ?? null) : null;
     const choices: (ChoiceCapture | null)[] = call.choices.length > 0 ? call.choices : [null];
     const multi = choices.length > 1;
     const groupId = call.correlation.groupId ?? facts.groupId;
@@ -184,6 +192,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     airWeight: options.airWeight,
     calls: new Map(calls.map((c) => [c.seq, c])),
     transitions: bySeqChoice,
+    samplingMasks: options.samplingMasks === true,
+    logprobsMode: options.logprobsMode ?? null,
   });
   const unmerged = plan.unmerged.flatMap((u) => {
     const ids =

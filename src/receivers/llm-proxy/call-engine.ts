@@ -8,7 +8,9 @@ import { POLICY_VERSION, redacted, type Call, type CallEnd, type Engine, type Up
 import type { CallCapture } from './capture';
 import { sendProxyError } from './errors';
 import type { Flavor, UpstreamFlavor } from './flavor';
-import { fieldsFor, SGLANG_ROUTING_FIELDS } from './inject';
+import { ENGINE } from '../../formats/engines';
+import { topLevelMembers } from '../../formats/json-scan';
+import { fieldsFor } from './inject';
 import { passThrough } from './pass-through';
 import { pinSampling, type Pins } from './pin';
 import { HintLog, missingV1Hint } from './path-hints';
@@ -54,6 +56,8 @@ export interface EngineDeps {
   sglangRouting?: boolean;
   /** Training values of sampling parameters (`processors.sampling.pin`); null or empty: none. */
   pins?: Pins | null;
+  /** Ask the engine for sampling masks where it gives them (`processors.sampling.masks`). */
+  samplingMasks?: boolean;
 }
 
 export class CallEngine implements Engine {
@@ -97,7 +101,7 @@ export class CallEngine implements Engine {
   /** Serves one admitted call; resolves once it has ended. */
   run(call: Call): Promise<void> {
     const capture = call.capture;
-    if (capture && this.pinned(call)) return this.planned(call, this.planPinned(call));
+    if (capture && (this.pinned(call) || this.masked(call))) return this.planned(call, this.planRead(call));
     if (capture && this.tokenInFor(call)) return this.planned(call, this.planTokenIn(call));
     // A call that is not translated starts at once: its body streams upstream as it arrives.
     if (!capture || !this.translatable(capture.api, call.req)) return this.execute(call, { kind: 'pass-through', body: null });
@@ -149,11 +153,32 @@ export class CallEngine implements Engine {
     return this.pins !== null && (api === 'chat.completions' || api === 'completions') && !call.req.headers['content-encoding'];
   }
 
-  /** Reads the body, pins its sampling parameters (or refuses the call), then plans it as without pins. */
-  private async planPinned(call: Call): Promise<Plan | null> {
+  /**
+   * Sampling masks are asked of an engine that gives them for this API (src/formats/engines); the body is
+   * read whole first, as the request for them depends on whether the call streams (SGLang refuses
+   * them on streams).
+   */
+  private masked(call: Call): boolean {
+    const flavor = this.flavors.current();
+    const api = call.capture!.api;
+    return (
+      this.deps.samplingMasks === true &&
+      flavor !== 'openai' &&
+      (ENGINE[flavor].maskFields(api, false) !== null || ENGINE[flavor].maskFields(api, true) !== null) &&
+      !call.req.headers['content-encoding']
+    );
+  }
+
+  /**
+   * Reads the body, pins its sampling parameters (or refuses the call), notes the fields that ask
+   * for its sampling masks, then plans it as a call whose body streams.
+   */
+  private async planRead(call: Call): Promise<Plan | null> {
     const read = await this.readBody(call);
     if (read === null) return null;
-    const pinned = pinSampling(read, this.pins!);
+    if (this.masked(call)) call.maskFields = ENGINE[this.flavors.current() as 'vllm' | 'sglang'].maskFields(call.capture!.api, streams(read));
+    if (this.pins === null) return this.tokenInFor(call) ? this.planTokenIn(call, read) : { kind: 'pass-through', body: read };
+    const pinned = pinSampling(read, this.pins);
     if ('refused' in pinned) {
       this.metrics.samplingPinned.inc({ param: pinned.refused, action: 'refused' });
       this.refuse(call, pinned.refused, pinned.message);
@@ -248,11 +273,15 @@ export class CallEngine implements Engine {
 
   private async serveTranslated(call: Call, body: Buffer, translation: TranslationPlan): Promise<void> {
     const sentAt = performance.now();
+    // Sent as chat completions: masks are asked for as for a chat call that streams as this one does.
+    const flavor = this.flavors.current();
+    if (this.deps.samplingMasks === true && flavor !== 'openai')
+      call.maskFields = ENGINE[flavor].maskFields('chat.completions', translation.chat.stream === true);
     await serveTranslated(call.res, translation, {
       body,
       agentHeaders: call.req.rawHeaders,
       upstream: this.upstream,
-      fields: fieldsFor(this.flavors.current(), 'chat.completions', this.extraFields()),
+      fields: fieldsFor(flavor, 'chat.completions', this.extraFields(call)),
       timeoutMs: this.config.upstream_timeout_ms,
       capture: call.capture,
       redact: this.deps.redact,
@@ -273,8 +302,10 @@ export class CallEngine implements Engine {
     return this.flavors.current();
   }
 
-  extraFields(): Record<string, string> | null {
-    return this.deps.sglangRouting && this.flavors.current() === 'sglang' ? SGLANG_ROUTING_FIELDS : null;
+  extraFields(call?: Call): Record<string, string> | null {
+    const routing = this.deps.sglangRouting && this.flavors.current() === 'sglang' ? ENGINE.sglang.routingFields : null;
+    const masks = call?.maskFields ?? null;
+    return routing && masks ? { ...routing, ...masks } : (routing ?? masks);
   }
 
   responded(call: Call, ures: UpstreamResponse, sentAt: number, at = performance.now()): void {
@@ -403,4 +434,10 @@ function readWhole(req: IncomingMessage, limit: number): Promise<Buffer | 'too_l
       if (!req.complete) resolve('aborted');
     });
   });
+}
+
+/** Whether a request body asks for a stream (its top-level `stream` is `true`). */
+function streams(body: Buffer): boolean {
+  const at = topLevelMembers(body)?.get('stream');
+  return at !== undefined && body.toString('latin1', at[0], at[1]) === 'true';
 }

@@ -23,6 +23,8 @@ export interface Call {
   capture: CallCapture | null;
   /** `performance.now()` when the call was admitted. */
   t0: number;
+  /** Fields that ask the engine for this call's sampling masks (set once its body was read; src/formats/engines). */
+  maskFields?: Record<string, string> | null;
 }
 
 /** The model-server replicas (upstream-pool.ts): `host` and `basePath` are the configured URL's. */
@@ -179,8 +181,8 @@ export interface Engine {
   readonly redacts: boolean;
   /** What the model server is taken to be now (which fields it takes). */
   flavor(): Flavor;
-  /** Fields added beside the flavor's own (SGLang's routing request), or null. */
-  extraFields(): Record<string, string> | null;
+  /** Fields added beside the flavor's own (SGLang's routing request, the call's sampling-mask request), or null. */
+  extraFields(call?: Call): Record<string, string> | null;
   /** The upstream's response head arrived (`at`, after it left at `sentAt`): first-byte time, policy version. */
   responded(call: Call, ures: UpstreamResponse, sentAt: number, at?: number): void;
   /** The server refused a field the sidecar added: stop adding it. */

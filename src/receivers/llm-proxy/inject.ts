@@ -1,20 +1,6 @@
+import { ENGINE } from '../../formats/engines';
 import type { Api } from '../../model/records';
 import { findMembers, skipWs, topLevelKeys } from '../../formats/json-scan';
-
-/**
- * Flavor-specific fields that make a model server return token ids and logprobs. Sent only to a
- * server known to be vLLM or SGLang (configured or detected), never to others.
- */
-const FIELDS: Record<'vllm' | 'sglang', Partial<Record<Api, Record<string, string>>>> = {
-  vllm: {
-    'chat.completions': { return_token_ids: 'true', logprobs: 'true' },
-    completions: { return_token_ids: 'true', logprobs: '0' },
-  },
-  sglang: {
-    'chat.completions': { return_token_ids: 'true', return_prompt_token_ids: 'true', logprobs: 'true' },
-    completions: { return_token_ids: 'true', return_prompt_token_ids: 'true', logprobs: '0' },
-  },
-};
 
 export interface Injection {
   body: Buffer;
@@ -54,15 +40,13 @@ export function injectFields(flavor: 'openai' | 'vllm' | 'sglang', api: Api, bod
   };
 }
 
-/** The fields the sidecar adds for this flavor and API (with `extra`, e.g. SGLang's routing), or null when it adds none. */
+/** The fields the sidecar adds for this flavor and API (its engine's, src/formats/engines; with `extra`, e.g. SGLang's routing), or null when it adds none. */
 export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api, extra: Record<string, string> | null = null): Record<string, string> | null {
-  const base = flavor === 'openai' ? undefined : FIELDS[flavor][api];
+  // Sent only to a server known to be vLLM or SGLang (configured or detected), never to others.
+  const base = flavor === 'openai' ? undefined : ENGINE[flavor].idsFields[api];
   if (!base) return null;
   return extra ? { ...base, ...extra } : base;
 }
-
-/** SGLang returns routed experts only when asked (`processors.routed_experts.sglang`). */
-export const SGLANG_ROUTING_FIELDS: Record<string, string> = { return_routed_experts: 'true' };
 
 /**
  * What the injector noted about a request for the next request of its rollout: where it wrote the

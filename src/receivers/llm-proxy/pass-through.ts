@@ -45,7 +45,8 @@ class PassThrough {
     this.flavor = engine.flavor();
     this.encoded = !!req.headers['content-encoding'];
     this.mustBuffer = capture !== null && engine.redacts && !this.encoded;
-    const fields = capture !== null && !this.mustBuffer && !this.encoded && preread === null ? fieldsFor(this.flavor, capture.api, engine.extraFields()) : null;
+    const fields =
+      capture !== null && !this.mustBuffer && !this.encoded && preread === null ? fieldsFor(this.flavor, capture.api, engine.extraFields(call)) : null;
     this.injector = fields ? new StreamInjector(fields) : null;
   }
 
@@ -113,7 +114,7 @@ class PassThrough {
     const { capture } = this.call;
     let body = whole;
     if (capture) {
-      const injection = this.encoded ? null : injectFields(this.flavor, capture.api, body, this.engine.extraFields());
+      const injection = this.encoded ? null : injectFields(this.flavor, capture.api, body, this.engine.extraFields(this.call));
       if (injection) {
         body = injection.body;
         capture.injected = injection.injected;

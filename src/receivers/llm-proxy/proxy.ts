@@ -160,6 +160,8 @@ export function createLlmProxy(config: LlmProxyConfig, deps: ProxyDeps) {
     },
     /** What is known about the model server. */
     upstream: () => flavors.state(),
+    /** The flavor whose fields are added now (`openai`: none). */
+    flavor: () => flavors.current(),
     /** The replicas and where rollouts are placed. */
     routing: () => upstream.state(),
     /** Stops accepting; lets in-flight calls finish until the deadline, then cuts them. */

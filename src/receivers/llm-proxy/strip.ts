@@ -1,15 +1,8 @@
+import { BROUGHT } from '../../formats/engines';
 import { findMembers } from '../../formats/json-scan';
 import { SseEventFramer } from '../../formats/sse';
 
-/** Members of a model server's answer that each added field brings, to give back as null. */
-const BROUGHT: Record<string, string[]> = {
-  return_token_ids: ['prompt_token_ids', 'token_ids'],
-  return_prompt_token_ids: ['prompt_token_ids'],
-  logprobs: ['logprobs'],
-  return_routed_experts: ['routed_experts'],
-};
-
-/** The answer's members the agent did not ask for, given the fields the sidecar added for it. */
+/** The answer's members the agent did not ask for, given the fields the sidecar added for it (what each brings: src/formats/engines). */
 export function broughtMembers(injected: readonly string[]): string[] {
   return [...new Set(injected.flatMap((f) => BROUGHT[f] ?? []))];
 }

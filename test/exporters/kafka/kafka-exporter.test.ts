@@ -581,6 +581,17 @@ describe('sampling parameters in JSON and protobuf', () => {
     expect(mp.turns.map((turn) => 'sampling' in turn)).toEqual([true, false, false]);
   });
 
+  it("keeps the list of the server's defaults applied, last, in either encoding", () => {
+    const [built] = continuing('sd', true).trajectories;
+    const sampling: SamplingParams = { ...SAMPLINGS[0], top_k: 20, server_defaults: ['top_k'] };
+    const t: TrajectoryRecord = { ...built, turns: built.turns.map((turn) => ({ ...turn, sampling })) };
+    const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+    const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+    same(json, proto);
+    for (const x of [json, proto]) for (const turn of x.turns) expect(Object.keys(turn.sampling!)).toEqual([...SAMPLING_KEYS, 'server_defaults']);
+    expect(proto.turns[0].sampling).toEqual(sampling);
+  });
+
   it('gives trajectory turns without sampling no key, in either encoding', () => {
     const [t] = continuing('tk').trajectories;
     const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
@@ -662,5 +673,61 @@ describe('trajectory weight versions in JSON and protobuf', () => {
     const empty = encodeTrajectory(versioned([]), 'protobuf', writer);
     expect(empty.length - none.length).toBe(3);
     expect(empty.includes(Buffer.from([0xf8, 0x01, 0x01]))).toBe(true);
+  });
+});
+
+describe('trajectory sampling masks in JSON and protobuf', () => {
+  const writer = new TransitionWriter(() => {
+    throw new Error('no journal');
+  });
+  /** The trajectory of three continuing calls (308 ids; sampled at 300-301, 303-304, 306-307) with masks on the first two turns. */
+  function masked(logprobsMode: string | null, complete = true): TrajectoryRecord {
+    const [t] = continuing('sm').trajectories;
+    const offsets = new Int32Array(309);
+    const rows: Record<number, number[]> = { 300: [5, 6, 7], 301: [8], 303: [9, 10], 304: [11, 12, 13, 14] };
+    const ids: number[] = [];
+    for (let p = 0; p < 308; p++) {
+      ids.push(...(rows[p] ?? []));
+      offsets[p + 1] = ids.length;
+    }
+    const samplingMask = {
+      offsets,
+      ids: Int32Array.from(ids),
+      missing: [[306, 308]] as [number, number][],
+      coverage: 4 / 6,
+      complete,
+      violations: complete ? 0 : 2,
+      problems: [],
+    };
+    return { ...t, weightVersions: [{ version: 'v1', start: 300, end: 308 }], samplingMask, logprobsMode };
+  }
+
+  it('gives the same rows, flags and mode through either encoding, after weight_versions and before turns', () => {
+    for (const t of [masked('processed_logprobs'), masked(null, false)]) {
+      const json = decodeTrajectory(encodeTrajectory(t, 'json', writer), 'json');
+      const proto = decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf');
+      expect(proto).toEqual(json);
+      expect(Object.keys(proto)).toEqual(Object.keys(json));
+      expect(json).toEqual(materializeTrajectory(writer, t));
+      const keys = Object.keys(json);
+      const tail = [
+        'weight_versions',
+        'sampling_mask',
+        'sampling_mask_coverage',
+        'sampling_mask_complete',
+        'sampling_mask_violations',
+        ...(t.logprobsMode ? ['logprobs_mode'] : []),
+        'turns',
+      ];
+      expect(keys.slice(keys.indexOf('weight_versions'), keys.indexOf('turns') + 1)).toEqual(tail);
+      const m = json.sampling_mask!;
+      expect(m.offsets).toHaveLength(309);
+      expect(m.ids.slice(m.offsets[304], m.offsets[305])).toEqual([11, 12, 13, 14]);
+      expect(m.missing).toEqual([[306, 308]]);
+      expect(json.sampling_mask_complete).toBe(t.samplingMask!.complete);
+      expect(json.sampling_mask_violations).toBe(t.samplingMask!.violations);
+      if (t.logprobsMode) expect(json.logprobs_mode).toBe('processed_logprobs');
+      else expect(json).not.toHaveProperty('logprobs_mode');
+    }
   });
 });
