@@ -11,6 +11,7 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_UPSTREAM_FLAVOR: { path: ['receivers', 'llm_proxy', 'upstream_flavor'] },
   LIGHTNING_PROXY_ADDR: { path: ['receivers', 'llm_proxy', 'endpoint'] },
   LIGHTNING_TOKEN_IN: { path: ['receivers', 'llm_proxy', 'token_in', 'enabled'], parse: toBoolean },
+  LIGHTNING_TOKENIZER_DIR: { path: ['receivers', 'llm_proxy', 'token_in', 'tokenizer_dir'] },
   LIGHTNING_TOOL_CALL_PARSER: { path: ['receivers', 'llm_proxy', 'token_in', 'tool_call_parser'] },
   LIGHTNING_REASONING_PARSER: { path: ['receivers', 'llm_proxy', 'token_in', 'reasoning_parser'] },
   LIGHTNING_OTLP_GRPC_ADDR: { path: ['receivers', 'otlp', 'protocols', 'grpc', 'endpoint'] },

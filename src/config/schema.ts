@@ -129,6 +129,16 @@ export const llmProxySchema = z
         max_rollouts: positiveInt.default(10_000),
         /** Token ids held for them in all (4 bytes each). */
         max_held_tokens: positiveInt.default(16_000_000),
+        /**
+         * The model's tokenizer files (`tokenizer.json`, `tokenizer_config.json`): the sidecar renders
+         * and tokenizes what the agent appended itself instead of asking `/tokenize` on every call.
+         */
+        tokenizer_dir: z.string().min(1).optional(),
+        /**
+         * With `tokenizer_dir`: share of later calls also rendered by the server and compared (every
+         * rollout's first call always is); a mismatch makes that model fall back to the server's rendering.
+         */
+        verify_fraction: z.number().min(0).max(1).default(0.05),
       })
       .strict()
       .prefault({}),

@@ -213,6 +213,18 @@ function upstreamMetrics(registry: Registry) {
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
+    tokenInRendering: new Counter({
+      name: 'lightning_sidecar_token_in_rendering_total',
+      help: "Token-in calls by who rendered the conversation into ids: the sidecar from the model's tokenizer files (token_in.tokenizer_dir), or the model server (/tokenize).",
+      labelNames: ['by'] as const,
+      registers: [registry],
+    }),
+    tokenInRenderChecks: new Counter({
+      name: 'lightning_sidecar_token_in_render_checks_total',
+      help: "The sidecar's own rendering compared with the model server's (every rollout's first call, and token_in.verify_fraction of later ones): match, or mismatch (that model is then rendered by the server).",
+      labelNames: ['result'] as const,
+      registers: [registry],
+    }),
     tokenInCalls: new Counter({
       name: 'lightning_sidecar_token_in_calls_total',
       help: "Chat calls under token-in: spliced (continuing the previous call's ids), rendered afresh, or gone through as chat (fallback); with the reason.",

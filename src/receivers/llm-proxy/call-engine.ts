@@ -15,6 +15,8 @@ import { passThrough } from './pass-through';
 import { pinSampling, type Pins } from './pin';
 import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
+import { loadLocalRenderer, TokenizerFilesError, type LocalRenderer } from './token-in/local-render';
+import { LocalRendering } from './token-in/local-rendering';
 import { REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
 import { readTokenInRequest, type TokenInRequest } from './token-in/request';
 import { serveTokenIn } from './token-in/token-in-call';
@@ -67,6 +69,8 @@ export class CallEngine implements Engine {
   private readonly now: () => number;
   /** The last call of each rollout attempt, under token-in. */
   private readonly tokenStates: TokenStates | null;
+  /** Token-in's rendering from the model's tokenizer files (`token_in.tokenizer_dir`). */
+  private readonly local: LocalRendering | null;
   /** Pinned sampling parameters; null when none are. */
   private readonly pins: Pins | null;
   /** Warnings about a `/v1` missing from a base URL, rate-limited. */
@@ -93,6 +97,8 @@ export class CallEngine implements Engine {
     this.now = deps.now ?? Date.now;
     const t = config.token_in;
     this.tokenStates = t.enabled ? new TokenStates(t.max_rollouts, t.max_held_tokens) : null;
+    this.local =
+      t.enabled && t.tokenizer_dir !== undefined ? new LocalRendering(loadRenderer(t.tokenizer_dir), t.verify_fraction, deps.metrics, deps.logger) : null;
     this.pins = deps.pins && Object.keys(deps.pins).length > 0 ? deps.pins : null;
     this.hints = new HintLog(log, this.now);
     this.endpoint = config.endpoint;
@@ -221,6 +227,7 @@ export class CallEngine implements Engine {
       key: `${capture.correlation.rolloutId}\u0000${capture.correlation.attemptId}`,
       reasoning: REASONING_PARSERS[t.reasoning_parser],
       tools: TOOL_CALL_PARSERS[t.tool_call_parser],
+      local: this.local,
       served: (how) => {
         const [result, reason] = how.split(':');
         this.tokenIn(result as 'spliced' | 'rendered', reason ?? 'continued', capture);
@@ -440,4 +447,14 @@ function readWhole(req: IncomingMessage, limit: number): Promise<Buffer | 'too_l
 function streams(body: Buffer): boolean {
   const at = topLevelMembers(body)?.get('stream');
   return at !== undefined && body.toString('latin1', at[0], at[1]) === 'true';
+}
+
+/** The renderer of `token_in.tokenizer_dir`; its files' faults named by the setting (a start-up error). */
+function loadRenderer(dir: string): LocalRenderer {
+  try {
+    return loadLocalRenderer(dir);
+  } catch (err) {
+    const why = err instanceof TokenizerFilesError ? err.message : `cannot be read: ${(err as Error).message}`;
+    throw new Error(`receivers.llm_proxy.token_in.tokenizer_dir: ${why}`);
+  }
 }

@@ -8,6 +8,7 @@ import type { UpstreamResponse } from '../upstream-client';
 import { rootOf } from '../upstream-pool';
 import { chatChunk, chatFinish, deltasOf, SampledText } from './answer';
 import { canonicalMessage, PrefixDigest, type TokenState, type TokenStates } from './conversation';
+import type { LocalRendering } from './local-rendering';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { completionsBody, tokenizeBody, type TokenInRequest } from './request';
 
@@ -26,6 +27,8 @@ export interface TokenInDeps {
   key: string;
   reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
   tools: (() => ToolStream) | null;
+  /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
+  local: LocalRendering | null;
   /** The call goes through as chat instead, for `reason`. */
   fallback: (reason: string) => Promise<void>;
   /** How the call was served: `spliced`, or `rendered:<why not spliced>`. */
@@ -44,12 +47,9 @@ export function splice(
   digest = new PrefixDigest(),
 ): { prompt: Uint32Array; how: string } {
   const fresh = (why: string) => ({ prompt: Uint32Array.from(rendered), how: `rendered:${why}` });
-  if (!state) return fresh('first_call');
-  if (state.context !== r.context) return fresh('context_changed');
-  if (!state.stopped) return fresh('previous_cut');
-  if (r.canonical.length <= state.messages) return fresh('edited_history');
-  for (let i = 0; i < state.messages; i++) digest.add(r.canonical[i]);
-  if (digest.peek() !== state.digest) return fresh('edited_history');
+  const why = unspliceable(state, r, digest);
+  if (why !== null) return fresh(why);
+  state = state!;
   // The boundary: the turn the model ended is the (n+1)-th end-of-turn token of the server's
   // rendering, n being how many the previous prompt holds. What the template does inside earlier
   // turns (dropping past thinking, re-serializing arguments) does not move it.
@@ -69,6 +69,21 @@ export function splice(
   prompt.set(state.sampled, state.prompt.length);
   prompt.set(rendered.slice(at), state.prompt.length + state.sampled.length);
   return { prompt, how: 'spliced' };
+}
+
+/**
+ * Why a call cannot continue the rollout's previous one (its prompt is then rendered afresh), or
+ * null when it can: the previous call ended on the model's end of turn, and this call's messages
+ * begin with that call's and the answer returned (`digest` is fed those).
+ */
+function unspliceable(state: TokenState | undefined, r: TokenInRequest, digest: PrefixDigest): string | null {
+  if (!state) return 'first_call';
+  if (state.context !== r.context) return 'context_changed';
+  if (!state.stopped) return 'previous_cut';
+  if (r.canonical.length <= state.messages) return 'edited_history';
+  for (let i = 0; i < state.messages; i++) digest.add(r.canonical[i]);
+  if (digest.peek() !== state.digest) return 'edited_history';
+  return null;
 }
 
 /** A JSON POST to the model server, read whole: its status and body, or the error. */
@@ -104,24 +119,27 @@ function upstreamHeaders(upstream: Upstream, call: Call, length: number, accept:
 }
 
 export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: TokenInRequest, deps: TokenInDeps): Promise<void> {
-  const tokenized = await post(engine, call, `${rootOf(engine.upstream.basePath)}/tokenize`, tokenizeBody(r));
-  if ('error' in tokenized) return deps.fallback('tokenize_unreachable');
-  if (tokenized.status !== 200) return deps.fallback(`tokenize_status_${tokenized.status}`);
-  let rendered: number[];
-  let maxModelLen: number | null = null;
-  try {
-    const t = JSON.parse(tokenized.body.toString('utf8')) as { tokens?: unknown; max_model_len?: unknown };
-    if (!Array.isArray(t.tokens) || t.tokens.length === 0 || !t.tokens.every((x) => Number.isInteger(x) && x >= 0)) throw new Error('no tokens');
-    rendered = t.tokens as number[];
-    if (typeof t.max_model_len === 'number') maxModelLen = t.max_model_len;
-  } catch {
-    return deps.fallback('tokenize_answer');
-  }
-  // The agent went away while the conversation was rendered: nothing is sent.
-  if (call.res.destroyed) return agentLeft(engine, call);
   const state = deps.states.get(deps.key);
-  const digest = new PrefixDigest();
-  const { prompt, how } = splice(state, r, rendered, digest);
+  let digest = new PrefixDigest();
+  const continues = state !== undefined && unspliceable(state, r, digest) === null;
+  // Rendered here when the sidecar has the model's tokenizer files and the call continues its rollout.
+  const local = deps.local && continues ? deps.local.continued(state!, r) : null;
+  let prompt: Uint32Array;
+  let how: string;
+  let maxModelLen: number | null;
+  if (local !== null) {
+    ({ prompt, maxModelLen } = local);
+    how = 'spliced';
+  } else {
+    const rendered = await serverRendering(engine, call, r);
+    if (typeof rendered === 'string') return deps.fallback(rendered);
+    deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state! : null);
+    maxModelLen = rendered.maxModelLen;
+    // The agent went away while the conversation was rendered: nothing is sent.
+    if (call.res.destroyed) return agentLeft(engine, call);
+    digest = new PrefixDigest();
+    ({ prompt, how } = splice(state, r, rendered.tokens, digest));
+  }
   const request = completionsBody(r, prompt, maxModelLen);
   const sentAt = performance.now();
   const begun = await open(engine, call, request, r.stream);
@@ -170,6 +188,20 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     sampled: Uint32Array.from(result.sampled),
     stopped: result.stopped,
   });
+}
+
+/** The server's rendering of the whole conversation (`/tokenize`), or why the call goes through as chat. */
+async function serverRendering(engine: Engine, call: Call, r: TokenInRequest): Promise<{ tokens: number[]; maxModelLen: number | null } | string> {
+  const tokenized = await post(engine, call, `${rootOf(engine.upstream.basePath)}/tokenize`, tokenizeBody(r));
+  if ('error' in tokenized) return 'tokenize_unreachable';
+  if (tokenized.status !== 200) return `tokenize_status_${tokenized.status}`;
+  try {
+    const t = JSON.parse(tokenized.body.toString('utf8')) as { tokens?: unknown; max_model_len?: unknown };
+    if (!Array.isArray(t.tokens) || t.tokens.length === 0 || !t.tokens.every((x) => Number.isInteger(x) && x >= 0)) throw new Error('no tokens');
+    return { tokens: t.tokens as number[], maxModelLen: typeof t.max_model_len === 'number' ? t.max_model_len : null };
+  } catch {
+    return 'tokenize_answer';
+  }
 }
 
 /** The agent went away before the answer began: the call is recorded aborted, and nothing is sent. */

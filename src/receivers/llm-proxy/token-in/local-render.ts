@@ -1,0 +1,106 @@
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { Template } from '@huggingface/jinja';
+import { TokenizerLoader } from '@lenml/tokenizers';
+
+/**
+ * Renders a chat conversation into token ids in the sidecar, from the model's own tokenizer files
+ * (the `tokenizer.json` and `tokenizer_config.json` vLLM loads, mounted from the same volume), so
+ * token-in needs no `/tokenize` round trip per call (docs/token-in.md#local-rendering). The chat
+ * template runs in `@huggingface/jinja` with what vLLM and `transformers` give it: the messages,
+ * the tools, `add_generation_prompt`, the special tokens by name and the request's
+ * `chat_template_kwargs`; the text is tokenized with `@lenml/tokenizers` (a port of the `tokenizers`
+ * library's pipeline that reads `tokenizer.json` as it is), special tokens taken as written.
+ */
+export interface LocalRenderer {
+  /** The tokenizer folder, for logs. */
+  readonly dir: string;
+  /** The conversation as the template writes it. */
+  renderText(messages: readonly unknown[], tools: readonly unknown[] | undefined, kwargs: Record<string, unknown> | undefined): string;
+  /** Ids of a text (special tokens in it taken as the tokens they name; no BOS added). */
+  encode(text: string): number[];
+  /** The text of a special (added) token id, or null for any other id. */
+  specialText(id: number): string | null;
+}
+
+/** What is wrong with a tokenizer folder, for the start-up error. */
+export class TokenizerFilesError extends Error {}
+
+/** Loads the renderer from a folder holding `tokenizer.json` and `tokenizer_config.json` (its chat template, or `chat_template.jinja` beside it). */
+export function loadLocalRenderer(dir: string): LocalRenderer {
+  const read = (name: string): string => {
+    const file = path.join(dir, name);
+    if (!existsSync(file)) throw new TokenizerFilesError(`${file} does not exist (the model's tokenizer files, as vLLM loads them)`);
+    return readFileSync(file, 'utf8');
+  };
+  const json = (name: string): Record<string, unknown> => {
+    try {
+      return JSON.parse(read(name)) as Record<string, unknown>;
+    } catch (err) {
+      if (err instanceof TokenizerFilesError) throw err;
+      throw new TokenizerFilesError(`${path.join(dir, name)} is not JSON: ${(err as Error).message}`);
+    }
+  };
+  const tokenizerJSON = json('tokenizer.json');
+  const tokenizerConfig = json('tokenizer_config.json');
+  const template = new Template(chatTemplate(dir, tokenizerConfig, read));
+  const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig } as Parameters<typeof TokenizerLoader.fromPreTrained>[0]);
+  // The special tokens a template may name (`bos_token`, `eos_token`, …), as strings.
+  const named: Record<string, string> = {};
+  for (const key of ['bos_token', 'eos_token', 'unk_token', 'pad_token', 'sep_token', 'cls_token', 'mask_token']) {
+    const v = tokenizerConfig[key];
+    const text =
+      typeof v === 'string'
+        ? v
+        : typeof v === 'object' && v !== null && typeof (v as { content?: unknown }).content === 'string'
+          ? (v as { content: string }).content
+          : null;
+    if (text !== null) named[key] = text;
+  }
+  const special = new Map<number, string>();
+  for (const a of (tokenizerJSON.added_tokens as { id: number; content: string; special?: boolean }[] | undefined) ?? [])
+    if (a.special !== false) special.set(a.id, a.content);
+  return {
+    dir,
+    renderText(messages, tools, kwargs) {
+      return template.render({
+        ...named,
+        ...kwargs,
+        messages: messages.map(asTemplateMessage),
+        tools: tools && tools.length > 0 ? tools : undefined,
+        add_generation_prompt: true,
+      });
+    },
+    encode: (text) => tok.encode(text, { add_special_tokens: false }),
+    specialText: (id) => special.get(id) ?? null,
+  };
+}
+
+/** The template: `tokenizer_config.json`'s `chat_template` (a string, or the one named `default` of a list), else `chat_template.jinja`. */
+function chatTemplate(dir: string, config: Record<string, unknown>, read: (name: string) => string): string {
+  const t = config.chat_template;
+  if (typeof t === 'string') return t;
+  if (Array.isArray(t)) {
+    const named = (t as { name?: unknown; template?: unknown }[]).find((x) => x.name === 'default') ?? t[0];
+    if (typeof named?.template === 'string') return named.template;
+  }
+  if (existsSync(path.join(dir, 'chat_template.jinja'))) return read('chat_template.jinja');
+  throw new TokenizerFilesError(`${path.join(dir, 'tokenizer_config.json')} has no chat_template, and there is no chat_template.jinja beside it`);
+}
+
+/**
+ * A message as vLLM hands it to the template: a content of text parts becomes their text joined
+ * by newlines; `reasoning` (the newer name) is also given as `reasoning_content`, which templates read.
+ */
+function asTemplateMessage(m: unknown): unknown {
+  if (typeof m !== 'object' || m === null) return m;
+  const msg = m as Record<string, unknown>;
+  const out: Record<string, unknown> = { ...msg };
+  if (Array.isArray(msg.content))
+    out.content = (msg.content as unknown[])
+      .filter((p): p is { type: string; text: string } => typeof p === 'object' && p !== null && (p as { type?: unknown }).type === 'text')
+      .map((p) => p.text)
+      .join('\n');
+  if (out.reasoning_content === undefined && typeof msg.reasoning === 'string') out.reasoning_content = msg.reasoning;
+  return out;
+}
