@@ -44,7 +44,7 @@ export function loadLocalRenderer(dir: string): LocalRenderer {
   const tokenizerJSON = json('tokenizer.json');
   const tokenizerConfig = json('tokenizer_config.json');
   const template = new Template(chatTemplate(dir, tokenizerConfig, read));
-  const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig } as Parameters<typeof TokenizerLoader.fromPreTrained>[0]);
+  const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig });
   // The special tokens a template may name (`bos_token`, `eos_token`, …), as strings.
   const named: Record<string, string> = {};
   for (const key of ['bos_token', 'eos_token', 'unk_token', 'pad_token', 'sep_token', 'cls_token', 'mask_token']) {

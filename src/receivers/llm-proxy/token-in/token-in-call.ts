@@ -123,7 +123,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   let digest = new PrefixDigest();
   const continues = state !== undefined && unspliceable(state, r, digest) === null;
   // Rendered here when the sidecar has the model's tokenizer files and the call continues its rollout.
-  const local = deps.local && continues ? deps.local.continued(state!, r) : null;
+  const local = deps.local && continues ? deps.local.continued(state, r) : null;
   let prompt: Uint32Array;
   let how: string;
   let maxModelLen: number | null;
@@ -133,7 +133,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   } else {
     const rendered = await serverRendering(engine, call, r);
     if (typeof rendered === 'string') return deps.fallback(rendered);
-    deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state! : null);
+    deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state : null);
     maxModelLen = rendered.maxModelLen;
     // The agent went away while the conversation was rendered: nothing is sent.
     if (call.res.destroyed) return agentLeft(engine, call);
