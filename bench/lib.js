@@ -70,7 +70,7 @@ function freePort() {
   });
 }
 
-/** Starts a node child that prints {"port": N}; resolves with { proc, port }. */
+/** Starts a node child that prints {"port": N} (and maybe other ports); resolves with { proc, port, … }. */
 function startNodeChild(script, args, env = {}) {
   return new Promise((resolve, reject) => {
     const p = spawn(process.execPath, [script, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
@@ -78,10 +78,11 @@ function startNodeChild(script, args, env = {}) {
     const t = setTimeout(() => reject(new Error(`${script} did not start`)), 10_000);
     p.stdout.on('data', (c) => {
       buf += c;
-      const m = /\{"port":(\d+)\}/.exec(buf);
+      // {"port": N} and, from some children, more ports (e.g. "stats") on the same line.
+      const m = /\{"port":\d+(?:,"\w+":\d+)*\}/.exec(buf);
       if (m) {
         clearTimeout(t);
-        resolve({ proc: p, port: Number(m[1]) });
+        resolve({ ...JSON.parse(m[0]), proc: p });
       }
     });
     p.once('exit', (code) => reject(new Error(`${script} exited (${code})`)));

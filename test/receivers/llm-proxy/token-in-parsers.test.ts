@@ -11,7 +11,7 @@ const CALLS =
 
 /** The message the parsers make of `text` when it arrives in pieces of `size` characters. */
 function parse(text: string, size: number, prompt: number[] = [1, 2]) {
-  const t = new SampledText(REASONING_PARSERS.qwen3(prompt), TOOL_CALL_PARSERS.hermes());
+  const t = new SampledText(REASONING_PARSERS.qwen3(prompt), TOOL_CALL_PARSERS.hermes(undefined));
   const streamed = { reasoning: '', content: '', calls: [] as string[] };
   for (let i = 0; i < text.length; i += size) {
     const p = t.push(text.slice(i, i + size));

@@ -7,8 +7,8 @@ import type { TokenInRequest } from './request';
 /**
  * Token-in's local rendering (docs/token-in.md#local-rendering): a spliced call's new ids come from
  * the sidecar's own rendering of the conversation, not from `/tokenize`. It keeps itself honest:
- * every rollout's first call, and a share of later ones (`verify_fraction`), is rendered by the
- * server too and compared id by id; the first mismatch of a model is counted, logged once with the
+ * every call that does not continue its rollout (a rollout's first), and a share of those that do
+ * (`verify_fraction`), is rendered by the server too and compared id by id; the first mismatch of a model is counted, logged once with the
  * first differing position, and that model goes back to the server's rendering until restart.
  */
 export class LocalRendering {

@@ -1,4 +1,6 @@
 import type { REASONING_PARSERS as REASONING_NAMES, TOOL_CALL_PARSERS as TOOL_NAMES } from '../../../config/schema';
+import { DeepSeekR1ReasoningParser } from './deepseek-r1-reasoning';
+import { DeepSeekV3ToolParser } from './deepseek-v3-tools';
 import { HermesToolParser } from './hermes-tools';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { Qwen3ReasoningParser } from './qwen3-reasoning';
@@ -7,8 +9,12 @@ import { Qwen3ReasoningParser } from './qwen3-reasoning';
 /** A reasoning parser for an answer to `prompt` (whose end may have opened the think block). */
 export const REASONING_PARSERS: Record<(typeof REASONING_NAMES)[number], (prompt: ArrayLike<number>) => ReasoningStream> = {
   qwen3: (prompt) => new Qwen3ReasoningParser(prompt),
+  deepseek_r1: (prompt) => new DeepSeekR1ReasoningParser(prompt),
 };
 
-export const TOOL_CALL_PARSERS: Record<(typeof TOOL_NAMES)[number], () => ToolStream> = {
+/** A tool-call parser for a request with `tools` (the request's own; some parsers type arguments by their schemas). */
+export const TOOL_CALL_PARSERS: Record<(typeof TOOL_NAMES)[number], (tools: readonly unknown[] | undefined) => ToolStream> = {
   hermes: () => new HermesToolParser(),
+  deepseek_v3: () => new DeepSeekV3ToolParser(),
+  deepseek_v31: () => new DeepSeekV3ToolParser('v3.1'),
 };

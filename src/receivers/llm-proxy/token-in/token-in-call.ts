@@ -26,7 +26,8 @@ export interface TokenInDeps {
   /** The rollout attempt's key in `states`. */
   key: string;
   reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
-  tools: (() => ToolStream) | null;
+  /** A tool-call parser for a request with these tools (some parsers type arguments by the tools' schemas). */
+  tools: ((tools: readonly unknown[] | undefined) => ToolStream) | null;
   /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
   local: LocalRendering | null;
   /** The call goes through as chat instead, for `reason`. */
@@ -170,7 +171,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     if (agentRequest) capture.agentRequest(agentRequest);
     engine.journalRequest(capture, request);
   }
-  const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools() : null);
+  const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools(Array.isArray(r.chat.tools) ? r.chat.tools : undefined) : null);
   const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay);
   const result = await answer.run();
   if (result === null || !result.sampled || result.sampled.length === 0) {
