@@ -17,7 +17,7 @@ import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
 import { loadLocalRenderer, TokenizerFilesError, type LocalRenderer } from './token-in/local-render';
 import { LocalRendering } from './token-in/local-rendering';
-import { REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
+import { READS_SPECIAL_TOKENS, REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
 import { readTokenInRequest, type TokenInRequest } from './token-in/request';
 import { serveTokenIn } from './token-in/token-in-call';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslationPlan } from './translated-call';
@@ -228,6 +228,7 @@ export class CallEngine implements Engine {
       reasoning: REASONING_PARSERS[t.reasoning_parser],
       tools: TOOL_CALL_PARSERS[t.tool_call_parser],
       local: this.local,
+      keepSpecialTokens: READS_SPECIAL_TOKENS.has(t.reasoning_parser),
       served: (how) => {
         const [result, reason] = how.split(':');
         this.tokenIn(result as 'spliced' | 'rendered', reason ?? 'continued', capture);

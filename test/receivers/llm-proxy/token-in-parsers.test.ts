@@ -1,8 +1,8 @@
 import { SampledText } from '../../../src/receivers/llm-proxy/token-in/answer';
 import { pythonJson } from '../../../src/receivers/llm-proxy/token-in/hermes-tools';
-import { REASONING_PARSERS, TOOL_CALL_PARSERS } from '../../../src/receivers/llm-proxy/token-in/parsers';
+import { READS_SPECIAL_TOKENS, REASONING_PARSERS, TOOL_CALL_PARSERS } from '../../../src/receivers/llm-proxy/token-in/parsers';
 import { PrefixDigest, TokenStates, type TokenState } from '../../../src/receivers/llm-proxy/token-in/conversation';
-import { readTokenInRequest } from '../../../src/receivers/llm-proxy/token-in/request';
+import { completionsBody, readTokenInRequest } from '../../../src/receivers/llm-proxy/token-in/request';
 import { splice } from '../../../src/receivers/llm-proxy/token-in/token-in-call';
 
 const THINKING = '<think>\nLet me see.\n</think>\n\n';
@@ -173,5 +173,17 @@ describe('token-in splicing', () => {
     expect(reason({ tool_choice: 'required' })).toBe('tool_choice');
     expect(reason({ response_format: { type: 'json_object' } })).toBe('unsupported_field:response_format');
     expect(readTokenInRequest(Buffer.from('{not json'))).toEqual({ reason: 'not_json' });
+  });
+});
+
+describe('the completions request of a token-in call', () => {
+  it("keeps special tokens in the answer's text only for parsers that read them (gpt-oss's harmony)", () => {
+    const r = readTokenInRequest(Buffer.from(JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }] })));
+    if ('reason' in r) throw new Error(r.reason);
+    const body = (keep: boolean) => JSON.parse(completionsBody(r, Uint32Array.from([1, 2]), null, keep).toString()) as Record<string, unknown>;
+    expect(body(true).skip_special_tokens).toBe(false);
+    expect('skip_special_tokens' in body(false)).toBe(false);
+    expect(READS_SPECIAL_TOKENS.has('openai_gptoss')).toBe(true);
+    expect(READS_SPECIAL_TOKENS.has('qwen3')).toBe(false);
   });
 });

@@ -1,6 +1,7 @@
 import type { REASONING_PARSERS as REASONING_NAMES, TOOL_CALL_PARSERS as TOOL_NAMES } from '../../../config/schema';
 import { DeepSeekR1ReasoningParser } from './deepseek-r1-reasoning';
 import { DeepSeekV3ToolParser } from './deepseek-v3-tools';
+import { GptOssReasoningParser, GptOssToolParser } from './gpt-oss-harmony';
 import { HermesToolParser } from './hermes-tools';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { Qwen3ReasoningParser } from './qwen3-reasoning';
@@ -10,6 +11,7 @@ import { Qwen3ReasoningParser } from './qwen3-reasoning';
 export const REASONING_PARSERS: Record<(typeof REASONING_NAMES)[number], (prompt: ArrayLike<number>) => ReasoningStream> = {
   qwen3: (prompt) => new Qwen3ReasoningParser(prompt),
   deepseek_r1: (prompt) => new DeepSeekR1ReasoningParser(prompt),
+  openai_gptoss: () => new GptOssReasoningParser(),
 };
 
 /** A tool-call parser for a request with `tools` (the request's own; some parsers type arguments by their schemas). */
@@ -17,4 +19,8 @@ export const TOOL_CALL_PARSERS: Record<(typeof TOOL_NAMES)[number], (tools: read
   hermes: () => new HermesToolParser(),
   deepseek_v3: () => new DeepSeekV3ToolParser(),
   deepseek_v31: () => new DeepSeekV3ToolParser('v3.1'),
+  openai: () => new GptOssToolParser(),
 };
+
+/** Reasoning parsers that read the model's special tokens: the completions text must keep them (`skip_special_tokens: false`). */
+export const READS_SPECIAL_TOKENS: ReadonlySet<string> = new Set(['openai_gptoss']);

@@ -111,7 +111,7 @@ export function tokenizeBody(r: TokenInRequest): Buffer {
  * budget (the server's completions default is 16 tokens, chat's is the rest of the context, so
  * the rest of the context is asked for when the agent set none), token ids and logprobs back.
  */
-export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModelLen: number | null): Buffer {
+export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModelLen: number | null, keepSpecialTokens = false): Buffer {
   const c = r.chat;
   const out: Record<string, unknown> = {};
   if (c.model !== undefined) out.model = c.model;
@@ -123,6 +123,8 @@ export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModel
   if (r.stream) out.stream_options = { include_usage: true };
   out.return_token_ids = true;
   out.logprobs = 0;
+  // gpt-oss's harmony messages are told apart by special tokens the text leaves out by default.
+  if (keepSpecialTokens) out.skip_special_tokens = false;
   // The ids last: the rest of the request stays readable at the head of the journaled body.
   return Buffer.from(`${JSON.stringify(out).slice(0, -1)},"prompt":[${prompt.join(',')}]}`);
 }

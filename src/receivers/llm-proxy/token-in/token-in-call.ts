@@ -28,6 +28,8 @@ export interface TokenInDeps {
   reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
   /** A tool-call parser for a request with these tools (some parsers type arguments by the tools' schemas). */
   tools: ((tools: readonly unknown[] | undefined) => ToolStream) | null;
+  /** The answer's text must keep special tokens for the parsers (gpt-oss's harmony format). */
+  keepSpecialTokens?: boolean;
   /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
   local: LocalRendering | null;
   /** The call goes through as chat instead, for `reason`. */
@@ -141,7 +143,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     digest = new PrefixDigest();
     ({ prompt, how } = splice(state, r, rendered.tokens, digest));
   }
-  const request = completionsBody(r, prompt, maxModelLen);
+  const request = completionsBody(r, prompt, maxModelLen, deps.keepSpecialTokens === true);
   const sentAt = performance.now();
   const begun = await open(engine, call, request, r.stream);
   if ('aborted' in begun) {
