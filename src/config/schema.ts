@@ -23,7 +23,7 @@ export const DEFAULT_SECRET_HEADERS = [
 ];
 
 /** Token-in's output parsers by vLLM's names (each a module in src/receivers/llm-proxy/token-in/). */
-export const TOOL_CALL_PARSERS = ['hermes', 'deepseek_v3', 'deepseek_v31', 'openai'] as const;
+export const TOOL_CALL_PARSERS = ['hermes', 'qwen3_coder', 'deepseek_v3', 'deepseek_v31', 'openai'] as const;
 export const REASONING_PARSERS = ['qwen3', 'deepseek_r1', 'openai_gptoss'] as const;
 
 /** The replica URLs of a validated `upstream_url` (kept as one comma-separated string). */

@@ -248,10 +248,10 @@ describe('token-in through a real chat template', () => {
 
   it('an unknown parser name is a configuration error naming the setting and the parsers known', () => {
     expect(() => loadConfig({ env: { LIGHTNING_TOKEN_IN: 'true', LIGHTNING_TOOL_CALL_PARSER: 'mistral' } })).toThrow(
-      /^receivers\.llm_proxy\.token_in\.tool_call_parser \(from LIGHTNING_TOOL_CALL_PARSER\): .*"hermes"/,
+      /^receivers\.llm_proxy\.token_in\.tool_call_parser \(from LIGHTNING_TOOL_CALL_PARSER\): .*"hermes".*"qwen3_coder".*"openai"/,
     );
-    expect(() => loadConfig({ env: { LIGHTNING_REASONING_PARSER: 'deepseek_r1' } })).toThrow(
-      /^receivers\.llm_proxy\.token_in\.reasoning_parser \(from LIGHTNING_REASONING_PARSER\): .*"qwen3"/,
+    expect(() => loadConfig({ env: { LIGHTNING_REASONING_PARSER: 'granite' } })).toThrow(
+      /^receivers\.llm_proxy\.token_in\.reasoning_parser \(from LIGHTNING_REASONING_PARSER\): .*"qwen3".*"deepseek_r1".*"openai_gptoss"/,
     );
   });
 });

@@ -67,7 +67,7 @@ export function loadLocalRenderer(dir: string): LocalRenderer {
         ...named,
         ...kwargs,
         messages: messages.map(asTemplateMessage),
-        tools: tools && tools.length > 0 ? tools : undefined,
+        tools: tools && tools.length > 0 ? tools.map(asTemplateTool) : undefined,
         add_generation_prompt: true,
       });
     },
@@ -89,18 +89,49 @@ function chatTemplate(dir: string, config: Record<string, unknown>, read: (name:
 }
 
 /**
- * A message as vLLM hands it to the template: a content of text parts becomes their text joined
- * by newlines; `reasoning` (the newer name) is also given as `reasoning_content`, which templates read.
+ * A message as vLLM's chat route hands it to the template: a content of text parts becomes their
+ * text joined by newlines, a null or missing content an empty string; the reasoning the template
+ * reads (`reasoning_content`) is the message's `reasoning` (vLLM reads that name only, and drops a
+ * `reasoning_content` the client sent); tool calls' `arguments` strings are parsed into objects
+ * (the template writes them back with `tojson`; a string that is not a JSON object becomes `{}`),
+ * and an empty `tool_calls` is dropped.
  */
 function asTemplateMessage(m: unknown): unknown {
   if (typeof m !== 'object' || m === null) return m;
   const msg = m as Record<string, unknown>;
-  const out: Record<string, unknown> = { ...msg };
+  const { reasoning_content: _dropped, ...out } = msg;
   if (Array.isArray(msg.content))
     out.content = (msg.content as unknown[])
       .filter((p): p is { type: string; text: string } => typeof p === 'object' && p !== null && (p as { type?: unknown }).type === 'text')
       .map((p) => p.text)
       .join('\n');
-  if (out.reasoning_content === undefined && typeof msg.reasoning === 'string') out.reasoning_content = msg.reasoning;
+  else if (msg.content === null || msg.content === undefined) out.content = '';
+  if (typeof msg.reasoning === 'string') out.reasoning_content = msg.reasoning;
+  if (Array.isArray(msg.tool_calls)) {
+    if (msg.tool_calls.length === 0) delete out.tool_calls;
+    else out.tool_calls = msg.tool_calls.map(withParsedArguments);
+  }
   return out;
+}
+
+function withParsedArguments(call: unknown): unknown {
+  if (typeof call !== 'object' || call === null) return call;
+  const c = call as { function?: { arguments?: unknown } };
+  if (typeof c.function !== 'object' || c.function === null || typeof c.function.arguments !== 'string') return call;
+  let args: unknown;
+  try {
+    args = JSON.parse(c.function.arguments);
+  } catch {
+    args = {};
+  }
+  return { ...c, function: { ...c.function, arguments: typeof args === 'object' && args !== null && !Array.isArray(args) ? args : {} } };
+}
+
+/** A tool as vLLM hands it to the template: its function's `name`, `description` and `parameters` first, null when missing. */
+function asTemplateTool(t: unknown): unknown {
+  if (typeof t !== 'object' || t === null) return t;
+  const tool = t as { function?: Record<string, unknown> };
+  if (typeof tool.function !== 'object' || tool.function === null) return t;
+  const f = tool.function;
+  return { ...tool, function: { name: f.name ?? null, description: f.description ?? null, parameters: f.parameters ?? null, ...f } };
 }

@@ -4,6 +4,7 @@ import { DeepSeekV3ToolParser } from './deepseek-v3-tools';
 import { GptOssReasoningParser, GptOssToolParser } from './gpt-oss-harmony';
 import { HermesToolParser } from './hermes-tools';
 import type { ReasoningStream, ToolStream } from './parser-kit';
+import { Qwen3CoderToolParser } from './qwen3-coder-tools';
 import { Qwen3ReasoningParser } from './qwen3-reasoning';
 
 /** The output parsers token-in knows, by vLLM's names (see parser-kit.ts); the config lists the same names. */
@@ -17,6 +18,7 @@ export const REASONING_PARSERS: Record<(typeof REASONING_NAMES)[number], (prompt
 /** A tool-call parser for a request with `tools` (the request's own; some parsers type arguments by their schemas). */
 export const TOOL_CALL_PARSERS: Record<(typeof TOOL_NAMES)[number], (tools: readonly unknown[] | undefined) => ToolStream> = {
   hermes: () => new HermesToolParser(),
+  qwen3_coder: (tools) => new Qwen3CoderToolParser(tools),
   deepseek_v3: () => new DeepSeekV3ToolParser(),
   deepseek_v31: () => new DeepSeekV3ToolParser('v3.1'),
   openai: () => new GptOssToolParser(),
