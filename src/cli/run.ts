@@ -1,4 +1,4 @@
-import { logprobsModeGap, samplingMaskGap } from '../receivers/llm-proxy/mask-support';
+import { logprobsModeGap, samplingMaskGap, tokenInGenerate } from '../receivers/llm-proxy/mask-support';
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import { loadConfig } from '../config/load';
 import { upstreamUrls } from '../config/schema';
@@ -72,7 +72,7 @@ export const runCommand: Command = {
     if (warning) logger.warn(msg, fields);
     else logger.info(msg, fields);
     // Said now, not found at training time (also in /readyz while it holds).
-    const maskGap = samplingMaskGap(config.processors.sampling, app.proxy.flavor());
+    const maskGap = samplingMaskGap(config.processors.sampling, app.proxy.flavor(), tokenInGenerate(config));
     if (maskGap !== null) logger.warn(maskGap, { check: 'sampling_masks' });
     const modeGap = logprobsModeGap(config.processors.sampling, app.proxy.flavor());
     if (modeGap !== null) logger.warn(modeGap, { check: 'sampling_masks' });

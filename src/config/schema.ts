@@ -140,6 +140,12 @@ export const llmProxySchema = z
          * makes that model fall back to the server's rendering.
          */
         verify_fraction: z.number().min(0).max(1).default(0.05),
+        /**
+         * Where token-in calls go: vLLM's token-in route `/inference/v1/generate` (sampling masks
+         * and weight-version spans come only there), `/v1/completions`, or `auto`: the route when
+         * the server answers it with text (asked once), else completions.
+         */
+        route: z.enum(['auto', 'generate', 'completions']).default('auto'),
       })
       .strict()
       .prefault({}),

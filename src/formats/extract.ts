@@ -62,7 +62,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
   // keeps what the agent sent and received.
   const upstreamApi = call.translation?.upstreamApi ?? call.api;
   if (decoded !== null) {
-    const lifted = upstreamApi === 'chat.completions' || upstreamApi === 'completions';
+    const lifted = upstreamApi === 'chat.completions' || upstreamApi === 'completions' || upstreamApi === 'generate';
     if (call.streamed) {
       const patched = patchIds(decoded, ['prompt_token_ids']);
       extracted = extractStream(upstreamApi, patched.text);
@@ -136,7 +136,12 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
   let choices = extracted?.choices ?? [];
   if (call.translation && bodies.agentRequest) {
     request = bodies.agentRequest.length > 0 ? { raw: 'journal', offsets: bodies.agentRequest, encoding: null, cuts: [] } : null;
-    const received = agentResponse(call, bodies.agentResponse ?? [], read, upstreamApi === 'completions' && call.api === 'chat.completions');
+    const received = agentResponse(
+      call,
+      bodies.agentResponse ?? [],
+      read,
+      (upstreamApi === 'completions' || upstreamApi === 'generate') && call.api === 'chat.completions',
+    );
     response = received.response;
     if (received.facts !== null) choices = withAgentFacts(choices, received.facts);
   }

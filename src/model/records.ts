@@ -4,7 +4,8 @@
  * same transitions.
  */
 
-export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages';
+/** The APIs calls are made in; `generate` is vLLM's token-in route (`/inference/v1/generate`), which only the sidecar calls. */
+export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages' | 'generate';
 
 /** Which rollout a record belongs to (docs/frameworks.md). */
 export interface Correlation {

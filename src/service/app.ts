@@ -1,4 +1,4 @@
-import { samplingMaskGap } from '../receivers/llm-proxy/mask-support';
+import { samplingMaskGap, tokenInGenerate } from '../receivers/llm-proxy/mask-support';
 import type { FlavorState } from '../receivers/llm-proxy/flavor';
 import path from 'node:path';
 import type { Config } from '../config/schema';
@@ -167,7 +167,7 @@ export function createApp(config: Config, deps: AppDeps) {
       { name: 'export_backlog', check: () => pipeline.backlogFull() },
       { name: 'upstream', informational: true, check: () => upstreamCheck(proxy.upstream()) },
       { name: 'upstream_replicas', informational: true, check: () => replicasCheck(proxy.routing()) },
-      { name: 'sampling_masks', informational: true, check: () => samplingMaskGap(config.processors.sampling, proxy.flavor()) },
+      { name: 'sampling_masks', informational: true, check: () => samplingMaskGap(config.processors.sampling, proxy.flavor(), tokenInGenerate(config)) },
       ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],
     routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),

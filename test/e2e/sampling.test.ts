@@ -172,8 +172,8 @@ describe('pinned sampling parameters (processors.sampling.pin)', () => {
       const err = ((await refused.json()) as { error: { code: string; param: string; message: string } }).error;
       expect(err).toMatchObject({ code: 'sampling_pinned', param: 'top_p' });
       expect(err.message).toContain('processors.sampling.pin.top_p');
-      // The refused call never reached the model server.
-      expect(server.requests.length - before).toBe(tokenInOn ? 2 : 1);
+      // The refused call never reached the model server (token-in: /tokenize, the one look for vLLM's generate route, completions).
+      expect(server.requests.length - before).toBe(tokenInOn ? 3 : 1);
       expect((await postReward(sidecar.origin, rollout, 1)).status).toBe(202);
       await sidecar.waitForEpisodes(1, 10_000);
       const [first, second] = sidecar.transitions().sort((a, b) => a.seq - b.seq);

@@ -221,7 +221,30 @@ function routingFields(r: RoutingStandIn | undefined, promptIds: number[], outpu
  */
 export type VersionsStandIn = (answer: number, outputLength: number) => { version: string; start: number; end: number }[] | null;
 
-export async function startQwen3Server(options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn } = {}): Promise<Qwen3Server> {
+/**
+ * vLLM's token-in route `POST /inference/v1/generate` (a server started with `--enable-scale-out`):
+ * `token_ids` and `sampling_params` in; `choices[].token_ids`, `text` (with `output_mode: text`),
+ * `logprobs.content` (`{token_id, logprob, rank, top_logprobs}` per token), `finish_reason`, and
+ * the top-level `prompt_token_ids` (with `return_token_ids`) out; streamed as deltas. With `masks`
+ * (`--return-sampling-mask`) a non-streamed answer carries `sampling_mask`: per token the sampled id
+ * and `keep - 1` others (`maskStandIn`). `textless`: a server before `output_mode`, ids only.
+ * Without this option the route is absent (404), as on a plain `vllm serve`.
+ */
+export interface GenerateStandIn {
+  masks?: { keep: number };
+  textless?: boolean;
+}
+
+/** The kept ids the stand-in reports for output token `p` (`id`): it first, then `keep - 1` others. */
+export function maskStandIn(id: number, p: number, keep: number): number[] {
+  const row = [id];
+  for (let k = 1; k < keep; k++) row.push((id + 977 * k + p) % 151_000);
+  return row;
+}
+
+export async function startQwen3Server(
+  options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn; generate?: GenerateStandIn } = {},
+): Promise<Qwen3Server> {
   let answers = 0;
   const versions = options.weightVersions
     ? (n: number): Record<string, unknown> => {
@@ -253,6 +276,8 @@ export async function startQwen3Server(options: { routing?: RoutingStandIn; weig
         return send(res, fault, { object: 'error', message: `stand-in fault on ${path}`, type: 'InternalServerError', code: fault });
       }
       try {
+        if (req.method === 'POST' && path === '/inference/v1/generate' && options.generate)
+          return generateRoute(res, json, completionPrompts, options.generate, versions);
         route(req, res, path, json, completionPrompts, options.routing, versions);
       } catch (err) {
         send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
@@ -453,6 +478,76 @@ function completionsRoute(
   events.push({
     ...head,
     choices: [{ index: 0, text: '', logprobs: logprobsOf([IM_END]), finish_reason: 'stop', stop_reason: null, ...(tokens ? { token_ids: [IM_END] } : {}) }],
+  });
+  if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
+  stream(res, events);
+}
+
+function generateRoute(
+  res: ServerResponse,
+  json: Record<string, unknown>,
+  completionPrompts: number[][],
+  options: GenerateStandIn,
+  versions: (outputLength: number) => Record<string, unknown>,
+): void {
+  const prompt = json.token_ids;
+  // FastAPI's validation error for a body without its required field.
+  if (!Array.isArray(prompt) || prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0))
+    return send(res, 422, { detail: [{ type: 'missing', loc: ['body', 'token_ids'], msg: 'Field required' }] });
+  const params = (json.sampling_params ?? {}) as Record<string, unknown>;
+  const promptIds = prompt as number[];
+  // The one-token probe a client sends to see the route answers: one token, not a turn.
+  if (params.max_tokens === 1 && promptIds.length === 1) {
+    const t = 13;
+    const choice = { index: 0, token_ids: [t], finish_reason: 'length', logprobs: null, ...(options.textless ? {} : { text: decode([t], true) }) };
+    return send(res, 200, {
+      request_id: 'generate-tokens-probe',
+      ...(options.textless ? {} : { output_mode: json.output_mode ?? 'tokens' }),
+      choices: [choice],
+    });
+  }
+  completionPrompts.push(promptIds);
+  const s = sample(decode(promptIds, false));
+  const text = json.output_mode === 'text' && !options.textless;
+  const wantLogprobs = typeof params.logprobs === 'number';
+  const logprobsOf = (ids: number[]) =>
+    wantLogprobs
+      ? { content: ids.map((t) => ({ token_id: t, logprob: -((t % 7) / 10), rank: 1, top_logprobs: [{ token_id: t, logprob: -((t % 7) / 10), rank: 1 }] })) }
+      : null;
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
+  const head = {
+    request_id: `generate-tokens-${randomBytes(8).toString('hex')}`,
+    ...(options.textless ? {} : { output_mode: json.output_mode ?? 'tokens' }),
+    model: json.model,
+    created: Math.floor(Date.now() / 1000),
+  };
+  const echo = json.return_token_ids === true ? { prompt_token_ids: promptIds } : {};
+  if (json.stream !== true) {
+    const choice: Record<string, unknown> = {
+      index: 0,
+      finish_reason: 'stop',
+      token_ids: s.ids,
+      logprobs: logprobsOf(s.ids),
+      ...(text ? { text: decode(s.ids, true) } : {}),
+      ...versions(s.ids.length),
+    };
+    if (options.masks) choice.sampling_mask = s.ids.map((id, p) => maskStandIn(id, p, options.masks!.keep));
+    return send(res, 200, { ...head, ...echo, usage, choices: [choice] });
+  }
+  const events: unknown[] = [];
+  s.parts.forEach((p, i) =>
+    events.push({
+      ...head,
+      ...(i === 0 ? echo : {}),
+      choices: [{ index: 0, finish_reason: null, token_ids: p.ids, logprobs: logprobsOf(p.ids), ...(text ? { text: p.text } : {}), weight_versions: null }],
+    }),
+  );
+  // The last chunk: the end-of-turn token, the finish reason, and the weight versions of the whole answer.
+  events.push({
+    ...head,
+    choices: [
+      { index: 0, finish_reason: 'stop', token_ids: [IM_END], logprobs: logprobsOf([IM_END]), ...(text ? { text: '' } : {}), ...versions(s.ids.length) },
+    ],
   });
   if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
   stream(res, events);

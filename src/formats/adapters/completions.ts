@@ -2,7 +2,12 @@ import type { ChoiceCapture } from '../../model/records';
 import { appendTo, intList, isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, logprobList, withEngineExtras, type Extracted } from './shape';
 
-/** Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids. */
+/**
+ * Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids.
+ * vLLM's token-in route `/inference/v1/generate` answers in the same shape (`choices[].token_ids`,
+ * `text`, `finish_reason`, a top-level `prompt_token_ids`) but for its logprobs, a `content` list
+ * with a `logprob` per token; both are read here.
+ */
 export function extractCompletions(body: unknown): Extracted {
   const res = isObject(body) ? body : {};
   const choices = Array.isArray(res.choices) ? res.choices.filter(isObject) : [];
@@ -22,10 +27,13 @@ function completionChoice(c: Json, position: number): ChoiceCapture {
   choice.finishReason = str(c.finish_reason);
   choice.responseTokenIds = intArray(c.token_ids);
   choice.promptTokenIds = intArray(c.prompt_token_ids);
-  const lp = isObject(c.logprobs) ? c.logprobs.token_logprobs : undefined;
-  choice.responseLogprobs = logprobList(lp, (v) => v);
+  if (isObject(c.logprobs) && Array.isArray(c.logprobs.content))
+    choice.responseLogprobs = logprobList(c.logprobs.content, (e) => (isObject(e) ? e.logprob : undefined));
+  else choice.responseLogprobs = logprobList(isObject(c.logprobs) ? c.logprobs.token_logprobs : undefined, (v) => v);
   return choice;
 }
+
+const MERGED = new Set(['index', 'text', 'finish_reason', 'token_ids', 'prompt_token_ids', 'logprobs']);
 
 /** Assembles completion stream chunks: text, token ids and `token_logprobs` appended per choice. */
 export function assembleCompletionsStream(chunks: unknown[], done: boolean): Extracted {
@@ -48,13 +56,15 @@ export function assembleCompletionsStream(chunks: unknown[], done: boolean): Ext
       const pids = intArray(c.prompt_token_ids);
       if (pids && acc.prompt_token_ids === undefined) acc.prompt_token_ids = pids;
       if (isObject(c.logprobs)) {
-        const prev = isObject(acc.logprobs) ? acc.logprobs : { tokens: [], token_logprobs: [] };
-        for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'] as const) {
+        const prev = isObject(acc.logprobs) ? acc.logprobs : Array.isArray(c.logprobs.content) ? { content: [] } : { tokens: [], token_logprobs: [] };
+        for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset', 'content'] as const) {
           const more = c.logprobs[key];
           if (Array.isArray(more)) appendTo((prev[key] ??= []) as unknown[], more);
         }
         acc.logprobs = prev;
       }
+      // What an engine puts on a choice's last chunk (weight versions, routing, masks) is kept as it came.
+      for (const [k, v] of Object.entries(c)) if (!MERGED.has(k) && v !== null && v !== undefined) acc[k] = v;
       accs.set(index, acc);
     }
   }

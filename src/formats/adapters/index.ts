@@ -29,6 +29,7 @@ export function extractBody(api: Api, body: unknown, read?: ReadLogprobs): Extra
     case 'chat.completions':
       return extractChat(body, read);
     case 'completions':
+    case 'generate':
       return extractCompletions(body);
     case 'responses':
       return extractResponses(body);
@@ -46,6 +47,7 @@ export function extractStream(api: Api, text: string): Extracted & { invalidEven
       extracted = assembleChatStream(values, done);
       break;
     case 'completions':
+    case 'generate':
       extracted = assembleCompletionsStream(values, done);
       break;
     case 'responses':

@@ -12,8 +12,9 @@ import { readSamplingMask, versionSpans, type EngineDialect } from './dialect';
  *   `routed_experts_prompt_start`;
  * - weight versions: `choices[].weight_versions` spans over output-token indexes;
  * - sampling masks: `choices[].sampling_mask` (one kept-id list per token, with
- *   `--return-sampling-mask`) on its token-in generate route only; read wherever an answer has
- *   them (a patched server's chat answer too), never asked for.
+ *   `--return-sampling-mask`) on its token-in route `/inference/v1/generate` only (token-in calls
+ *   it, docs/token-in.md); read wherever an answer has them (a patched server's chat answer too),
+ *   never asked for.
  */
 export const vllm: EngineDialect = {
   name: 'vllm',

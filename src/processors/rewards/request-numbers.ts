@@ -4,7 +4,8 @@ import { topLevelMembers } from '../../formats/json-scan';
 /**
  * The numbers among the top-level members of the request the model server got (the sidecar's own
  * additions included), read from the journal: a member's value when it is a JSON number, else
- * null. Null when the request is not in the journal or not a JSON object.
+ * null; a request that nests them in `sampling_params` (vLLM's `/inference/v1/generate`) is read
+ * there. Null when the request is not in the journal or not a JSON object.
  */
 export function requestNumbers(call: CallFacts, read: BodyReader): ((key: string) => number | null) | null {
   const offsets = call.bodies?.request ?? [];
@@ -15,12 +16,16 @@ export function requestNumbers(call: CallFacts, read: BodyReader): ((key: string
   } catch {
     return null;
   }
-  const members = topLevelMembers(body);
-  if (members === null) return null;
+  const top = topLevelMembers(body);
+  if (top === null) return null;
+  const nested = top.get('sampling_params');
+  const members = nested && body[nested[0]] === 0x7b ? (topLevelMembers(body.subarray(nested[0], nested[1])) ?? top) : top;
+  const base = members === top ? 0 : nested![0];
   return (key) => {
     const at = members.get(key);
     if (!at) return null;
-    const v = Number(body.toString('latin1', at[0], at[1]));
-    return Number.isFinite(v) && body[at[0]] !== 0x22 && body[at[0]] !== 0x6e ? v : null;
+    const [s, e] = [base + at[0], base + at[1]];
+    const v = Number(body.toString('latin1', s, e));
+    return Number.isFinite(v) && body[s] !== 0x22 && body[s] !== 0x6e ? v : null;
   };
 }

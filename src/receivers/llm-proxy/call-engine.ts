@@ -16,6 +16,7 @@ import { pinSampling, type Pins } from './pin';
 import { HintLog, missingV1Hint } from './path-hints';
 import { TokenStates } from './token-in/conversation';
 import { loadLocalRenderer, TokenizerFilesError, type LocalRenderer } from './token-in/local-render';
+import { GenerateRoute } from './token-in/generate-route';
 import { LocalRendering } from './token-in/local-rendering';
 import { READS_SPECIAL_TOKENS, REASONING_PARSERS, TOOL_CALL_PARSERS } from './token-in/parsers';
 import { readTokenInRequest, type TokenInRequest } from './token-in/request';
@@ -71,6 +72,8 @@ export class CallEngine implements Engine {
   private readonly tokenStates: TokenStates | null;
   /** Token-in's rendering from the model's tokenizer files (`token_in.tokenizer_dir`). */
   private readonly local: LocalRendering | null;
+  /** Whether token-in calls go to vLLM's `/inference/v1/generate` (`token_in.route`). */
+  private readonly generate: GenerateRoute | null;
   /** Pinned sampling parameters; null when none are. */
   private readonly pins: Pins | null;
   /** Warnings about a `/v1` missing from a base URL, rate-limited. */
@@ -97,6 +100,7 @@ export class CallEngine implements Engine {
     this.now = deps.now ?? Date.now;
     const t = config.token_in;
     this.tokenStates = t.enabled ? new TokenStates(t.max_rollouts, t.max_held_tokens) : null;
+    this.generate = t.enabled && t.route !== 'completions' ? new GenerateRoute(t.route, deps.logger) : null;
     this.local =
       t.enabled && t.tokenizer_dir !== undefined ? new LocalRendering(loadRenderer(t.tokenizer_dir), t.verify_fraction, deps.metrics, deps.logger) : null;
     this.pins = deps.pins && Object.keys(deps.pins).length > 0 ? deps.pins : null;
@@ -229,6 +233,7 @@ export class CallEngine implements Engine {
       tools: TOOL_CALL_PARSERS[t.tool_call_parser],
       local: this.local,
       keepSpecialTokens: READS_SPECIAL_TOKENS.has(t.reasoning_parser),
+      generate: this.generate,
       served: (how) => {
         const [result, reason] = how.split(':');
         this.tokenIn(result as 'spliced' | 'rendered', reason ?? 'continued', capture);

@@ -1,4 +1,4 @@
-import type { SamplingConfig } from '../../config/schema';
+import type { Config, SamplingConfig } from '../../config/schema';
 import type { Flavor } from './flavor';
 import { ENGINE } from '../../formats/engines';
 
@@ -6,9 +6,10 @@ import { ENGINE } from '../../formats/engines';
  * What a trainer replaying truncated sampling would miss, said before training starts (the
  * start-up log and `/readyz`): sampling is truncated (a pinned `top_p` below 1, `top_k` above 0 or
  * `min_p` above 0) without masks asked for, or masks are asked of a server that gives none on the
- * routes the sidecar calls. Null when nothing is missing.
+ * routes the sidecar calls (`tokenInGenerate`: token-in may call vLLM's generate route, which
+ * does). Null when nothing is missing.
  */
-export function samplingMaskGap(sampling: SamplingConfig, flavor: Flavor): string | null {
+export function samplingMaskGap(sampling: SamplingConfig, flavor: Flavor, tokenInGenerate = false): string | null {
   const truncated = truncation(sampling);
   if (!sampling.masks)
     return truncated === null
@@ -16,8 +17,9 @@ export function samplingMaskGap(sampling: SamplingConfig, flavor: Flavor): strin
       : `sampling is truncated (processors.sampling.pin ${truncated}) but processors.sampling.masks is off: trajectories carry no sampling masks, so a trainer's importance ratios compare against the untruncated distribution`;
   if (flavor === 'openai')
     return 'sampling masks are asked for (processors.sampling.masks), but the model server is not identified as vLLM or SGLang: none are requested';
-  if (flavor === 'vllm')
-    return `sampling masks are asked for (processors.sampling.masks), but ${ENGINE.vllm.maskRoutes}: trajectories are flagged sampling_mask_complete false`;
+  // Token-in sends vLLM calls to the route that has them, when the server has it.
+  if (flavor === 'vllm' && !tokenInGenerate)
+    return `sampling masks are asked for (processors.sampling.masks), but ${ENGINE.vllm.maskRoutes}: trajectories are flagged sampling_mask_complete false (token-in calls that route with token_in.route auto or generate)`;
   return null;
 }
 
@@ -39,4 +41,10 @@ function truncation(sampling: SamplingConfig): string | null {
   if (p.top_k !== undefined && p.top_k.value > 0) parts.push(`top_k ${p.top_k.value}`);
   if (p.min_p !== undefined && p.min_p.value > 0) parts.push(`min_p ${p.min_p.value}`);
   return parts.length === 0 ? null : parts.join(', ');
+}
+
+/** Token-in may call vLLM's `/inference/v1/generate` (on, and `token_in.route` not `completions`). */
+export function tokenInGenerate(config: Config): boolean {
+  const t = config.receivers.llm_proxy.token_in;
+  return t.enabled && t.route !== 'completions';
 }

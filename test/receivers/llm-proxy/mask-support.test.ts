@@ -16,6 +16,8 @@ describe('sampling mask gaps', () => {
 
   it('masks asked of a server that cannot give them say so; of SGLang, nothing', () => {
     expect(samplingMaskGap(sampling({ masks: true }), 'vllm')).toMatch(/only on \/inference\/v1\/generate/);
+    // Token-in calls that route when the server has it.
+    expect(samplingMaskGap(sampling({ masks: true }), 'vllm', true)).toBeNull();
     expect(samplingMaskGap(sampling({ masks: true }), 'openai')).toMatch(/not identified as vLLM or SGLang/);
     expect(samplingMaskGap(sampling({ masks: true, pin: { top_k: { value: 20 } } }), 'sglang')).toBeNull();
   });

@@ -128,3 +128,30 @@ export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModel
   // The ids last: the rest of the request stays readable at the head of the journaled body.
   return Buffer.from(`${JSON.stringify(out).slice(0, -1)},"prompt":[${prompt.join(',')}]}`);
 }
+
+/** vLLM's token-in route (docs/token-in.md#vllms-generate-route). */
+export const VLLM_GENERATE_PATH = '/inference/v1/generate';
+
+/**
+ * The same call for vLLM's `/inference/v1/generate`: the sampling fields in `sampling_params`
+ * (vLLM `SamplingParams` names), the answer's text asked for (`output_mode: text`; the parsers read
+ * it) beside the ids, and the prompt's ids echoed (`return_token_ids`) for the record.
+ */
+export function generateBody(r: TokenInRequest, prompt: Uint32Array, maxModelLen: number | null, keepSpecialTokens = false): Buffer {
+  const c = r.chat;
+  const params: Record<string, unknown> = {};
+  const budget = c.max_completion_tokens ?? c.max_tokens;
+  if (budget !== undefined && budget !== null) params.max_tokens = budget;
+  else if (maxModelLen !== null && maxModelLen > prompt.length) params.max_tokens = maxModelLen - prompt.length;
+  for (const key of SAMPLING) if (c[key] !== undefined && key !== 'user') params[key] = c[key];
+  params.logprobs = 0;
+  if (keepSpecialTokens) params.skip_special_tokens = false;
+  const out: Record<string, unknown> = {};
+  if (c.model !== undefined) out.model = c.model;
+  out.sampling_params = params;
+  out.stream = r.stream;
+  if (r.stream) out.stream_options = { include_usage: true };
+  out.return_token_ids = true;
+  out.output_mode = 'text';
+  return Buffer.from(`${JSON.stringify(out).slice(0, -1)},"token_ids":[${prompt.join(',')}]}`);
+}

@@ -10,7 +10,8 @@ import { chatChunk, chatFinish, deltasOf, SampledText } from './answer';
 import { canonicalMessage, PrefixDigest, type TokenState, type TokenStates } from './conversation';
 import type { LocalRendering } from './local-rendering';
 import type { ReasoningStream, ToolStream } from './parser-kit';
-import { completionsBody, tokenizeBody, type TokenInRequest } from './request';
+import { PROBE_BODY, type GenerateRoute } from './generate-route';
+import { completionsBody, generateBody, tokenizeBody, VLLM_GENERATE_PATH, type TokenInRequest } from './request';
 
 /**
  * Serves a chat call token-in (docs/token-in.md): the prompt is sent to `/v1/completions` as ids,
@@ -28,6 +29,8 @@ export interface TokenInDeps {
   reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
   /** A tool-call parser for a request with these tools (some parsers type arguments by the tools' schemas). */
   tools: ((tools: readonly unknown[] | undefined) => ToolStream) | null;
+  /** Whether calls go to vLLM's `/inference/v1/generate` (`token_in.route`); null: always `/v1/completions`. */
+  generate?: GenerateRoute | null;
   /** The answer's text must keep special tokens for the parsers (gpt-oss's harmony format). */
   keepSpecialTokens?: boolean;
   /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
@@ -143,16 +146,21 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     digest = new PrefixDigest();
     ({ prompt, how } = splice(state, r, rendered.tokens, digest));
   }
-  const request = completionsBody(r, prompt, maxModelLen, deps.keepSpecialTokens === true);
+  const root = rootOf(engine.upstream.basePath);
+  const generate = deps.generate ? await deps.generate.use(() => post(engine, call, `${root}${VLLM_GENERATE_PATH}`, PROBE_BODY(r.chat.model))) : false;
+  if (call.res.destroyed) return agentLeft(engine, call);
+  const keep = deps.keepSpecialTokens === true;
+  const request = generate ? generateBody(r, prompt, maxModelLen, keep) : completionsBody(r, prompt, maxModelLen, keep);
   const sentAt = performance.now();
-  const begun = await open(engine, call, request, r.stream);
+  const begun = await open(engine, call, request, r.stream, generate ? `${root}${VLLM_GENERATE_PATH}` : `${engine.upstream.basePath}/completions`);
   if ('aborted' in begun) {
     deps.states.delete(deps.key);
     return agentLeft(engine, call);
   }
   if ('fallback' in begun) {
     deps.states.delete(deps.key);
-    return deps.fallback(begun.fallback);
+    if (generate && begun.fallback === 'completions_status_404') deps.generate?.gone();
+    return deps.fallback(generate ? begun.fallback.replace('completions_', 'generate_') : begun.fallback);
   }
   if ('timeout' in begun) {
     // The server took the call and went quiet: the chat route would wait as long again.
@@ -168,7 +176,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   engine.responded(call, begun.ures, sentAt);
   const capture = call.capture;
   if (capture) {
-    capture.translation = { upstreamApi: 'completions', notes: [] };
+    capture.translation = { upstreamApi: generate ? 'generate' : 'completions', notes: [] };
     const agentRequest = engine.redactedBody(body);
     if (agentRequest) capture.agentRequest(agentRequest);
     engine.journalRequest(capture, request);
@@ -225,6 +233,7 @@ function open(
   call: Call,
   request: Buffer,
   stream: boolean,
+  path: string,
 ): Promise<{ ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true } | { aborted: true }> {
   return new Promise((resolve) => {
     const ureq = openUpstream(
@@ -232,7 +241,7 @@ function open(
       call.capture,
       {
         method: 'POST',
-        path: `${engine.upstream.basePath}/completions`,
+        path,
         headers: upstreamHeaders(engine.upstream, call, request.length, stream ? 'text/event-stream' : 'application/json'),
       },
       engine.config.upstream_timeout_ms,

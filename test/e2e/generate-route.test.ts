@@ -1,0 +1,156 @@
+import OpenAI from 'openai';
+import type { Trajectory } from '../../src/model/records';
+import { CALCULATOR_TOOLS as TOOLS, maskStandIn, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
+import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
+
+/**
+ * Token-in over vLLM's token-in route `/inference/v1/generate`: a vLLM stand-in with Qwen3's real
+ * template serves the route (with `--return-sampling-mask`: masks on non-streamed answers, as vLLM
+ * gives them), an agent on the real `openai` SDK runs a tool loop through a sidecar that finds the
+ * route by itself and one held to `/v1/completions`. The agent must get the same answers and tool
+ * calls, the server the same prompts, each rollout must be one trajectory segment, and every
+ * sampled id must lie in the mask the record holds for it, row for row what the server sent.
+ */
+
+const QUERIES = ['Compute 3*4 and 7+8.', 'Now compute 10-2.'];
+const KEEP = 3;
+
+function calculator(expression: string): string {
+  const m = /^(-?\d+)\s*([-+*/])\s*(-?\d+)$/.exec(expression.trim());
+  if (!m) return 'error';
+  const [a, b] = [Number(m[1]), Number(m[3])];
+  return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
+}
+
+/** The tool loop; what the agent received, call by call (tool-call ids left out: they are random). */
+async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean): Promise<unknown[]> {
+  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
+  const messages: ChatMessage[] = [{ role: 'system', content: 'You are a careful calculator agent.' }];
+  const received: unknown[] = [];
+  for (const q of QUERIES) {
+    messages.push({ role: 'user', content: q });
+    for (let step = 0; step < 8; step++) {
+      const body = { model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS };
+      let content: string | null = null;
+      let finish: string | null = null;
+      let calls: { id: string; name: string; arguments: string }[] = [];
+      if (stream) {
+        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+          const c = chunk.choices[0];
+          if (c?.finish_reason) finish = c.finish_reason;
+          if (c?.delta.content) content = (content ?? '') + c.delta.content;
+          for (const t of c?.delta.tool_calls ?? []) {
+            calls[t.index] ??= { id: '', name: '', arguments: '' };
+            if (t.id) calls[t.index].id = t.id;
+            calls[t.index].name += t.function?.name ?? '';
+            calls[t.index].arguments += t.function?.arguments ?? '';
+          }
+        }
+      } else {
+        const c = (await client.chat.completions.create(body)).choices[0];
+        content = c.message.content;
+        finish = c.finish_reason;
+        calls = (c.message.tool_calls ?? []).flatMap((t) =>
+          t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
+        );
+      }
+      received.push({ content, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
+      const assistant: ChatMessage = { role: 'assistant', content };
+      if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+      messages.push(assistant);
+      if (calls.length === 0) break;
+      for (const c of calls)
+        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
+    }
+  }
+  return received;
+}
+
+function row(t: Trajectory, p: number): number[] {
+  const m = t.sampling_mask!;
+  return m.ids.slice(m.offsets[p], m.offsets[p + 1]);
+}
+
+describe("token-in over vLLM's /inference/v1/generate", () => {
+  let server: Qwen3Server;
+  let textless: Qwen3Server;
+  const sidecars: TestSidecar[] = [];
+  beforeAll(async () => {
+    [server, textless] = await Promise.all([
+      startQwen3Server({ generate: { masks: { keep: KEEP } }, weightVersions: (answer, n) => [{ version: `v${answer}`, start: 0, end: n }] }),
+      startQwen3Server({ generate: { textless: true } }),
+    ]);
+  });
+  afterAll(async () => {
+    await Promise.all(sidecars.map((s) => s.stop()));
+    await Promise.all([server?.close(), textless?.close()]);
+  });
+  const sidecarFor = async (upstream: Qwen3Server, route: string): Promise<TestSidecar> => {
+    const s = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', token_in: { enabled: true, route } } },
+      processors: { sampling: { masks: true, logprobs_mode: 'processed_logprobs' } },
+    });
+    sidecars.push(s);
+    return s;
+  };
+  async function run(sidecar: TestSidecar, upstream: Qwen3Server, rollout: string, stream: boolean) {
+    const [p0, r0] = [upstream.completionPrompts.length, upstream.requests.length];
+    const received = await runAgent(sidecar, rollout, stream);
+    const paths = upstream.requests.slice(r0).map((r) => r.path);
+    return { received, paths, prompts: upstream.completionPrompts.slice(p0), trajectories: await rewardedTrajectories(sidecar, rollout) };
+  }
+
+  it.each([false, true])(
+    'found by itself: the same answers and prompts as over completions, one segment (streamed: %s)',
+    async (stream) => {
+      const [auto, completions] = await Promise.all([sidecarFor(server, 'auto'), sidecarFor(server, 'completions')]);
+      const a = await run(auto, server, `gr-auto-${stream}`, stream);
+      const b = await run(completions, server, `gr-completions-${stream}`, stream);
+      expect(a.received).toEqual(b.received);
+      expect(a.prompts).toEqual(b.prompts);
+      expect(a.prompts.length).toBeGreaterThan(3);
+      // The one-token probe, then every call on the route; none on completions.
+      const generated = a.paths.filter((p) => p === '/inference/v1/generate').length;
+      expect(generated).toBe(a.prompts.length + 1);
+      expect(a.paths).not.toContain('/v1/completions');
+      expect(b.paths).not.toContain('/inference/v1/generate');
+      expect(a.trajectories).toHaveLength(1);
+      const [t] = a.trajectories;
+      expect(t.token_ids).toEqual(b.trajectories[0].token_ids);
+      expect(t.logprobs).toEqual(b.trajectories[0].logprobs);
+      expect(t.turns.every((u) => u.has_logprobs)).toBe(true);
+      // Weight versions come from the route's answers (the completions one carries them too).
+      expect(t.weight_versions?.length).toBe(t.turns.length);
+      const transitions = auto.transitions().filter((x) => x.rollout_id === `gr-auto-${stream}`);
+      expect(transitions.map((x) => x.translation?.upstream_api)).toEqual(transitions.map(() => 'generate'));
+    },
+    60_000,
+  );
+
+  it('records the masks the route gives (not streamed): every row the server sent, every sampled id in its row', async () => {
+    const s = await sidecarFor(server, 'generate');
+    const a = await run(s, server, 'gr-masks', false);
+    const [t] = a.trajectories;
+    expect(t.sampling_mask_complete).toBe(true);
+    expect(t.sampling_mask_violations).toBe(0);
+    expect(t.sampling_mask_coverage).toBe(1);
+    expect(t.logprobs_mode).toBe('processed_logprobs');
+    for (const turn of t.turns)
+      for (let p = turn.response_start; p < turn.response_end; p++) {
+        expect(row(t, p)).toEqual(maskStandIn(t.token_ids[p], p - turn.response_start, KEEP));
+        expect(row(t, p)).toContain(t.token_ids[p]);
+      }
+    // vLLM does not stream masks: a streamed rollout's trajectory says they are missing.
+    const streamed = await run(s, server, 'gr-masks-stream', true);
+    expect(streamed.trajectories[0].sampling_mask_complete).toBe(false);
+    expect(streamed.trajectories[0].sampling_mask!.missing).toEqual(streamed.trajectories[0].turns.map((u) => [u.response_start, u.response_end]));
+  }, 60_000);
+
+  it('a server whose route answers without text (before output_mode) is served over completions', async () => {
+    const s = await sidecarFor(textless, 'auto');
+    const a = await run(s, textless, 'gr-textless', false);
+    expect(a.paths.filter((p) => p === '/inference/v1/generate')).toHaveLength(1);
+    expect(a.paths.filter((p) => p === '/v1/completions')).toHaveLength(a.prompts.length);
+    expect(a.trajectories).toHaveLength(1);
+  }, 60_000);
+});
