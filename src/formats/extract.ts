@@ -1,9 +1,9 @@
 import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
-import { isObject } from './json';
+import { intList, isObject } from './json';
 import { IDS_MARKER, logprobsMarker, ROUTING_MARKER } from './adapters/shape';
-import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, type Member, type ValueEnd } from './json-scan';
+import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, topLevelMembers, type Member, type ValueEnd } from './json-scan';
 
 /**
  * Reads the bytes of journaled body frames, in order; into `scratch` when it is given and big
@@ -62,7 +62,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
   // keeps what the agent sent and received.
   const upstreamApi = call.translation?.upstreamApi ?? call.api;
   if (decoded !== null) {
-    const lifted = upstreamApi === 'chat.completions' || upstreamApi === 'completions' || upstreamApi === 'generate';
+    const lifted = upstreamApi === 'chat.completions' || upstreamApi === 'completions' || upstreamApi === 'generate' || upstreamApi === 'sglang.generate';
     if (call.streamed) {
       const patched = patchIds(decoded, ['prompt_token_ids']);
       extracted = extractStream(upstreamApi, patched.text);
@@ -140,7 +140,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
       call,
       bodies.agentResponse ?? [],
       read,
-      (upstreamApi === 'completions' || upstreamApi === 'generate') && call.api === 'chat.completions',
+      (upstreamApi === 'completions' || upstreamApi === 'generate' || upstreamApi === 'sglang.generate') && call.api === 'chat.completions',
     );
     response = received.response;
     if (received.facts !== null) choices = withAgentFacts(choices, received.facts);
@@ -151,7 +151,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     error,
     model: extracted?.model ?? modelFromRequest(bodies.request, read),
     usage: extracted?.usage ?? null,
-    promptTokenIds: extracted?.promptTokenIds ?? null,
+    promptTokenIds: extracted?.promptTokenIds ?? (upstreamApi === 'sglang.generate' && extracted ? inputIds(bodies.request, read) : null),
     choices,
     request,
     response,
@@ -200,6 +200,18 @@ function withAgentFacts(server: ChoiceCapture[], agent: ChoiceCapture[]): Choice
 }
 
 /** The request's `model` (for answers that do not name it, such as errors). */
+/** The prompt ids of a request to SGLang's `/generate` (its top-level `input_ids`), which its answer does not repeat. */
+function inputIds(offsets: number[], read: BodyReader): number[] | null {
+  if (offsets.length === 0) return null;
+  try {
+    const body = read(offsets);
+    const at = topLevelMembers(body)?.get('input_ids');
+    return at ? intList(JSON.parse(body.toString('latin1', at[0], at[1]))) : null;
+  } catch {
+    return null;
+  }
+}
+
 function modelFromRequest(offsets: number[], read: BodyReader): string | null {
   if (offsets.length === 0) return null;
   try {

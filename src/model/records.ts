@@ -4,8 +4,11 @@
  * same transitions.
  */
 
-/** The APIs calls are made in; `generate` is vLLM's token-in route (`/inference/v1/generate`), which only the sidecar calls. */
-export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages' | 'generate';
+/**
+ * The APIs calls are made in. Only the sidecar calls the token-in routes: `generate` is vLLM's
+ * `/inference/v1/generate`, `sglang.generate` SGLang's `/generate`.
+ */
+export type Api = 'chat.completions' | 'completions' | 'responses' | 'anthropic.messages' | 'generate' | 'sglang.generate';
 
 /** Which rollout a record belongs to (docs/frameworks.md). */
 export interface Correlation {

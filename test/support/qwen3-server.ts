@@ -242,8 +242,20 @@ export function maskStandIn(id: number, p: number, keep: number): number[] {
   return row;
 }
 
+/**
+ * An SGLang server instead of vLLM: `GET /v1/models` owned by `sglang` with `max_model_len`; no
+ * `/tokenize` (SGLang's takes no messages); the chat route gives per-choice `prompt_token_ids`
+ * with `return_prompt_token_ids`; native `POST /generate`: `input_ids` and `sampling_params`
+ * (`max_new_tokens`) in, `{text, output_ids, meta_info}` out (`finish_reason {type, matched}`,
+ * `output_token_logprobs` triplets with `return_logprob`, `weight_version`, the token counts);
+ * streamed cumulatively (each event the whole so far), or as deltas with `incremental`.
+ */
+export interface SglangStandIn {
+  incremental?: boolean;
+}
+
 export async function startQwen3Server(
-  options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn; generate?: GenerateStandIn } = {},
+  options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn; generate?: GenerateStandIn; sglang?: SglangStandIn } = {},
 ): Promise<Qwen3Server> {
   let answers = 0;
   const versions = options.weightVersions
@@ -276,6 +288,12 @@ export async function startQwen3Server(
         return send(res, fault, { object: 'error', message: `stand-in fault on ${path}`, type: 'InternalServerError', code: fault });
       }
       try {
+        if (options.sglang) {
+          if (req.method === 'GET' && path === '/v1/models')
+            return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'sglang', max_model_len: 40960 }] });
+          if (path === '/tokenize') return send(res, 404, { detail: 'Not Found' });
+          if (req.method === 'POST' && path === '/generate') return sglangGenerateRoute(res, json, completionPrompts, options.sglang, answers++);
+        }
         if (req.method === 'POST' && path === '/inference/v1/generate' && options.generate)
           return generateRoute(res, json, completionPrompts, options.generate, versions);
         route(req, res, path, json, completionPrompts, options.routing, versions);
@@ -379,6 +397,8 @@ function chatRoute(
           finish_reason: finish,
           stop_reason: null,
           ...(tokens ? { token_ids: s.ids } : {}),
+          // SGLang's per-choice prompt ids (`return_prompt_token_ids`, non-streamed chat only).
+          ...(json.return_prompt_token_ids === true ? { prompt_token_ids: promptIds } : {}),
           ...chatRouting.choice,
           ...versions(s.ids.length),
         },
@@ -550,6 +570,42 @@ function generateRoute(
     ],
   });
   if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
+  stream(res, events);
+}
+
+function sglangGenerateRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][], options: SglangStandIn, answer: number): void {
+  const prompt = json.input_ids;
+  if (!Array.isArray(prompt) || prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0))
+    return send(res, 400, { error: { message: 'this stand-in takes input_ids only' } });
+  const promptIds = prompt as number[];
+  completionPrompts.push(promptIds);
+  const params = (json.sampling_params ?? {}) as Record<string, unknown>;
+  const s = sample(decode(promptIds, false));
+  const skip = params.skip_special_tokens !== false;
+  const lps = (ids: number[]) => (json.return_logprob === true ? ids.map((t) => [-((t % 7) / 10), t, null]) : undefined);
+  const meta = (ids: number[], done: boolean): Record<string, unknown> => ({
+    id: `rid-${answer}`,
+    finish_reason: done ? { type: 'stop', matched: IM_END } : null,
+    prompt_tokens: promptIds.length,
+    completion_tokens: ids.length,
+    cached_tokens: 0,
+    weight_version: `w${answer}`,
+    ...(json.return_logprob === true ? { output_token_logprobs: lps(ids) } : {}),
+  });
+  if (json.stream !== true) return send(res, 200, { text: decode(s.ids, skip), output_ids: s.ids, meta_info: meta(s.ids, true) });
+  const events: unknown[] = [];
+  let sofar: number[] = [];
+  const pieces = [...s.parts.map((p) => p.ids), [IM_END]];
+  pieces.forEach((ids, i) => {
+    const last = i === pieces.length - 1;
+    const before = sofar;
+    sofar = [...sofar, ...ids];
+    if (options.incremental) {
+      const m = meta(sofar, last);
+      if (json.return_logprob === true) m.output_token_logprobs = lps(ids);
+      events.push({ text: decode(sofar, skip).slice(before.length === 0 ? 0 : decode(before, skip).length), output_ids: ids, meta_info: m });
+    } else events.push({ text: decode(sofar, skip), output_ids: sofar, meta_info: meta(sofar, last) });
+  });
   stream(res, events);
 }
 

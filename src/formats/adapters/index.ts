@@ -4,6 +4,7 @@ import { assembleAnthropicStream, extractAnthropic } from './anthropic-messages'
 import { assembleChatStream, extractChat } from './chat-completions';
 import { assembleCompletionsStream, extractCompletions } from './completions';
 import { assembleResponsesStream, extractResponses } from './responses';
+import { assembleSglangGenerateStream, extractSglangGenerate } from './sglang-generate';
 import type { Extracted, ReadLogprobs } from './shape';
 
 export type { Extracted } from './shape';
@@ -31,6 +32,8 @@ export function extractBody(api: Api, body: unknown, read?: ReadLogprobs): Extra
     case 'completions':
     case 'generate':
       return extractCompletions(body);
+    case 'sglang.generate':
+      return extractSglangGenerate(body);
     case 'responses':
       return extractResponses(body);
     case 'anthropic.messages':
@@ -49,6 +52,9 @@ export function extractStream(api: Api, text: string): Extracted & { invalidEven
     case 'completions':
     case 'generate':
       extracted = assembleCompletionsStream(values, done);
+      break;
+    case 'sglang.generate':
+      extracted = assembleSglangGenerateStream(values, done);
       break;
     case 'responses':
       extracted = assembleResponsesStream(payloads);

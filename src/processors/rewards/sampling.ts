@@ -15,7 +15,9 @@ export function samplingOf(call: CallFacts, read: BodyReader, defaults: ServerDe
   const num = requestNumbers(call, read);
   if (num === null) return out;
   for (const key of NUMBERS) out[key] = num(key);
-  out.max_tokens = num('max_tokens') ?? num('max_completion_tokens');
+  // SGLang's `/generate` names two of them its own way.
+  out.seed ??= num('sampling_seed');
+  out.max_tokens = num('max_tokens') ?? num('max_completion_tokens') ?? num('max_new_tokens');
   if (defaults === null) return out;
   // What the server used where the request said nothing, when the sidecar is told its defaults.
   const applied: string[] = [];

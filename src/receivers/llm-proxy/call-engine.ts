@@ -74,6 +74,8 @@ export class CallEngine implements Engine {
   private readonly local: LocalRendering | null;
   /** Whether token-in calls go to vLLM's `/inference/v1/generate` (`token_in.route`). */
   private readonly generate: GenerateRoute | null;
+  /** SGLang's context length by model, as its listing said (token-in's budget when the agent sets none). */
+  private readonly contextLengths = new Map<string, number | null>();
   /** Pinned sampling parameters; null when none are. */
   private readonly pins: Pins | null;
   /** Warnings about a `/v1` missing from a base URL, rate-limited. */
@@ -141,12 +143,12 @@ export class CallEngine implements Engine {
     }
   }
 
-  /** Token-in serves chat calls of a rollout to a vLLM server (SGLang and others: not yet). */
+  /** Token-in serves chat calls of a rollout to a vLLM or SGLang server (others: as chat). */
   private tokenInFor(call: Call): boolean {
     const c = call.capture!;
     if (!this.tokenStates || c.api !== 'chat.completions' || call.req.headers['content-encoding']) return false;
-    if (this.flavors.current() !== 'vllm') {
-      this.tokenIn('fallback', 'server_not_vllm', c);
+    if (this.flavors.current() === 'openai') {
+      this.tokenIn('fallback', 'server_not_vllm_or_sglang', c);
       return false;
     }
     return true;
@@ -233,6 +235,10 @@ export class CallEngine implements Engine {
       tools: TOOL_CALL_PARSERS[t.tool_call_parser],
       local: this.local,
       keepSpecialTokens: READS_SPECIAL_TOKENS.has(t.reasoning_parser),
+      flavor: this.flavors.current() === 'sglang' ? 'sglang' : 'vllm',
+      sglangRouting: this.deps.sglangRouting,
+      samplingMasks: this.deps.samplingMasks,
+      contextLengths: this.contextLengths,
       generate: this.generate,
       served: (how) => {
         const [result, reason] = how.split(':');

