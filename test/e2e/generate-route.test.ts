@@ -146,6 +146,22 @@ describe("token-in over vLLM's /inference/v1/generate", () => {
     expect(streamed.trajectories[0].sampling_mask!.missing).toEqual(streamed.trajectories[0].turns.map((u) => [u.response_start, u.response_end]));
   }, 60_000);
 
+  it("with stops of the agent's own, a stop on the route (which does not say which stop ended it) is not taken for the model's end of turn", async () => {
+    const s = await sidecarFor(server, 'generate');
+    const client = new OpenAI({ baseURL: `${s.origin}/rollout/gr-stops/v1`, apiKey: 'sk-test', maxRetries: 0 });
+    const messages: ChatMessage[] = [{ role: 'user', content: 'Compute 3*4.' }];
+    const first = (await client.chat.completions.create({ model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS, stop: ['Observation:'] }))
+      .choices[0].message;
+    messages.push(
+      { role: 'assistant', content: first.content, tool_calls: first.tool_calls as never },
+      { role: 'tool', tool_call_id: first.tool_calls![0].id, content: '12' },
+    );
+    await client.chat.completions.create({ model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS, stop: ['Observation:'] });
+    await rewardedTrajectories(s, 'gr-stops');
+    const transitions = s.transitions().filter((t) => t.rollout_id === 'gr-stops');
+    expect(transitions.map((t) => t.token_in)).toEqual(['rendered:first_call', 'rendered:previous_cut']);
+  }, 60_000);
+
   it('a server whose route answers without text (before output_mode) is served over completions', async () => {
     const s = await sidecarFor(textless, 'auto');
     const a = await run(s, textless, 'gr-textless', false);

@@ -18,14 +18,14 @@ export function requestNumbers(call: CallFacts, read: BodyReader): ((key: string
   }
   const top = topLevelMembers(body);
   if (top === null) return null;
-  const nested = top.get('sampling_params');
-  const members = nested && body[nested[0]] === 0x7b ? (topLevelMembers(body.subarray(nested[0], nested[1])) ?? top) : top;
-  const base = members === top ? 0 : nested![0];
-  return (key) => {
-    const at = members.get(key);
-    if (!at) return null;
-    const [s, e] = [base + at[0], base + at[1]];
+  const at = top.get('sampling_params');
+  const nested = at && body[at[0]] === 0x7b ? topLevelMembers(body.subarray(at[0], at[1])) : null;
+  const numberAt = (range: [number, number] | undefined, base: number): number | null => {
+    if (!range) return null;
+    const [s, e] = [base + range[0], base + range[1]];
     const v = Number(body.toString('latin1', s, e));
     return Number.isFinite(v) && body[s] !== 0x22 && body[s] !== 0x6e ? v : null;
   };
+  // A sampling parameter nested in `sampling_params`, else a top-level member (SGLang's routing start is one).
+  return (key) => (nested !== null ? numberAt(nested.get(key), at![0]) : null) ?? numberAt(top.get(key), 0);
 }

@@ -27,8 +27,11 @@ export class GenerateRoute {
     this.asking ??= probe().then((answer) => {
       this.asking = null;
       const usable = 'status' in answer && answer.status === 200 && hasText(answer.body);
-      // A server that could not be reached is asked again with the next call.
-      if (!('error' in answer)) {
+      // Only an answer that says what the route is decides: there (200 with text), or not there or
+      // of no use (404, 405, 200 without text). A server that could not be reached, or is busy or
+      // refusing for now (a 503 during a weight update, 429, 401), is asked again with the next call.
+      const decides = 'status' in answer && (answer.status === 200 || answer.status === 404 || answer.status === 405);
+      if (decides) {
         this.known = usable;
         this.log.info(usable ? 'token-in calls go to /inference/v1/generate' : 'token-in calls go to /v1/completions', {
           why: usable

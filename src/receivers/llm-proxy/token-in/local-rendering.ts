@@ -60,7 +60,7 @@ export class LocalRendering {
    */
   serverRendered(r: TokenInRequest, server: readonly number[], maxModelLen: number | null, state: TokenState | null): void {
     const model = modelOf(r);
-    if (maxModelLen !== null) this.maxLen.set(model, maxModelLen);
+    if (maxModelLen !== null) remember(this.maxLen, model, maxModelLen);
     this.metrics.tokenInRendering.inc({ by: 'server' });
     if (this.off.has(model)) return;
     let theirs: readonly number[] = server;
@@ -80,6 +80,7 @@ export class LocalRendering {
     const at = error === null ? firstDifference(ours!, theirs) : 0;
     this.metrics.tokenInRenderChecks.inc({ result: at < 0 ? 'match' : 'mismatch' });
     if (at < 0) return;
+    if (this.off.size >= MAX_MODELS) this.off.delete(this.off.values().next().value!);
     this.off.add(model);
     // Positions are counted in the ids compared: the whole rendering, or what follows the model's turn.
     this.log.warn(
@@ -136,6 +137,15 @@ function firstDifference(a: readonly number[], b: readonly number[]): number {
   for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
   return a.length === b.length ? -1 : n;
 }
+
+/** Sets a model's fact, the map bounded (the names come from agents): the oldest forgotten first. */
+function remember<V>(map: Map<string, V>, model: string, value: V): void {
+  if (!map.has(model) && map.size >= MAX_MODELS) map.delete(map.keys().next().value!);
+  map.set(model, value);
+}
+
+/** Models whose facts are remembered. */
+const MAX_MODELS = 256;
 
 function modelOf(r: TokenInRequest): string {
   return typeof r.chat.model === 'string' ? r.chat.model : '';

@@ -80,8 +80,12 @@ export class SglangAnswerReader {
   private text = '';
   private ids = 0;
 
-  /** One answer object (the whole answer, or a stream event): the new part, its usage. */
-  read(v: unknown): { choice: ChoicePiece; usage: unknown } {
+  /**
+   * One answer object (the whole answer, or a stream event): the new part, its usage, and the event
+   * as a delta (what is journaled of a stream: a cumulative stream's events repeat everything so
+   * far, and kept as they came would grow the record with the square of the answer's length).
+   */
+  read(v: unknown): { choice: ChoicePiece; usage: unknown; delta: Record<string, unknown> } {
     const o = (typeof v === 'object' && v !== null ? v : {}) as { text?: unknown; output_ids?: unknown; meta_info?: Record<string, unknown> };
     const meta = o.meta_info ?? {};
     const ids = Array.isArray(o.output_ids) ? (o.output_ids as number[]) : [];
@@ -90,6 +94,13 @@ export class SglangAnswerReader {
     const cumulative = done !== null && ids.length === done && ids.length >= this.ids;
     const newIds = cumulative ? ids.slice(this.ids) : ids;
     const newText = cumulative ? text.slice(this.text.length) : text;
+    const from = this.ids;
+    // Per-token lists of a cumulative event cover every token so far: the delta keeps the new ones.
+    const deltaMeta: Record<string, unknown> = { ...meta };
+    if (cumulative)
+      for (const key of ['output_token_logprobs', 'output_token_sampling_mask'])
+        if (Array.isArray(meta[key]) && (meta[key] as unknown[]).length === ids.length) deltaMeta[key] = (meta[key] as unknown[]).slice(from);
+    const delta = cumulative ? { ...o, text: newText, output_ids: newIds, meta_info: deltaMeta } : (o as Record<string, unknown>);
     this.ids = cumulative ? ids.length : this.ids + ids.length;
     this.text = cumulative ? text : this.text + text;
     const finish = meta.finish_reason as { type?: unknown; matched?: unknown } | null | undefined;
@@ -103,7 +114,7 @@ export class SglangAnswerReader {
       typeof meta.prompt_tokens === 'number' && typeof meta.completion_tokens === 'number'
         ? { prompt_tokens: meta.prompt_tokens, completion_tokens: meta.completion_tokens, total_tokens: meta.prompt_tokens + meta.completion_tokens }
         : undefined;
-    return { choice, usage };
+    return { choice, usage, delta };
   }
 }
 

@@ -175,6 +175,11 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   if (call.res.destroyed) return agentLeft(engine, call);
   const keep = deps.keepSpecialTokens === true;
   const extras = { routing: deps.sglangRouting === true, masks: deps.samplingMasks === true, keepSpecialTokens: keep };
+  if (sglang) {
+    // SGLang's default budget is 128 new tokens: without the agent's or the context length, the call goes as chat.
+    if (maxModelLen === null && (r.chat.max_completion_tokens ?? r.chat.max_tokens) == null) return deps.fallback('context_length_unknown');
+    if (r.chat.logit_bias !== undefined) return deps.fallback('logit_bias_unsupported');
+  }
   const request = sglang
     ? sglangGenerateBody(r, prompt, maxModelLen, extras, how === 'spliced' ? (state ?? null) : null)
     : generate
@@ -212,7 +217,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     engine.journalRequest(capture, request);
   }
   const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools(Array.isArray(r.chat.tools) ? r.chat.tools : undefined) : null);
-  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay, sglang ? new SglangAnswerReader() : null);
+  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay, sglang ? new SglangAnswerReader() : null, sglang || generate);
   const result = await answer.run();
   if (result === null || !result.sampled || result.sampled.length === 0) {
     deps.states.delete(deps.key);
@@ -260,7 +265,11 @@ async function sglangRendering(
   const lengths = deps.contextLengths;
   if (lengths && !lengths.has(model)) {
     const listed = await post(engine, call, `${engine.upstream.basePath}/models`, Buffer.alloc(0), 'GET');
-    if (!('error' in listed) && listed.status === 200) lengths.set(model, sglangMaxModelLen(listed.body, r.chat.model));
+    if (!('error' in listed) && listed.status === 200) {
+      // Keyed by the names agents send: bounded, the oldest forgotten first.
+      if (lengths.size >= MAX_MODELS) lengths.delete(lengths.keys().next().value!);
+      lengths.set(model, sglangMaxModelLen(listed.body, r.chat.model));
+    }
   }
   const rendered = await post(engine, call, `${engine.upstream.basePath}/chat/completions`, sglangRenderBody(r));
   if ('error' in rendered) return 'render_unreachable';
@@ -268,6 +277,9 @@ async function sglangRendering(
   const tokens = sglangRenderedIds(rendered.body);
   return tokens === null ? 'render_answer' : { tokens, maxModelLen: lengths?.get(model) ?? null };
 }
+
+/** Models whose context length is remembered, by the names agents send. */
+const MAX_MODELS = 256;
 
 /** The agent went away before the answer began: the call is recorded aborted, and nothing is sent. */
 function agentLeft(engine: Engine, call: Call): void {
@@ -360,6 +372,8 @@ class TokenInAnswer {
     private readonly replay: () => void,
     /** SGLang's `/generate` answers, read as completions choices; null: a completions-shaped answer. */
     private readonly sglang: SglangAnswerReader | null = null,
+    /** The route's answers do not name the stop that ended them (only completions' `stop_reason` does). */
+    private readonly stopsUnsaid = false,
   ) {
     this.head = { id: `chatcmpl-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: r.chat.model ?? null };
   }
@@ -390,12 +404,14 @@ class TokenInAnswer {
       let choice: CompletionChoice;
       let usage: unknown;
       try {
-        const v = JSON.parse(Buffer.concat(parts).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
+        const v = JSON.parse(Buffer.concat(parts).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown } | null;
+        if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new Error('not one answer object');
         if (this.sglang !== null) {
-          if (Array.isArray(v)) throw new Error('not one answer');
+          const finished = (v as { meta_info?: { finish_reason?: unknown } }).meta_info?.finish_reason;
+          if (typeof finished !== 'object' || finished === null) throw new Error('no meta_info.finish_reason');
           ({ choice, usage } = this.sglang.read(v));
         } else {
-          if (!Array.isArray(v.choices) || v.choices.length !== 1) throw new Error('not one choice');
+          if (!Array.isArray(v.choices) || v.choices.length !== 1 || !isChoice(v.choices[0])) throw new Error('not one choice');
           choice = v.choices[0];
           usage = v.usage;
           if (v.model !== undefined) this.head.model = v.model;
@@ -464,6 +480,8 @@ class TokenInAnswer {
     const takeEvents = (events: SseEvent[]): void => {
       for (const e of events) {
         if (this.done || e.data === '') continue;
+        // SGLang's events are journaled as deltas (below); anything else of theirs as it came.
+        if (this.sglang !== null && (e.data === '[DONE]' || !e.data.startsWith('{'))) call.capture?.response(Buffer.from(`data: ${e.data}\n\n`));
         if (e.data === '[DONE]') return finishStream();
         let v: { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
         try {
@@ -471,8 +489,10 @@ class TokenInAnswer {
         } catch {
           return this.streamFailed('upstream sent an event that is not JSON');
         }
+        if (typeof v !== 'object' || v === null || Array.isArray(v)) return this.streamFailed('upstream sent an event that is not an object');
         if (this.sglang !== null) {
           const piece = this.sglang.read(v);
+          call.capture?.response(Buffer.from(`data: ${JSON.stringify(piece.delta)}\n\n`));
           if (piece.usage !== undefined) this.usage = piece.usage;
           start();
           emit(this.take(piece.choice));
@@ -480,13 +500,14 @@ class TokenInAnswer {
         }
         if (v.usage) this.usage = v.usage;
         if (!Array.isArray(v.choices) || v.choices.length === 0) continue;
+        if (!isChoice(v.choices[0])) return this.streamFailed('upstream sent a choice that is not an object');
         start();
         emit(this.take(v.choices[0]));
       }
     };
     ures.on('data', (chunk: Buffer) => {
       if (this.done) return;
-      call.capture?.response(chunk);
+      if (this.sglang === null) call.capture?.response(chunk);
       try {
         takeEvents(splitter.push(chunk));
       } catch (err) {
@@ -504,7 +525,8 @@ class TokenInAnswer {
 
   /** Reads a completions choice (whole, or one stream chunk's): its text, ids and finish reason. */
   private take(choice: CompletionChoice): ReturnType<SampledText['push']> {
-    if (Array.isArray(choice.token_ids)) this.sampled.push(...choice.token_ids);
+    // Appended one by one: a spread of a long answer's ids would exceed the call stack.
+    if (Array.isArray(choice.token_ids)) for (const id of choice.token_ids) this.sampled.push(id);
     else if (typeof choice.text === 'string' && choice.text !== '') this.tokenIds = false;
     if (choice.finish_reason) this.finish = choice.finish_reason;
     if (choice.stop_reason !== undefined && choice.stop_reason !== null) this.stopMatched = true;
@@ -559,8 +581,19 @@ class TokenInAnswer {
     this.done = true;
     if (this.call.capture && this.text.notes.length > 0 && this.call.capture.translation) this.call.capture.translation.notes = [...this.text.notes];
     this.engine.settle(this.call, { status: o.status, error: o.error, statusClass: o.statusClass, streamed: o.streamed ?? this.r.stream }, null);
-    this.resolve(o.ok ? { sampled: this.tokenIds ? this.sampled : null, stopped: this.finish === 'stop' && !this.stopMatched } : null);
+    // Routes that do not say which stop ended the answer (vLLM's generate, SGLang's matched token):
+    // with stops of the agent's own, a stop may be one of them, not the model's end of turn.
+    const unsure = this.stopsUnsaid && (hasItems(this.r.chat.stop) || hasItems(this.r.chat.stop_token_ids));
+    this.resolve(o.ok ? { sampled: this.tokenIds ? this.sampled : null, stopped: this.finish === 'stop' && !this.stopMatched && !unsure } : null);
   }
+}
+
+function hasItems(v: unknown): boolean {
+  return (typeof v === 'string' && v !== '') || (Array.isArray(v) && v.length > 0);
+}
+
+function isChoice(c: unknown): c is CompletionChoice {
+  return typeof c === 'object' && c !== null && !Array.isArray(c);
 }
 
 /** A completions choice (whole, or a stream chunk's); `stop_reason` (vLLM): the stop string or token id of the request that ended it, null when the model's own end of turn did. */
