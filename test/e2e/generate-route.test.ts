@@ -1,4 +1,5 @@
 import OpenAI from 'openai';
+import { runCalculatorAgent } from '../support/calculator-agent';
 import type { Trajectory } from '../../src/model/records';
 import { CALCULATOR_TOOLS as TOOLS, maskStandIn, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
 import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
@@ -14,57 +15,6 @@ import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support
 
 const QUERIES = ['Compute 3*4 and 7+8.', 'Now compute 10-2.'];
 const KEEP = 3;
-
-function calculator(expression: string): string {
-  const m = /^(-?\d+)\s*([-+*/])\s*(-?\d+)$/.exec(expression.trim());
-  if (!m) return 'error';
-  const [a, b] = [Number(m[1]), Number(m[3])];
-  return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
-}
-
-/** The tool loop; what the agent received, call by call (tool-call ids left out: they are random). */
-async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean): Promise<unknown[]> {
-  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
-  const messages: ChatMessage[] = [{ role: 'system', content: 'You are a careful calculator agent.' }];
-  const received: unknown[] = [];
-  for (const q of QUERIES) {
-    messages.push({ role: 'user', content: q });
-    for (let step = 0; step < 8; step++) {
-      const body = { model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS };
-      let content: string | null = null;
-      let finish: string | null = null;
-      let calls: { id: string; name: string; arguments: string }[] = [];
-      if (stream) {
-        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
-          const c = chunk.choices[0];
-          if (c?.finish_reason) finish = c.finish_reason;
-          if (c?.delta.content) content = (content ?? '') + c.delta.content;
-          for (const t of c?.delta.tool_calls ?? []) {
-            calls[t.index] ??= { id: '', name: '', arguments: '' };
-            if (t.id) calls[t.index].id = t.id;
-            calls[t.index].name += t.function?.name ?? '';
-            calls[t.index].arguments += t.function?.arguments ?? '';
-          }
-        }
-      } else {
-        const c = (await client.chat.completions.create(body)).choices[0];
-        content = c.message.content;
-        finish = c.finish_reason;
-        calls = (c.message.tool_calls ?? []).flatMap((t) =>
-          t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
-        );
-      }
-      received.push({ content, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
-      const assistant: ChatMessage = { role: 'assistant', content };
-      if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
-      messages.push(assistant);
-      if (calls.length === 0) break;
-      for (const c of calls)
-        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
-    }
-  }
-  return received;
-}
 
 function row(t: Trajectory, p: number): number[] {
   const m = t.sampling_mask!;
@@ -95,7 +45,7 @@ describe("token-in over vLLM's /inference/v1/generate", () => {
   };
   async function run(sidecar: TestSidecar, upstream: Qwen3Server, rollout: string, stream: boolean) {
     const [p0, r0] = [upstream.completionPrompts.length, upstream.requests.length];
-    const received = await runAgent(sidecar, rollout, stream);
+    const received = await runCalculatorAgent(sidecar, rollout, { stream: stream, queries: QUERIES });
     const paths = upstream.requests.slice(r0).map((r) => r.path);
     return { received, paths, prompts: upstream.completionPrompts.slice(p0), trajectories: await rewardedTrajectories(sidecar, rollout) };
   }

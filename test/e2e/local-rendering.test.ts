@@ -1,8 +1,8 @@
 import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import OpenAI from 'openai';
-import { CALCULATOR_TOOLS as TOOLS, startQwen3Server, type ChatMessage, type Qwen3Server } from '../support/qwen3-server';
+import { runCalculatorAgent } from '../support/calculator-agent';
+import { startQwen3Server, type Qwen3Server } from '../support/qwen3-server';
 import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
@@ -29,53 +29,6 @@ function editedFiles(edit: (template: string) => string): string {
   return dir;
 }
 
-function calculator(expression: string): string {
-  const m = /^(-?\d+)\s*([-+*/])\s*(-?\d+)$/.exec(expression.trim());
-  if (!m) return 'error';
-  const [a, b] = [Number(m[1]), Number(m[3])];
-  return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
-}
-
-/** The tool loop over QUERIES; what the agent received, call by call. */
-async function runAgent(sidecar: TestSidecar, rollout: string, stream: boolean): Promise<unknown[]> {
-  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
-  const messages: ChatMessage[] = [{ role: 'system', content: 'You are a careful calculator agent. Ünïcödé: 漢字 ✓' }];
-  const received: unknown[] = [];
-  for (const q of QUERIES) {
-    messages.push({ role: 'user', content: q });
-    for (let step = 0; step < 8; step++) {
-      const body = { model: 'Qwen/Qwen3-8B', messages: messages as never, tools: TOOLS };
-      let content: string | null = null;
-      let calls: { id: string; name: string; arguments: string }[] = [];
-      if (stream) {
-        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
-          const d = chunk.choices[0]?.delta;
-          if (d?.content) content = (content ?? '') + d.content;
-          for (const t of d?.tool_calls ?? []) {
-            calls[t.index] ??= { id: '', name: '', arguments: '' };
-            if (t.id) calls[t.index].id = t.id;
-            calls[t.index].name += t.function?.name ?? '';
-            calls[t.index].arguments += t.function?.arguments ?? '';
-          }
-        }
-      } else {
-        const m = (await client.chat.completions.create(body)).choices[0].message;
-        content = m.content;
-        calls = (m.tool_calls ?? []).flatMap((t) => (t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : []));
-      }
-      // Ids are random per answer; what the model said is compared.
-      received.push({ content, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
-      const assistant: ChatMessage = { role: 'assistant', content };
-      if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
-      messages.push(assistant);
-      if (calls.length === 0) break;
-      for (const c of calls)
-        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
-    }
-  }
-  return received;
-}
-
 async function metricLines(s: TestSidecar, name: string): Promise<string[]> {
   return (await (await fetch(`${s.telemetryOrigin}/metrics`)).text()).split('\n').filter((l) => l.startsWith(name));
 }
@@ -98,7 +51,11 @@ describe('token-in with local rendering (token_in.tokenizer_dir)', () => {
   /** Runs the agent; the id prompts and `/tokenize` calls the server got meanwhile, and the trajectories. */
   async function run(sidecar: TestSidecar, rollout: string, stream: boolean) {
     const [p0, r0] = [server.completionPrompts.length, server.requests.length];
-    const received = await runAgent(sidecar, rollout, stream);
+    const received = await runCalculatorAgent(sidecar, rollout, {
+      stream: stream,
+      queries: QUERIES,
+      system: 'You are a careful calculator agent. Ünïcödé: 漢字 ✓',
+    });
     const prompts = server.completionPrompts.slice(p0);
     const tokenizeCalls = server.requests.slice(r0).filter((r) => r.path === '/tokenize').length;
     return { received, prompts, tokenizeCalls, trajectories: await rewardedTrajectories(sidecar, rollout) };

@@ -1,7 +1,5 @@
-import { holdPartial, type ReasoningStream } from './parser-kit';
+import { ThinkBlockParser } from './think-block';
 
-const OPEN = '<think>';
-const CLOSE = '</think>';
 /**
  * Ids of DeepSeek-V3's vocabulary (R1, V3.1 and V3 share it) that a prompt can end with: `</think>`
  * (thinking turned off by the template), `<｜Assistant｜>` and the ends of tool outputs (the
@@ -30,60 +28,9 @@ const NO_BLOCK_OPENED = new Set([
  * tool result no template opens one) opened none: the output is reasoning only when it starts with
  * `<think>`, and otherwise all content.
  */
-export class DeepSeekR1ReasoningParser implements ReasoningStream {
-  /** `open`: reasoning, once a `<think>` the output may start with is passed; `start`: reasoning only if the output starts with `<think>`. */
-  private state: 'open' | 'start' | 'reasoning' | 'content';
-  private held = '';
-  reasoned: boolean;
-
+export class DeepSeekR1ReasoningParser extends ThinkBlockParser {
   constructor(prompt: ArrayLike<number>) {
     const last = prompt.length > 0 ? prompt[prompt.length - 1] : -1;
-    this.state = last === THINK_END ? 'content' : NO_BLOCK_OPENED.has(last) ? 'start' : 'open';
-    this.reasoned = this.state === 'open';
-  }
-
-  push(text: string): { reasoning: string; content: string } {
-    let buf = this.held + text;
-    this.held = '';
-    let reasoning = '';
-    let content = '';
-    for (;;) {
-      if (this.state === 'open' || this.state === 'start') {
-        if (buf.startsWith(OPEN)) {
-          this.state = 'reasoning';
-          this.reasoned = true;
-          buf = buf.slice(OPEN.length);
-          continue;
-        }
-        if (OPEN.startsWith(buf)) {
-          this.held = buf;
-          break;
-        }
-        this.state = this.state === 'open' ? 'reasoning' : 'content';
-        continue;
-      }
-      if (this.state === 'reasoning') {
-        const at = buf.indexOf(CLOSE);
-        if (at >= 0) {
-          reasoning += buf.slice(0, at);
-          buf = buf.slice(at + CLOSE.length);
-          this.state = 'content';
-          continue;
-        }
-        const [safe, held] = holdPartial(buf, CLOSE);
-        reasoning += safe;
-        this.held = held;
-        break;
-      }
-      content += buf;
-      break;
-    }
-    return { reasoning, content };
-  }
-
-  end(): { reasoning: string; content: string } {
-    const rest = this.held;
-    this.held = '';
-    return this.state === 'open' || this.state === 'reasoning' ? { reasoning: rest, content: '' } : { reasoning: '', content: rest };
+    super(last === THINK_END ? 'content' : NO_BLOCK_OPENED.has(last) ? 'start' : 'open');
   }
 }

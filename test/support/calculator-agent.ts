@@ -1,0 +1,70 @@
+import OpenAI from 'openai';
+import { CALCULATOR_TOOLS, type ChatMessage } from './qwen3-server';
+import type { TestSidecar } from './sidecar';
+
+/** The calculator tool the agent runs: `a op b` of integers. */
+export function calculator(expression: string): string {
+  const m = /^(-?\d+)\s*([-+*/])\s*(-?\d+)$/.exec(expression.trim());
+  if (!m) return 'error';
+  const [a, b] = [Number(m[1]), Number(m[3])];
+  return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
+}
+
+/** What the agent received on one call (tool-call ids left out: servers make them up at random). */
+export interface Received {
+  content: string | null;
+  finish: string | null;
+  calls: { name: string; arguments: string }[];
+}
+
+/**
+ * A tool-using agent on the real `openai` SDK, through a sidecar's rollout route: for each query, it
+ * calls the model and runs the calculator for each tool call until an answer has none (at most 8
+ * calls a query), streamed or not. Returns what it received, call by call.
+ */
+export async function runCalculatorAgent(
+  sidecar: TestSidecar,
+  rollout: string,
+  o: { stream: boolean; queries: readonly string[]; system?: string; model?: string },
+): Promise<Received[]> {
+  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
+  const messages: ChatMessage[] = [{ role: 'system', content: o.system ?? 'You are a careful calculator agent.' }];
+  const received: Received[] = [];
+  for (const q of o.queries) {
+    messages.push({ role: 'user', content: q });
+    for (let step = 0; step < 8; step++) {
+      const body = { model: o.model ?? 'Qwen/Qwen3-8B', messages: messages as never, tools: CALCULATOR_TOOLS };
+      let content: string | null = null;
+      let finish: string | null = null;
+      let calls: { id: string; name: string; arguments: string }[] = [];
+      if (o.stream) {
+        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+          const c = chunk.choices[0];
+          if (c?.finish_reason) finish = c.finish_reason;
+          if (c?.delta.content) content = (content ?? '') + c.delta.content;
+          for (const t of c?.delta.tool_calls ?? []) {
+            calls[t.index] ??= { id: '', name: '', arguments: '' };
+            if (t.id) calls[t.index].id = t.id;
+            calls[t.index].name += t.function?.name ?? '';
+            calls[t.index].arguments += t.function?.arguments ?? '';
+          }
+        }
+      } else {
+        const c = (await client.chat.completions.create(body)).choices[0];
+        content = c.message.content;
+        finish = c.finish_reason;
+        calls = (c.message.tool_calls ?? []).flatMap((t) =>
+          t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
+        );
+      }
+      received.push({ content, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
+      const assistant: ChatMessage = { role: 'assistant', content };
+      if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+      messages.push(assistant);
+      if (calls.length === 0) break;
+      for (const c of calls)
+        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
+    }
+  }
+  return received;
+}
