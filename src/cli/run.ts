@@ -71,8 +71,11 @@ export const runCommand: Command = {
     });
     if (warning) logger.warn(msg, fields);
     else logger.info(msg, fields);
-    // Said now, not found at training time (also in /readyz while it holds).
-    const maskGap = samplingMaskGap(config.processors.sampling, app.proxy.flavor(), tokenInGenerate(config));
+    // Said now, not found at training time (also in /readyz while it holds). A server not identified
+    // yet (still starting) is not called unable to give masks: /readyz says so once it is known.
+    const pending = upstream.source === 'unknown';
+    const maskGap =
+      pending && config.processors.sampling.masks ? null : samplingMaskGap(config.processors.sampling, app.proxy.flavor(), tokenInGenerate(config));
     if (maskGap !== null) logger.warn(maskGap, { check: 'sampling_masks' });
     const modeGap = logprobsModeGap(config.processors.sampling, app.proxy.flavor());
     if (modeGap !== null) logger.warn(modeGap, { check: 'sampling_masks' });
