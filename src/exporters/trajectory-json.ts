@@ -72,13 +72,8 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     parts.push(`","missing":${JSON.stringify(routing.missing)}},"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
   }
   if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
-  if (samplingMask !== null) {
-    const m = samplingMask;
-    parts.push(',"sampling_mask":{"offsets":[', m.offsets.join(','), '],"ids":[', m.ids.join(','), ']');
-    parts.push(
-      `,"missing":${JSON.stringify(m.missing)}},"sampling_mask_coverage":${m.coverage},"sampling_mask_complete":${m.complete},"sampling_mask_violations":${m.violations}`,
-    );
-  }
+  // The mask's four fields as `materializeTrajectory` gives them (one list of their names and order).
+  if (samplingMask !== null) parts.push(',', JSON.stringify(samplingMaskFields(samplingMask)).slice(1, -1));
   if (logprobsMode !== null) parts.push(',"logprobs_mode":', JSON.stringify(logprobsMode));
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));

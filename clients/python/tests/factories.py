@@ -297,3 +297,48 @@ def built_node_encoding(marker, what):
     if marker not in encoding_js.read_text():
         pytest.skip(f'the built Node encoding has no {what} (npx tsc -p tsconfig.build.json)')
     return encoding_js
+
+
+# Encodes a JSON trajectory with the built Node exporter (argv[1]: encoding.js, argv[2]:
+# transition-json.js), its record made back from the JSON (routing, weight versions, sampling masks
+# and logprobs mode included), printing [JSON, protobuf] in base64.
+NODE_ENCODE_TRAJECTORY = """
+const [encJs, writerJs] = process.argv.slice(1);
+const enc = require(encJs);
+const { TransitionWriter } = require(writerJs);
+const writer = new TransitionWriter(() => { throw new Error('no journal'); });
+const TYPES = { uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array, int32: Int32Array };
+const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const { token_ids, loss_mask, logprobs, routed_experts: r, routing_coverage, routing_complete, weight_versions, sampling_mask: m,
+        sampling_mask_coverage, sampling_mask_complete, sampling_mask_violations, logprobs_mode, ...rest } = t;
+const cut = t.turns[t.turns.length - 1].response_start;
+let routing = null;
+if (r) {
+  const bytes = Buffer.from(r.data, 'base64');
+  const copy = new Uint8Array(bytes);  // aligned for the typed array
+  routing = { rows: r.shape[0], layers: r.shape[1], topK: r.shape[2], data: new TYPES[r.dtype](copy.buffer), missing: r.missing, coverage: routing_coverage, complete: routing_complete, problems: [] };
+}
+const record = {
+  ...rest,
+  routing,
+  weightVersions: weight_versions ?? null,
+  samplingMask: m ? { offsets: Int32Array.from(m.offsets), ids: Int32Array.from(m.ids), missing: m.missing, coverage: sampling_mask_coverage,
+                      complete: sampling_mask_complete, violations: sampling_mask_violations, problems: [] } : null,
+  logprobsMode: logprobs_mode ?? null,
+  last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
+  length: token_ids.length,
+  turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),
+};
+process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
+"""
+
+
+def node_encode_trajectory(tr, encoding_js):
+    """The Node exporter's JSON and protobuf bytes of trajectory ``tr`` (a dict in the JSON shape)."""
+    import base64
+    import json
+    import subprocess
+    done = subprocess.run([node(), '-e', NODE_ENCODE_TRAJECTORY, str(encoding_js), str(REPO / 'dist' / 'exporters' / 'transition-json.js')],
+                          input=json.dumps(tr).encode(), capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    return tuple(base64.b64decode(x) for x in json.loads(done.stdout))

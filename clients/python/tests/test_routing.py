@@ -9,7 +9,7 @@ from lightning_sidecar_client import routed_experts_array, routing_missing_mask,
 from lightning_sidecar_client.groups import GroupAssembler
 from lightning_sidecar_client.position import Position
 from lightning_sidecar_client.records import JSON, PROTOBUF, decode_trajectory
-from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing
+from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing, node_encode_trajectory
 
 np = pytest.importorskip('numpy')
 
@@ -173,34 +173,6 @@ def test_routed_rows_must_be_one_per_token_but_the_last_and_agree_in_size():
 
 # --- with the Node code (dist/): the Node exporter's records decode here, and ours decode there ---
 
-NODE_ENCODE = """
-const [encJs, writerJs] = process.argv.slice(1);
-const enc = require(encJs);
-const { TransitionWriter } = require(writerJs);
-const writer = new TransitionWriter(() => { throw new Error('no journal'); });
-const TYPES = { uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array, int32: Int32Array };
-const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-const { token_ids, loss_mask, logprobs, routed_experts: r, routing_coverage, routing_complete, weight_versions, ...rest } = t;
-const cut = t.turns[t.turns.length - 1].response_start;
-let routing = null;
-if (r) {
-  const bytes = Buffer.from(r.data, 'base64');
-  const copy = new Uint8Array(bytes);  // aligned for the typed array
-  routing = { rows: r.shape[0], layers: r.shape[1], topK: r.shape[2], data: new TYPES[r.dtype](copy.buffer), missing: r.missing, coverage: routing_coverage, complete: routing_complete, problems: [] };
-}
-const record = {
-  ...rest,
-  routing,
-  weightVersions: weight_versions ?? null,
-  samplingMask: null,
-  logprobsMode: null,
-  last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
-  length: token_ids.length,
-  turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),
-};
-process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
-"""
-
 NODE_DECODE = """
 const enc = require(process.argv[1]);
 const b64 = require('fs').readFileSync(0, 'utf8');
@@ -219,10 +191,7 @@ def _node_encoding():
 @pytest.mark.parametrize('routed', [True, False])
 def test_trajectories_the_node_exporter_encodes_decode_here_to_the_same_dict_in_json_and_protobuf(routed):
     t = routed_trajectory('uint16', missing=[(3, 5)])[0] if routed else three_calls()[1]
-    done = subprocess.run([node(), '-e', NODE_ENCODE, str(_node_encoding()), str(REPO / 'dist' / 'exporters' / 'transition-json.js')],
-                          input=json.dumps(t).encode(), capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    as_json, as_pb = (base64.b64decode(x) for x in json.loads(done.stdout))
+    as_json, as_pb = node_encode_trajectory(t, _node_encoding())
     from_json, from_pb = decode_trajectory(as_json, JSON), decode_trajectory(as_pb, PROTOBUF)
     assert from_json == t and from_pb == t
     assert list(from_json) == list(t) == list(from_pb)

@@ -15,7 +15,7 @@ from lightning_sidecar_client.groups import GroupAssembler
 from lightning_sidecar_client.position import Position
 from lightning_sidecar_client.proto import records_pb2
 from lightning_sidecar_client.records import JSON, PROTOBUF, decode_trajectory
-from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding
+from factories import REPO, encode_trajectory_pb, node, three_calls, trajectory_rollout, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding, node_encode_trajectory
 
 MASK_KEYS = ('sampling_mask', 'sampling_mask_coverage', 'sampling_mask_complete', 'sampling_mask_violations')
 
@@ -322,29 +322,6 @@ def test_a_mask_that_does_not_fit_its_row_is_an_error_naming_the_row():
 
 # --- with the Node code (dist/): the Node exporter's records decode here, ours decode there, same groups ---
 
-NODE_ENCODE = """
-const [encJs, writerJs] = process.argv.slice(1);
-const enc = require(encJs);
-const { TransitionWriter } = require(writerJs);
-const writer = new TransitionWriter(() => { throw new Error('no journal'); });
-const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-const { token_ids, loss_mask, logprobs, weight_versions, sampling_mask: m, sampling_mask_coverage, sampling_mask_complete,
-        sampling_mask_violations, logprobs_mode, ...rest } = t;
-const cut = t.turns[t.turns.length - 1].response_start;
-const record = {
-  ...rest,
-  routing: null,
-  weightVersions: weight_versions ?? null,
-  samplingMask: m ? { offsets: Int32Array.from(m.offsets), ids: Int32Array.from(m.ids), missing: m.missing, coverage: sampling_mask_coverage,
-                      complete: sampling_mask_complete, violations: sampling_mask_violations, problems: [] } : null,
-  logprobsMode: logprobs_mode ?? null,
-  last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
-  length: token_ids.length,
-  turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),
-};
-process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
-"""
-
 def _node_encoding():
     return built_node_encoding('sampling_mask', 'sampling masks')
 
@@ -358,10 +335,7 @@ def node_trajectories():
 @pytest.mark.parametrize('which', range(len(CASES) + 2))
 def test_trajectories_the_node_exporter_encodes_decode_here_to_the_same_dict_in_json_and_protobuf(which):
     tr = node_trajectories()[which]
-    done = subprocess.run([node(), '-e', NODE_ENCODE, str(_node_encoding()), str(REPO / 'dist' / 'exporters' / 'transition-json.js')],
-                          input=json.dumps(tr).encode(), capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    as_json, as_pb = (base64.b64decode(x) for x in json.loads(done.stdout))
+    as_json, as_pb = node_encode_trajectory(tr, _node_encoding())
     # The JSON line is JavaScript's text of the dict, byte for byte.
     assert as_json.decode() == js_json.dumps(tr)
     same(decode_trajectory(as_json, JSON), tr)

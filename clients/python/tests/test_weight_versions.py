@@ -10,7 +10,7 @@ import lightning_sidecar_client
 from lightning_sidecar_client import js_json, weight_version_per_token
 from lightning_sidecar_client.proto import records_pb2
 from lightning_sidecar_client.records import JSON, PROTOBUF, decode_trajectory
-from factories import REPO, encode_trajectory_pb, node, three_calls, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding
+from factories import REPO, encode_trajectory_pb, node, three_calls, with_routing, NODE_DECODE_TRAJECTORIES, built_node_encoding, node_encode_trajectory
 
 # The 3-call trajectory: token_ids 1 2 3 | 10 11 | 4 5 | 12 | 6 | 13 14, sampled at 3-4, 7 and 9-10.
 SPANS = [
@@ -114,27 +114,6 @@ def test_the_helper_is_exported_from_the_package():
 
 # --- with the Node code (dist/): the Node exporter's records decode here, and ours decode there ---
 
-NODE_ENCODE = """
-const [encJs, writerJs] = process.argv.slice(1);
-const enc = require(encJs);
-const { TransitionWriter } = require(writerJs);
-const writer = new TransitionWriter(() => { throw new Error('no journal'); });
-const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-const { token_ids, loss_mask, logprobs, weight_versions, ...rest } = t;
-const cut = t.turns[t.turns.length - 1].response_start;
-const record = {
-  ...rest,
-  routing: null,
-  weightVersions: weight_versions === undefined ? null : weight_versions,
-  samplingMask: null,
-  logprobsMode: null,
-  last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
-  length: token_ids.length,
-  turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),
-};
-process.stdout.write(JSON.stringify(['json', 'protobuf'].map((e) => enc.encodeTrajectory(record, e, writer).toString('base64'))));
-"""
-
 def _node_encoding():
     return built_node_encoding('weight_versions', 'weight versions')
 
@@ -148,10 +127,7 @@ def node_trajectories():
 @pytest.mark.parametrize('which', range(3))
 def test_trajectories_the_node_exporter_encodes_decode_here_to_the_same_dict_in_json_and_protobuf(which):
     tr = node_trajectories()[which]
-    done = subprocess.run([node(), '-e', NODE_ENCODE, str(_node_encoding()), str(REPO / 'dist' / 'exporters' / 'transition-json.js')],
-                          input=json.dumps(tr).encode(), capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    as_json, as_pb = (base64.b64decode(x) for x in json.loads(done.stdout))
+    as_json, as_pb = node_encode_trajectory(tr, _node_encoding())
     # The JSON line is JavaScript's text of the dict, byte for byte (no key when no call said).
     assert as_json.decode() == js_json.dumps(tr)
     same(decode_trajectory(as_json, JSON), tr)

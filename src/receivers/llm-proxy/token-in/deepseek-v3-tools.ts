@@ -1,4 +1,4 @@
-import { holdPartial, type ToolCallOut, type ToolStream } from './parser-kit';
+import { DelimitedToolParser, type ToolCallOut } from './parser-kit';
 
 // DeepSeek's tool-call tokens (ordinary added tokens, so they stay in the sampled text).
 const CALLS_BEGIN = '<｜tool▁calls▁begin｜>';
@@ -29,66 +29,16 @@ const BODY = {
  * for its end token, and given back as content otherwise (vLLM drops it). vLLM's patterns take
  * arguments on one line; arguments written over several lines are read here too.
  */
-export class DeepSeekV3ToolParser implements ToolStream {
-  private inCalls = false;
-  private held = '';
-  private readonly noteList: string[] = [];
+export class DeepSeekV3ToolParser extends DelimitedToolParser {
   private readonly body: RegExp;
 
   constructor(format: 'v3' | 'v3.1' = 'v3') {
+    super(CALLS_BEGIN, false, CALL_BEGIN, CALL_END);
     this.body = BODY[format];
   }
 
-  get notes(): readonly string[] {
-    return this.noteList;
-  }
-
-  push(text: string): { content: string; calls: ToolCallOut[] } {
-    let buf = this.held + text;
-    this.held = '';
-    let content = '';
-    const calls: ToolCallOut[] = [];
-    if (!this.inCalls) {
-      const at = buf.indexOf(CALLS_BEGIN);
-      if (at < 0) {
-        const [safe, held] = holdPartial(buf, CALLS_BEGIN);
-        this.held = held;
-        return { content: safe, calls };
-      }
-      content = buf.slice(0, at);
-      buf = buf.slice(at + CALLS_BEGIN.length);
-      this.inCalls = true;
-    }
-    for (;;) {
-      const start = buf.indexOf(CALL_BEGIN);
-      if (start < 0) {
-        // Text between and after calls (`\n`, `<｜tool▁calls▁end｜>`): dropped, but a call may be starting.
-        this.held = holdPartial(buf, CALL_BEGIN)[1];
-        break;
-      }
-      const close = buf.indexOf(CALL_END, start);
-      if (close < 0) {
-        this.held = buf.slice(start);
-        break;
-      }
-      content += this.call(buf.slice(start + CALL_BEGIN.length, close), calls, buf.slice(start, close + CALL_END.length));
-      buf = buf.slice(close + CALL_END.length);
-    }
-    return { content, calls };
-  }
-
-  end(): { content: string; calls: ToolCallOut[] } {
-    const rest = this.held;
-    this.held = '';
-    const calls: ToolCallOut[] = [];
-    if (!this.inCalls) return { content: rest, calls };
-    if (!rest.startsWith(CALL_BEGIN)) return { content: '', calls };
-    const content = this.call(rest.slice(CALL_BEGIN.length), calls, rest);
-    return { content, calls };
-  }
-
   /** Reads one call's text into `calls`; the raw text to show as content when it does not parse. */
-  private call(body: string, calls: ToolCallOut[], raw: string): string {
+  protected call(body: string, calls: ToolCallOut[], raw: string): string {
     const m = this.body.exec(body);
     if (m && m[1] !== '' && parses(m[2])) {
       calls.push({ name: m[1], arguments: m[2] });
