@@ -73,6 +73,8 @@ describe("token-in over vLLM's /inference/v1/generate", () => {
       expect(t.weight_versions?.length).toBe(t.turns.length);
       const transitions = auto.transitions().filter((x) => x.rollout_id === `gr-auto-${stream}`);
       expect(transitions.map((x) => x.translation?.upstream_api)).toEqual(transitions.map(() => 'generate'));
+      // The record says what the agent received: finish reasons and tool calls, call by call.
+      expect(transitions.map((x) => [x.finish_reason, x.tool_calls.map((c) => c.name)])).toEqual(a.received.map((r) => [r.finish, r.calls.map((c) => c.name)]));
     },
     60_000,
   );

@@ -91,6 +91,14 @@ describe('sampling masks from SGLang (asked for on non-streamed chat, recorded p
       expect(choices[0].finish_reason).toEqual(served[i].choices[0].finish_reason);
     });
     const [t, ...more] = await trajectoriesOf(sidecar, 'sm-sglang');
+    // The record says what the agent received.
+    const recorded = sidecar.transitions().filter((x) => x.rollout_id === 'sm-sglang');
+    expect(recorded.map((x) => [x.finish_reason, x.tool_calls.map((c) => c.id)])).toEqual(
+      answers.map((a) => {
+        const c = (a as { choices: { finish_reason: string; message: { tool_calls?: { id: string }[] } }[] }).choices[0];
+        return [c.finish_reason, (c.message.tool_calls ?? []).map((tc) => tc.id)];
+      }),
+    );
     expect(more).toEqual([]);
     expect(t.sampling_mask_complete).toBe(true);
     expect(t.sampling_mask_coverage).toBe(1);

@@ -69,6 +69,10 @@ describe("token-in over SGLang's /generate", () => {
       for (const r of generated)
         expect((r.json.sampling_params as { max_new_tokens: number }).max_new_tokens).toBe(40960 - (r.json.input_ids as number[]).length);
       expect(a.transitions.map((t) => t.translation?.upstream_api)).toEqual(a.transitions.map(() => 'sglang.generate'));
+      // The record says what the agent received: finish reasons and tool calls, call by call.
+      expect(a.transitions.map((t) => [t.finish_reason, t.tool_calls.map((c) => c.name)])).toEqual(
+        a.received.map((r) => [r.finish, r.calls.map((c) => c.name)]),
+      );
       // Sampling provenance reads SGLang's names (max_new_tokens) inside sampling_params.
       expect(a.transitions.map((t) => t.sampling?.max_tokens)).toEqual(
         generated.map((r) => (r.json.sampling_params as { max_new_tokens: number }).max_new_tokens),
