@@ -146,6 +146,12 @@ export const llmProxySchema = z
          * the server answers it with text (asked once), else completions.
          */
         route: z.enum(['auto', 'generate', 'completions']).default('auto'),
+        /**
+         * A call the engine aborts mid-answer (a weight update, a pause) is sent again with the ids
+         * sampled so far and the rest of its token budget, up to this many times; 0: the abort
+         * reaches the agent as the engine ended it.
+         */
+        max_resumes: z.number().int().min(0).max(100).default(3),
       })
       .strict()
       .prefault({}),

@@ -225,6 +225,12 @@ function upstreamMetrics(registry: Registry) {
       labelNames: ['result'] as const,
       registers: [registry],
     }),
+    tokenInResumes: new Counter({
+      name: 'lightning_sidecar_token_in_resumes_total',
+      help: 'Token-in calls the model server aborted mid-answer (a weight update, a pause): resumed (sent again with the ids sampled so far), limit (token_in.max_resumes reached: the call ended as the engine ended it), or failed (could not be sent again: budget spent, no token ids, the server refused).',
+      labelNames: ['result'] as const,
+      registers: [registry],
+    }),
     tokenInCalls: new Counter({
       name: 'lightning_sidecar_token_in_calls_total',
       help: "Chat calls under token-in: spliced (continuing the previous call's ids), rendered afresh, or gone through as chat (fallback); with the reason.",

@@ -13,6 +13,8 @@ export function calculator(expression: string): string {
 /** What the agent received on one call (tool-call ids left out: servers make them up at random). */
 export interface Received {
   content: string | null;
+  /** The reasoning the server parsed out (`reasoning_content`), when it did. */
+  reasoning: string | null;
   finish: string | null;
   calls: { name: string; arguments: string }[];
 }
@@ -35,6 +37,7 @@ export async function runCalculatorAgent(
     for (let step = 0; step < 8; step++) {
       const body = { model: o.model ?? 'Qwen/Qwen3-8B', messages: messages as never, tools: CALCULATOR_TOOLS };
       let content: string | null = null;
+      let reasoning: string | null = null;
       let finish: string | null = null;
       let calls: { id: string; name: string; arguments: string }[] = [];
       if (o.stream) {
@@ -42,6 +45,8 @@ export async function runCalculatorAgent(
           const c = chunk.choices[0];
           if (c?.finish_reason) finish = c.finish_reason;
           if (c?.delta.content) content = (content ?? '') + c.delta.content;
+          const thought = (c?.delta as { reasoning_content?: string } | undefined)?.reasoning_content;
+          if (thought) reasoning = (reasoning ?? '') + thought;
           for (const t of c?.delta.tool_calls ?? []) {
             calls[t.index] ??= { id: '', name: '', arguments: '' };
             if (t.id) calls[t.index].id = t.id;
@@ -52,12 +57,13 @@ export async function runCalculatorAgent(
       } else {
         const c = (await client.chat.completions.create(body)).choices[0];
         content = c.message.content;
+        reasoning = (c.message as { reasoning_content?: string | null }).reasoning_content ?? null;
         finish = c.finish_reason;
         calls = (c.message.tool_calls ?? []).flatMap((t) =>
           t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
         );
       }
-      received.push({ content, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
+      received.push({ content, reasoning, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
       const assistant: ChatMessage = { role: 'assistant', content };
       if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));
       messages.push(assistant);

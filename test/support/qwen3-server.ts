@@ -254,10 +254,80 @@ export interface SglangStandIn {
   incremental?: boolean;
 }
 
+/**
+ * Engine aborts, as a weight update makes them (vLLM `POST /pause?mode=abort`, SGLang
+ * `pause_generation`): each entry of `after` aborts the next sampling call on the token-in routes
+ * (completions, generate, SGLang's `/generate`) once that many of its output ids were sampled
+ * (HTTP 200, `finish_reason` abort with the partial ids; a stream ends on a token-less terminal
+ * event). The weights then move on: answers carry version `w0` until the first abort, `w1` after,
+ * and so on (vLLM generate's `weight_versions` spans, SGLang's `weight_version`). A call whose prompt
+ * is an aborted call's prompt followed by the ids it sampled continues that call's answer, as the
+ * engine would sample it (the calculator policy reads the prompt, so it is remembered, not re-read).
+ */
+export interface AbortStandIn {
+  /** One entry a call, in order: abort after that many ids, or null to answer it whole. */
+  after: (number | null)[];
+  /** Every call aborted: the ids sampled before the abort, and the version that sampled them. */
+  aborted: { sampled: number[]; version: string }[];
+}
+
+/** What one call answers: ids (in stream pieces), how it ended, the version that sampled them. */
+interface Planned {
+  sample: Sample;
+  ids: number[];
+  pieces: number[][];
+  finish: 'stop' | 'abort';
+  version: string | null;
+}
+
+function startsWith(a: readonly number[], prefix: readonly number[]): boolean {
+  if (prefix.length > a.length) return false;
+  for (let i = 0; i < prefix.length; i++) if (a[i] !== prefix[i]) return false;
+  return true;
+}
+
+/** The planner of answers: the calculator policy, with the aborts of `abort`. */
+function planner(abort: AbortStandIn | undefined): (promptIds: number[]) => Planned {
+  let version = 0;
+  const cut: { prompt: number[]; sample: Sample }[] = [];
+  return (promptIds) => {
+    const label = abort ? `w${version}` : null;
+    let from = 0;
+    let s: Sample | null = null;
+    let prompt = promptIds;
+    for (const c of cut) {
+      const tail = promptIds.slice(c.prompt.length);
+      if (startsWith(promptIds, c.prompt) && tail.length < c.sample.ids.length && startsWith(c.sample.ids, tail)) {
+        s = c.sample;
+        from = tail.length;
+        prompt = c.prompt;
+        break;
+      }
+    }
+    s ??= sample(decode(promptIds, false));
+    const after = abort?.after.shift() ?? undefined;
+    const to = after === undefined ? s.ids.length : Math.min(from + after, s.ids.length - 1);
+    const pieces: number[][] = [];
+    let at = 0;
+    for (const whole of [...s.parts.map((p) => p.ids), [IM_END]]) {
+      const piece = whole.slice(Math.max(0, from - at), Math.max(0, to - at));
+      if (piece.length > 0) pieces.push(piece);
+      at += whole.length;
+    }
+    const ids = s.ids.slice(from, to);
+    if (after === undefined) return { sample: s, ids, pieces, finish: 'stop', version: label };
+    cut.push({ prompt, sample: s });
+    abort!.aborted.push({ sampled: ids, version: label! });
+    version++;
+    return { sample: s, ids, pieces, finish: 'abort', version: label };
+  };
+}
+
 export async function startQwen3Server(
-  options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn; generate?: GenerateStandIn; sglang?: SglangStandIn } = {},
+  options: { routing?: RoutingStandIn; weightVersions?: VersionsStandIn; generate?: GenerateStandIn; sglang?: SglangStandIn; abort?: AbortStandIn } = {},
 ): Promise<Qwen3Server> {
   let answers = 0;
+  const plan = planner(options.abort);
   const versions = options.weightVersions
     ? (n: number): Record<string, unknown> => {
         const spans = options.weightVersions!(answers++, n);
@@ -292,11 +362,11 @@ export async function startQwen3Server(
           if (req.method === 'GET' && path === '/v1/models')
             return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'sglang', max_model_len: 40960 }] });
           if (path === '/tokenize') return send(res, 404, { detail: 'Not Found' });
-          if (req.method === 'POST' && path === '/generate') return sglangGenerateRoute(res, json, completionPrompts, options.sglang, answers++);
+          if (req.method === 'POST' && path === '/generate') return sglangGenerateRoute(res, json, completionPrompts, options.sglang, answers++, plan);
         }
         if (req.method === 'POST' && path === '/inference/v1/generate' && options.generate)
-          return generateRoute(res, json, completionPrompts, options.generate, versions);
-        route(req, res, path, json, completionPrompts, options.routing, versions);
+          return generateRoute(res, json, completionPrompts, options.generate, versions, plan);
+        route(req, res, path, json, completionPrompts, options.routing, versions, plan);
       } catch (err) {
         send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
       }
@@ -330,6 +400,7 @@ function route(
   completionPrompts: number[][],
   routing: RoutingStandIn | undefined,
   versions: (outputLength: number) => Record<string, unknown>,
+  plan: (promptIds: number[]) => Planned,
 ): void {
   if (req.method === 'GET' && path === '/v1/models')
     return send(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'vllm' }] });
@@ -337,7 +408,7 @@ function route(
   if (req.method !== 'POST') return send(res, 404, { detail: 'Not Found' });
   if (path === '/tokenize') return tokenizeRoute(res, json);
   if (path === '/v1/chat/completions') return chatRoute(res, json, routing, versions);
-  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts, routing, versions);
+  if (path === '/v1/completions') return completionsRoute(res, json, completionPrompts, routing, versions, plan);
   send(res, 404, { detail: 'Not Found' });
 }
 
@@ -439,13 +510,14 @@ function completionsRoute(
   completionPrompts: number[][],
   routing: RoutingStandIn | undefined,
   versions: (outputLength: number) => Record<string, unknown>,
+  plan: (promptIds: number[]) => Planned,
 ): void {
   const prompt = json.prompt;
   if (!Array.isArray(prompt) || !prompt.every((t) => Number.isInteger(t) && t >= 0))
     return send(res, 400, { object: 'error', message: 'this stand-in takes token-id prompts only', type: 'BadRequestError', code: 400 });
   const promptIds = prompt as number[];
   completionPrompts.push(promptIds);
-  const s = sample(decode(promptIds, false));
+  const a = plan(promptIds);
   const id = `cmpl-${randomBytes(8).toString('hex')}`;
   const tokens = json.return_token_ids === true;
   const wantLogprobs = typeof json.logprobs === 'number';
@@ -453,10 +525,9 @@ function completionsRoute(
     wantLogprobs
       ? { tokens: ids.map((t) => `token_id:${t}`), token_logprobs: ids.map((t) => -((t % 7) / 10)), top_logprobs: null, text_offset: ids.map(() => 0) }
       : null;
-  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
-  const text = decode(s.ids, true);
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: a.ids.length, total_tokens: promptIds.length + a.ids.length };
   if (json.stream !== true) {
-    const r = split(routingFields(routing, promptIds, s.ids, json));
+    const r = split(routingFields(routing, promptIds, a.ids, json));
     return send(res, 200, {
       ...r.top,
       id,
@@ -466,13 +537,13 @@ function completionsRoute(
       choices: [
         {
           index: 0,
-          text,
-          logprobs: logprobsOf(s.ids),
-          finish_reason: 'stop',
+          text: decode(a.ids, true),
+          logprobs: logprobsOf(a.ids),
+          finish_reason: a.finish,
           stop_reason: null,
-          ...(tokens ? { token_ids: s.ids, prompt_token_ids: promptIds } : {}),
+          ...(tokens ? { token_ids: a.ids, prompt_token_ids: promptIds } : {}),
           ...r.choice,
-          ...versions(s.ids.length),
+          ...versions(a.ids.length),
         },
       ],
       usage,
@@ -480,25 +551,27 @@ function completionsRoute(
   }
   const head = { id, object: 'text_completion', created: Math.floor(Date.now() / 1000), model: json.model };
   const events: unknown[] = [];
-  s.parts.forEach((p, i) =>
+  const last = a.finish === 'stop' ? a.pieces.length - 1 : -1;
+  a.pieces.forEach((ids, i) =>
     events.push({
       ...head,
       choices: [
         {
           index: 0,
-          text: p.text,
-          logprobs: logprobsOf(p.ids),
-          finish_reason: null,
+          text: decode(ids, true),
+          logprobs: logprobsOf(ids),
+          finish_reason: i === last ? 'stop' : null,
           stop_reason: null,
-          ...(tokens ? { token_ids: p.ids, ...(i === 0 ? { prompt_token_ids: promptIds } : {}) } : {}),
+          ...(tokens ? { token_ids: ids, ...(i === 0 ? { prompt_token_ids: promptIds } : {}) } : {}),
         },
       ],
     }),
   );
-  events.push({
-    ...head,
-    choices: [{ index: 0, text: '', logprobs: logprobsOf([IM_END]), finish_reason: 'stop', stop_reason: null, ...(tokens ? { token_ids: [IM_END] } : {}) }],
-  });
+  if (a.finish === 'abort')
+    events.push({
+      ...head,
+      choices: [{ index: 0, text: '', logprobs: null, finish_reason: 'abort', stop_reason: null, ...(tokens ? { token_ids: [] } : {}) }],
+    });
   if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
   stream(res, events);
 }
@@ -509,6 +582,7 @@ function generateRoute(
   completionPrompts: number[][],
   options: GenerateStandIn,
   versions: (outputLength: number) => Record<string, unknown>,
+  plan: (promptIds: number[]) => Planned,
 ): void {
   const prompt = json.token_ids;
   // FastAPI's validation error for a body without its required field.
@@ -527,14 +601,19 @@ function generateRoute(
     });
   }
   completionPrompts.push(promptIds);
-  const s = sample(decode(promptIds, false));
+  const a = plan(promptIds);
+  // With aborts, the version that sampled the answer; else the `weightVersions` option's.
+  const spans = (n: number): Record<string, unknown> =>
+    a.version === null ? versions(n) : { weight_versions: n === 0 ? [] : [{ version: a.version, start: 0, end: n }] };
   const text = json.output_mode === 'text' && !options.textless;
   const wantLogprobs = typeof params.logprobs === 'number';
   const logprobsOf = (ids: number[]) =>
     wantLogprobs
       ? { content: ids.map((t) => ({ token_id: t, logprob: -((t % 7) / 10), rank: 1, top_logprobs: [{ token_id: t, logprob: -((t % 7) / 10), rank: 1 }] })) }
       : null;
-  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
+  const masksOf = (ids: number[]): Record<string, unknown> =>
+    options.masks ? { sampling_mask: ids.map((id, p) => maskStandIn(id, p, options.masks!.keep)) } : {};
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: a.ids.length, total_tokens: promptIds.length + a.ids.length };
   const head = {
     request_id: `generate-tokens-${randomBytes(8).toString('hex')}`,
     ...(options.textless ? {} : { output_mode: json.output_mode ?? 'tokens' }),
@@ -545,57 +624,72 @@ function generateRoute(
   if (json.stream !== true) {
     const choice: Record<string, unknown> = {
       index: 0,
-      finish_reason: 'stop',
-      token_ids: s.ids,
-      logprobs: logprobsOf(s.ids),
-      ...(text ? { text: decode(s.ids, true) } : {}),
-      ...versions(s.ids.length),
+      finish_reason: a.finish,
+      token_ids: a.ids,
+      logprobs: logprobsOf(a.ids),
+      ...(text ? { text: decode(a.ids, true) } : {}),
+      ...spans(a.ids.length),
+      ...masksOf(a.ids),
     };
-    if (options.masks) choice.sampling_mask = s.ids.map((id, p) => maskStandIn(id, p, options.masks!.keep));
     return send(res, 200, { ...head, ...echo, usage, choices: [choice] });
   }
   const events: unknown[] = [];
-  s.parts.forEach((p, i) =>
+  // Deltas; the last chunk has the finish reason and the weight versions of the whole answer.
+  const pieces = a.finish === 'abort' ? [...a.pieces, []] : a.pieces;
+  pieces.forEach((ids, i) => {
+    const last = i === pieces.length - 1;
     events.push({
       ...head,
       ...(i === 0 ? echo : {}),
-      choices: [{ index: 0, finish_reason: null, token_ids: p.ids, logprobs: logprobsOf(p.ids), ...(text ? { text: p.text } : {}), weight_versions: null }],
-    }),
-  );
-  // The last chunk: the end-of-turn token, the finish reason, and the weight versions of the whole answer.
-  events.push({
-    ...head,
-    choices: [
-      { index: 0, finish_reason: 'stop', token_ids: [IM_END], logprobs: logprobsOf([IM_END]), ...(text ? { text: '' } : {}), ...versions(s.ids.length) },
-    ],
+      choices: [
+        {
+          index: 0,
+          finish_reason: last ? a.finish : null,
+          token_ids: ids,
+          logprobs: logprobsOf(ids),
+          ...(text ? { text: ids.length === 0 ? '' : decode(ids, true) } : {}),
+          ...(last ? spans(a.ids.length) : { weight_versions: null }),
+        },
+      ],
+    });
   });
   if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
   stream(res, events);
 }
 
-function sglangGenerateRoute(res: ServerResponse, json: Record<string, unknown>, completionPrompts: number[][], options: SglangStandIn, answer: number): void {
+function sglangGenerateRoute(
+  res: ServerResponse,
+  json: Record<string, unknown>,
+  completionPrompts: number[][],
+  options: SglangStandIn,
+  answer: number,
+  plan: (promptIds: number[]) => Planned,
+): void {
   const prompt = json.input_ids;
   if (!Array.isArray(prompt) || prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0))
     return send(res, 400, { error: { message: 'this stand-in takes input_ids only' } });
   const promptIds = prompt as number[];
   completionPrompts.push(promptIds);
   const params = (json.sampling_params ?? {}) as Record<string, unknown>;
-  const s = sample(decode(promptIds, false));
+  const a = plan(promptIds);
   const skip = params.skip_special_tokens !== false;
   const lps = (ids: number[]) => (json.return_logprob === true ? ids.map((t) => [-((t % 7) / 10), t, null]) : undefined);
+  const ended =
+    a.finish === 'abort' ? { type: 'abort', message: 'Abort in waiting queue', status_code: null, err_type: null } : { type: 'stop', matched: IM_END };
   const meta = (ids: number[], done: boolean): Record<string, unknown> => ({
     id: `rid-${answer}`,
-    finish_reason: done ? { type: 'stop', matched: IM_END } : null,
+    finish_reason: done ? ended : null,
     prompt_tokens: promptIds.length,
     completion_tokens: ids.length,
     cached_tokens: 0,
-    weight_version: `w${answer}`,
+    weight_version: a.version ?? `w${answer}`,
     ...(json.return_logprob === true ? { output_token_logprobs: lps(ids) } : {}),
   });
-  if (json.stream !== true) return send(res, 200, { text: decode(s.ids, skip), output_ids: s.ids, meta_info: meta(s.ids, true) });
+  if (json.stream !== true) return send(res, 200, { text: decode(a.ids, skip), output_ids: a.ids, meta_info: meta(a.ids, true) });
   const events: unknown[] = [];
   let sofar: number[] = [];
-  const pieces = [...s.parts.map((p) => p.ids), [IM_END]];
+  // An abort ends on an event with no new tokens.
+  const pieces = a.finish === 'abort' ? [...a.pieces, []] : a.pieces;
   pieces.forEach((ids, i) => {
     const last = i === pieces.length - 1;
     const before = sofar;

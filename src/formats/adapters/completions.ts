@@ -37,6 +37,14 @@ const MERGED = new Set(['index', 'text', 'finish_reason', 'token_ids', 'prompt_t
 
 /** Assembles completion stream chunks: text, token ids and `token_logprobs` appended per choice. */
 export function assembleCompletionsStream(chunks: unknown[], done: boolean): Extracted {
+  const whole = foldCompletionsStream(chunks);
+  const extracted = extractCompletions(whole);
+  extracted.incomplete = !done && (whole.choices as Json[]).every((a) => a.finish_reason === null);
+  return extracted;
+}
+
+/** Completion stream chunks as the one answer they add up to (the whole answer's shape). */
+export function foldCompletionsStream(chunks: unknown[]): Json {
   const top: Json = {};
   const accs = new Map<number, Json>();
   let usage: unknown = null;
@@ -69,7 +77,5 @@ export function assembleCompletionsStream(chunks: unknown[], done: boolean): Ext
     }
   }
   const ordered = [...accs.values()].sort((a, b) => (a.index as number) - (b.index as number));
-  const extracted = extractCompletions({ ...top, choices: ordered, usage });
-  extracted.incomplete = !done && ordered.every((a) => a.finish_reason === null);
-  return extracted;
+  return { ...top, choices: ordered, usage };
 }

@@ -29,6 +29,14 @@ export function extractSglangGenerate(body: unknown): Extracted {
  * finish reason and the extras.
  */
 export function assembleSglangGenerateStream(chunks: unknown[], done: boolean): Extracted {
+  const whole = foldSglangGenerateStream(chunks);
+  const extracted = extractSglangGenerate(whole);
+  extracted.incomplete = !done && !isObject((whole.meta_info as Json).finish_reason);
+  return extracted;
+}
+
+/** A streamed `/generate` answer's events as the one answer they add up to (`{text, output_ids, meta_info}`). */
+export function foldSglangGenerateStream(chunks: unknown[]): Json {
   let text = '';
   let ids: number[] = [];
   let logprobs: unknown[] = [];
@@ -52,7 +60,5 @@ export function assembleSglangGenerateStream(chunks: unknown[], done: boolean): 
     for (const [k, v] of Object.entries(m)) if (v !== null && v !== undefined) meta[k] = v;
   }
   meta = { ...meta, output_token_logprobs: logprobs };
-  const extracted = extractSglangGenerate({ text, output_ids: ids, meta_info: meta });
-  extracted.incomplete = !done && !isObject(meta.finish_reason);
-  return extracted;
+  return { text, output_ids: ids, meta_info: meta };
 }

@@ -240,6 +240,8 @@ export class CallEngine implements Engine {
       samplingMasks: this.deps.samplingMasks,
       contextLengths: this.contextLengths,
       generate: this.generate,
+      maxResumes: t.max_resumes,
+      resumed: (result) => this.metrics.tokenInResumes.inc({ result }),
       served: (how) => {
         const [result, reason] = how.split(':');
         this.tokenIn(result as 'spliced' | 'rendered', reason ?? 'continued', capture);

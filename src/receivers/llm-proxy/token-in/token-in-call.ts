@@ -11,6 +11,8 @@ import { canonicalMessage, PrefixDigest, type TokenState, type TokenStates } fro
 import type { LocalRendering } from './local-rendering';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { PROBE_BODY, type GenerateRoute } from './generate-route';
+import type { Json } from '../../../formats/json';
+import { answerUsage, attemptAnswer, mergeAttempts, resumedRequest, type TokenInRoute } from './resume';
 import { completionsBody, generateBody, tokenizeBody, VLLM_GENERATE_PATH, type TokenInRequest } from './request';
 import {
   SGLANG_GENERATE_PATH,
@@ -51,6 +53,10 @@ export interface TokenInDeps {
   keepSpecialTokens?: boolean;
   /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
   local: LocalRendering | null;
+  /** How many times a call the engine aborts is sent again (`token_in.max_resumes`); 0 or unset: never. */
+  maxResumes?: number;
+  /** What became of an engine's abort: resumed, past the limit, or not resumable. */
+  resumed?: (result: 'resumed' | 'limit' | 'failed') => void;
   /** The call goes through as chat instead, for `reason`. */
   fallback: (reason: string) => Promise<void>;
   /** How the call was served: `spliced`, or `rendered:<why not spliced>`. */
@@ -180,11 +186,13 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     if (maxModelLen === null && (r.chat.max_completion_tokens ?? r.chat.max_tokens) == null) return deps.fallback('context_length_unknown');
     if (r.chat.logit_bias !== undefined) return deps.fallback('logit_bias_unsupported');
   }
-  const request = sglang
-    ? sglangGenerateBody(r, prompt, maxModelLen, extras, how === 'spliced' ? (state ?? null) : null)
-    : generate
-      ? generateBody(r, prompt, maxModelLen, keep)
-      : completionsBody(r, prompt, maxModelLen, keep);
+  const build = (req: TokenInRequest, ids: Uint32Array): Buffer =>
+    sglang
+      ? sglangGenerateBody(req, ids, maxModelLen, extras, how === 'spliced' ? (state ?? null) : null)
+      : generate
+        ? generateBody(req, ids, maxModelLen, keep)
+        : completionsBody(req, ids, maxModelLen, keep);
+  const request = build(r, prompt);
   const path = sglang ? `${root}${SGLANG_GENERATE_PATH}` : generate ? `${root}${VLLM_GENERATE_PATH}` : `${engine.upstream.basePath}/completions`;
   const sentAt = performance.now();
   const begun = await open(engine, call, request, r.stream, path);
@@ -217,7 +225,20 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     engine.journalRequest(capture, request);
   }
   const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools(Array.isArray(r.chat.tools) ? r.chat.tools : undefined) : null);
-  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay, sglang ? new SglangAnswerReader() : null, sglang || generate);
+  const resumer: Resumer = {
+    max: deps.maxResumes ?? 0,
+    route: sglang ? 'sglang.generate' : generate ? 'generate' : 'completions',
+    open: (sampled) => {
+      const next = resumedRequest(r, sampled.length);
+      if (next === null) return null;
+      const ids = new Uint32Array(prompt.length + sampled.length);
+      ids.set(prompt, 0);
+      ids.set(sampled, prompt.length);
+      return open(engine, call, build(next, ids), r.stream, path);
+    },
+    counted: (result) => deps.resumed?.(result),
+  };
+  const answer = new TokenInAnswer(engine, call, r, text, begun.ures, begun.replay, sglang, sglang || generate, resumer);
   const result = await answer.run();
   if (result === null || !result.sampled || result.sampled.length === 0) {
     deps.states.delete(deps.key);
@@ -294,13 +315,7 @@ function agentLeft(engine: Engine, call: Call): void {
  * Sends the completions request and waits for its answer to begin: a 2xx (its first body bytes
  * may have come), or why the call should go through as chat instead.
  */
-function open(
-  engine: Engine,
-  call: Call,
-  request: Buffer,
-  stream: boolean,
-  path: string,
-): Promise<{ ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true } | { aborted: true }> {
+function open(engine: Engine, call: Call, request: Buffer, stream: boolean, path: string): Promise<Opened> {
   return new Promise((resolve) => {
     const ureq = openUpstream(
       engine.upstream,
@@ -351,6 +366,20 @@ interface AnswerResult {
   stopped: boolean;
 }
 
+/** An attempt's answer has begun, or why it did not. */
+type Opened = { ures: UpstreamResponse; replay: () => void } | { fallback: string } | { timeout: true } | { aborted: true };
+
+/** How a call the engine aborts is sent again (docs/token-in.md#aborted-calls). */
+export interface Resumer {
+  /** How many times one call is sent again (`token_in.max_resumes`). */
+  max: number;
+  route: TokenInRoute;
+  /** Sends the call again, its prompt followed by the ids sampled so far; null when its token budget is spent. */
+  open(sampled: readonly number[]): Promise<Opened> | null;
+  /** Counts what became of an abort. */
+  counted(result: 'resumed' | 'limit' | 'failed'): void;
+}
+
 /** The agent's answer from the completions answer: a chat completion, or its event stream. */
 class TokenInAnswer {
   private done = false;
@@ -362,18 +391,29 @@ class TokenInAnswer {
   private stopMatched = false;
   private usage: unknown = undefined;
   private resolve!: (r: AnswerResult | null) => void;
+  /** The answers of the attempts the engine aborted, in their whole shape (resumed calls only). */
+  private readonly attempts: Json[] = [];
+  /** What is journaled of the current attempt, kept until it ends for a resumption to merge. */
+  private held: Buffer[] = [];
+  /** How many times the call was sent again; notes for its record. */
+  private resumed = 0;
+  private readonly notes: string[] = [];
+  /** The stream's state across attempts: the agent's head sent, tool calls so far. */
+  private started = false;
+  private toolIndex = 0;
 
   constructor(
     private readonly engine: Engine,
     private readonly call: Call,
     private readonly r: TokenInRequest,
     private readonly text: SampledText,
-    private readonly ures: UpstreamResponse,
-    private readonly replay: () => void,
+    private ures: UpstreamResponse,
+    private replay: () => void,
     /** SGLang's `/generate` answers, read as completions choices; null: a completions-shaped answer. */
-    private readonly sglang: SglangAnswerReader | null = null,
+    private readonly sglang: boolean,
     /** The route's answers do not name the stop that ended them (only completions' `stop_reason` does). */
-    private readonly stopsUnsaid = false,
+    private readonly stopsUnsaid: boolean,
+    private readonly resumer: Resumer,
   ) {
     this.head = { id: `chatcmpl-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: r.chat.model ?? null };
   }
@@ -381,107 +421,131 @@ class TokenInAnswer {
   run(): Promise<AnswerResult | null> {
     return new Promise((resolve) => {
       this.resolve = resolve;
-      const { ures, call } = this;
+      const { call } = this;
       call.res.on('close', () => {
         if (this.done || call.res.writableFinished) return;
-        ures.destroy();
+        this.ures.destroy();
         this.end({ status: 'aborted', error: 'client closed the connection before the response ended', statusClass: 'client_abort', ok: false });
       });
-      if (this.r.stream) this.relay();
-      else this.whole();
-      this.replay();
+      this.attempt();
     });
   }
 
+  /** Reads the current attempt's answer. */
+  private attempt(): void {
+    this.held = [];
+    if (this.r.stream) this.relay();
+    else this.whole();
+    this.replay();
+  }
+
+  /** Journals an attempt's bytes (the first attempt's as they come; a resumed call's merged at its end). */
+  private journal(bytes: Buffer): void {
+    if (this.attempts.length === 0) this.call.capture?.response(bytes);
+    // A whole answer is read from them; a stream's are kept only for a resumption to merge.
+    if (!this.r.stream || this.resumer.max > 0) this.held.push(bytes);
+  }
+
   private whole(): void {
-    const parts: Buffer[] = [];
-    this.ures.on('data', (c: Buffer) => {
-      this.call.capture?.response(c);
-      parts.push(c);
-    });
-    this.ures.on('end', () => {
+    const ures = this.ures;
+    const reader = this.sglang ? new SglangAnswerReader() : null;
+    ures.on('data', (c: Buffer) => this.journal(c));
+    ures.on('end', () => {
       if (this.done) return;
       let choice: CompletionChoice;
       let usage: unknown;
       try {
-        const v = JSON.parse(Buffer.concat(parts).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown } | null;
+        const v = JSON.parse(Buffer.concat(this.held).toString('utf8')) as { choices?: CompletionChoice[]; usage?: unknown; model?: unknown } | null;
         if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new Error('not one answer object');
-        if (this.sglang !== null) {
+        if (reader !== null) {
           const finished = (v as { meta_info?: { finish_reason?: unknown } }).meta_info?.finish_reason;
           if (typeof finished !== 'object' || finished === null) throw new Error('no meta_info.finish_reason');
-          ({ choice, usage } = this.sglang.read(v));
+          ({ choice, usage } = reader.read(v));
         } else {
           if (!Array.isArray(v.choices) || v.choices.length !== 1 || !isChoice(v.choices[0])) throw new Error('not one choice');
           choice = v.choices[0];
           usage = v.usage;
-          if (v.model !== undefined) this.head.model = v.model;
+          if (v.model !== undefined && this.attempts.length === 0) this.head.model = v.model;
         }
       } catch (err) {
         return this.fail(`upstream completions answer cannot be read: ${(err as Error).message}`);
       }
       this.take(choice);
-      this.text.end();
-      const finish = chatFinish(this.finish, this.text.toolCalls);
-      const bytes = Buffer.from(
-        JSON.stringify({
-          id: this.head.id,
-          object: 'chat.completion',
-          created: this.head.created,
-          model: this.head.model,
-          choices: [{ index: 0, message: this.text.message(), logprobs: null, finish_reason: finish }],
-          usage: usage ?? null,
-        }),
-      );
-      this.send(200, bytes, 'application/json');
+      this.usage = usage;
+      this.ended(() => {
+        this.text.end();
+        const finish = chatFinish(this.finish, this.text.toolCalls);
+        const bytes = Buffer.from(
+          JSON.stringify({
+            id: this.head.id,
+            object: 'chat.completion',
+            created: this.head.created,
+            model: this.head.model,
+            choices: [{ index: 0, message: this.text.message(), logprobs: null, finish_reason: finish }],
+            usage: this.usage ?? null,
+          }),
+        );
+        this.send(200, bytes, 'application/json');
+      });
     });
-    this.watchClose();
+    this.watchClose(ures);
+  }
+
+  private write(s: string): void {
+    if (s === '') return;
+    const bytes = Buffer.from(s);
+    this.noteAgentBytes(bytes);
+    this.toAgent(bytes);
+  }
+
+  private toAgent: (bytes: Buffer) => void = () => undefined;
+
+  private start(): void {
+    if (this.started) return;
+    this.started = true;
+    const { call } = this;
+    if (call.capture) {
+      call.capture.streamed = true;
+      call.capture.responseStatus = 200;
+    }
+    call.res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
+    call.res.flushHeaders();
+    this.write(chatChunk(this.head, { role: 'assistant', content: '' }, null));
+  }
+
+  private emit(p: ReturnType<SampledText['push']>): void {
+    for (const d of deltasOf(p, this.toolIndex)) this.write(chatChunk(this.head, d, null));
+    this.toolIndex += p.calls.length;
   }
 
   private relay(): void {
-    const { call, ures } = this;
+    const { call } = this;
+    const ures = this.ures;
     const splitter = new SseSplitter();
-    let started = false;
-    let toolIndex = 0;
-    const toAgent = agentWriter(call.res, ures);
-    const write = (s: string): void => {
-      if (s === '') return;
-      const bytes = Buffer.from(s);
-      this.noteAgentBytes(bytes);
-      toAgent(bytes);
-    };
-    const start = (): void => {
-      if (started) return;
-      started = true;
-      if (call.capture) {
-        call.capture.streamed = true;
-        call.capture.responseStatus = 200;
-      }
-      call.res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
-      call.res.flushHeaders();
-      write(chatChunk(this.head, { role: 'assistant', content: '' }, null));
-    };
-    const emit = (p: ReturnType<SampledText['push']>): void => {
-      for (const d of deltasOf(p, toolIndex)) write(chatChunk(this.head, d, null));
-      toolIndex += p.calls.length;
-    };
+    const reader = this.sglang ? new SglangAnswerReader() : null;
+    this.toAgent = agentWriter(call.res, ures);
+    let over = false;
     const finishStream = (): void => {
-      if (this.done) return;
-      start();
-      emit(this.text.end());
-      if (this.finish === null) return this.streamFailed('upstream stream ended before the model finished');
-      let tail = chatChunk(this.head, {}, chatFinish(this.finish, this.text.toolCalls));
-      if (this.r.includeUsage && this.usage !== undefined) tail += chatChunk(this.head, null, null, this.usage);
-      tail += 'data: [DONE]\n\n';
-      const bytes = Buffer.from(tail);
-      this.noteAgentBytes(bytes);
-      this.end({ status: 'ok', error: null, statusClass: '2xx', ok: true, streamed: true });
-      call.res.end(bytes);
+      if (this.done || over) return;
+      over = true;
+      this.start();
+      this.ended(() => {
+        this.emit(this.text.end());
+        if (this.finish === null) return this.streamFailed('upstream stream ended before the model finished');
+        let tail = chatChunk(this.head, {}, chatFinish(this.finish, this.text.toolCalls));
+        if (this.r.includeUsage && this.usage !== undefined) tail += chatChunk(this.head, null, null, this.usage);
+        tail += 'data: [DONE]\n\n';
+        const bytes = Buffer.from(tail);
+        this.noteAgentBytes(bytes);
+        this.end({ status: 'ok', error: null, statusClass: '2xx', ok: true, streamed: true });
+        call.res.end(bytes);
+      });
     };
     const takeEvents = (events: SseEvent[]): void => {
       for (const e of events) {
-        if (this.done || e.data === '') continue;
+        if (this.done || over || e.data === '') continue;
         // SGLang's events are journaled as deltas (below); anything else of theirs as it came.
-        if (this.sglang !== null && (e.data === '[DONE]' || !e.data.startsWith('{'))) call.capture?.response(Buffer.from(`data: ${e.data}\n\n`));
+        if (reader !== null && (e.data === '[DONE]' || !e.data.startsWith('{'))) this.journal(Buffer.from(`data: ${e.data}\n\n`));
         if (e.data === '[DONE]') return finishStream();
         let v: { choices?: CompletionChoice[]; usage?: unknown; model?: unknown };
         try {
@@ -490,24 +554,24 @@ class TokenInAnswer {
           return this.streamFailed('upstream sent an event that is not JSON');
         }
         if (typeof v !== 'object' || v === null || Array.isArray(v)) return this.streamFailed('upstream sent an event that is not an object');
-        if (this.sglang !== null) {
-          const piece = this.sglang.read(v);
-          call.capture?.response(Buffer.from(`data: ${JSON.stringify(piece.delta)}\n\n`));
+        if (reader !== null) {
+          const piece = reader.read(v);
+          this.journal(Buffer.from(`data: ${JSON.stringify(piece.delta)}\n\n`));
           if (piece.usage !== undefined) this.usage = piece.usage;
-          start();
-          emit(this.take(piece.choice));
+          this.start();
+          this.emit(this.take(piece.choice));
           continue;
         }
         if (v.usage) this.usage = v.usage;
         if (!Array.isArray(v.choices) || v.choices.length === 0) continue;
         if (!isChoice(v.choices[0])) return this.streamFailed('upstream sent a choice that is not an object');
-        start();
-        emit(this.take(v.choices[0]));
+        this.start();
+        this.emit(this.take(v.choices[0]));
       }
     };
     ures.on('data', (chunk: Buffer) => {
-      if (this.done) return;
-      if (this.sglang === null) call.capture?.response(chunk);
+      if (this.done || over) return;
+      if (reader === null) this.journal(chunk);
       try {
         takeEvents(splitter.push(chunk));
       } catch (err) {
@@ -516,11 +580,78 @@ class TokenInAnswer {
       }
     });
     ures.on('end', () => {
-      if (this.done) return;
+      if (this.done || over) return;
       takeEvents(splitter.end());
       finishStream();
     });
-    this.watchClose();
+    this.watchClose(ures);
+  }
+
+  /**
+   * The current attempt ended (its answer read): `finish` the call, unless the engine aborted it
+   * and it is sent again, its answer then continuing this one. A resumed call's record is the
+   * attempts' answers merged, journaled before the agent's last bytes.
+   */
+  private ended(finish: () => void): void {
+    const resumer = this.resumer;
+    if (this.finish !== 'abort' || this.done) return this.finishWith(finish, true);
+    if (!this.tokenIds) {
+      resumer.counted('failed');
+      return this.finishWith(finish, true, 'resume_failed:no_token_ids');
+    }
+    if (this.attempts.length >= resumer.max) {
+      resumer.counted('limit');
+      return this.finishWith(finish, true, `resume_limit:${resumer.max}`);
+    }
+    const answer = attemptAnswer(resumer.route, this.held, this.r.stream);
+    const next = answer === null ? null : resumer.open(this.sampled);
+    if (answer === null || next === null) {
+      resumer.counted('failed');
+      return this.finishWith(finish, true, answer === null ? 'resume_failed:answer_unreadable' : 'resume_failed:budget_spent');
+    }
+    // From here the record is the attempts' answers merged, journaled when the call ends.
+    if (this.attempts.length === 0) this.call.capture?.restart('response');
+    this.attempts.push(answer);
+    this.held = [];
+    void next.then((opened) => {
+      if (this.done) {
+        if ('ures' in opened) opened.ures.destroy();
+        return;
+      }
+      if ('ures' in opened) {
+        resumer.counted('resumed');
+        this.resumed++;
+        this.finish = null;
+        this.stopMatched = false;
+        this.ures = opened.ures;
+        this.replay = opened.replay;
+        return this.attempt();
+      }
+      if ('aborted' in opened)
+        return this.end({ status: 'aborted', error: 'client closed the connection before the response ended', statusClass: 'client_abort', ok: false });
+      // The aborted attempt's answer stands: the call ends as the engine ended it.
+      resumer.counted('failed');
+      this.finishWith(finish, false, `resume_failed:${'timeout' in opened ? 'timeout' : opened.fallback.replace('completions_', '')}`);
+    });
+  }
+
+  /**
+   * Ends the call; when it was sent again, its record is the attempts' answers merged (with the
+   * current attempt's when `current`), and the agent's usage counts them all.
+   */
+  private finishWith(finish: () => void, current: boolean, note?: string): void {
+    if (note !== undefined) this.notes.push(note);
+    if (this.attempts.length > 0) {
+      const last = current ? attemptAnswer(this.resumer.route, this.held, this.r.stream) : null;
+      const merged = mergeAttempts(this.resumer.route, last === null ? this.attempts : [...this.attempts, last]);
+      this.notes.push(`resumed:${this.resumed}`);
+      const usage = answerUsage(this.resumer.route, merged);
+      if (usage !== undefined) this.usage = usage;
+      const json = JSON.stringify(merged);
+      this.call.capture?.response(Buffer.from(this.r.stream ? `data: ${json}\n\ndata: [DONE]\n\n` : json));
+    }
+    this.held = [];
+    finish();
   }
 
   /** Reads a completions choice (whole, or one stream chunk's): its text, ids and finish reason. */
@@ -533,9 +664,9 @@ class TokenInAnswer {
     return this.text.push(typeof choice.text === 'string' ? choice.text : '');
   }
 
-  private watchClose(): void {
-    this.ures.on('close', () => {
-      if (this.done || this.ures.complete) return;
+  private watchClose(ures: UpstreamResponse): void {
+    ures.on('close', () => {
+      if (this.done || ures.complete || ures !== this.ures) return;
       if (this.r.stream && this.call.res.headersSent) this.streamFailed('upstream closed the stream before its end');
       else this.fail('upstream closed the response before its end');
     });
@@ -579,7 +710,8 @@ class TokenInAnswer {
   private end(o: { status: 'ok' | 'error' | 'aborted'; error: string | null; statusClass: string; ok: boolean; streamed?: boolean }): void {
     if (this.done) return;
     this.done = true;
-    if (this.call.capture && this.text.notes.length > 0 && this.call.capture.translation) this.call.capture.translation.notes = [...this.text.notes];
+    const notes = [...this.text.notes, ...this.notes];
+    if (this.call.capture && notes.length > 0 && this.call.capture.translation) this.call.capture.translation.notes = notes;
     this.engine.settle(this.call, { status: o.status, error: o.error, statusClass: o.statusClass, streamed: o.streamed ?? this.r.stream }, null);
     // Routes that do not say which stop ended the answer (vLLM's generate, SGLang's matched token):
     // with stops of the agent's own, a stop may be one of them, not the model's end of turn.
