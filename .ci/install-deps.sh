@@ -26,6 +26,8 @@ DEPS=(
   "python3-numpy|python3 -c 'import numpy' || /usr/bin/python3 -c 'import numpy'"
   # a fresh venv of Debian's python3 for the client's install test (test/python/packaging.test.ts)
   "python3-venv|/usr/bin/python3 -c 'import venv, ensurepip'"
+  # a real browser for the viewer's tests (driven by npm playwright-core; no browser download)
+  "chromium|chromium --version"
 )
 
 missing() {

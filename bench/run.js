@@ -1,7 +1,8 @@
 'use strict';
 // npm run bench [-- --quick]: the sidecar (dist/) against direct, a bare Node pipe, nginx (when
 // installed) and Portkey's AI gateway (when installed: npm @portkey-ai/gateway, a devDependency),
-// in alternating rounds on 127.0.0.1. Writes results/latest.json and results/latest.md.
+// in alternating rounds on 127.0.0.1. Writes results/latest.json, results/latest.md and the ratio
+// charts results/ratios-*.svg.
 const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
@@ -722,8 +723,8 @@ async function main() {
   results.finished_at = new Date().toISOString();
   fs.mkdirSync(path.join(__dirname, 'results'), { recursive: true });
   fs.writeFileSync(path.join(__dirname, 'results/latest.json'), JSON.stringify(results, null, 2) + '\n');
-  const md = require('./report').markdown(results);
-  fs.writeFileSync(path.join(__dirname, 'results/latest.md'), md);
+  // latest.md and the ratio charts beside it (results/ratios-*.svg), from the same results.
+  const md = require('./render-report').writeReport(results, path.join(__dirname, 'results'), log);
   process.stdout.write(md);
 }
 

@@ -21,6 +21,7 @@ export const ENV_KEYS: Record<string, { path: string[]; parse?: (v: string) => u
   LIGHTNING_EXPORTER: { path: ['service', 'exporter'] },
   LIGHTNING_LOG_LEVEL: { path: ['service', 'log_level'] },
   LIGHTNING_API_TOKEN: { path: ['service', 'api_token'] },
+  LIGHTNING_UI: { path: ['service', 'ui', 'enabled'], parse: toBoolean },
   LIGHTNING_CONTROL_TOPIC: { path: ['service', 'control', 'topic'] },
   LIGHTNING_POLICY_VERSION: { path: ['processors', 'policy', 'version'] },
   LIGHTNING_POLICY_VERSION_HEADER: { path: ['processors', 'policy', 'response_header'] },

@@ -462,6 +462,19 @@ export const configSchema = z
          * (`Authorization: Bearer <token>`), for sidecars whose listeners are reachable beyond the pod.
          */
         api_token: z.string().min(16, 'must be at least 16 characters').optional(),
+        /**
+         * The viewer on the telemetry port (`/ui`): open and recently closed episodes, one
+         * trajectory's tokens, a GRPO group. Closed episodes are kept, up to `max_bytes`, only while
+         * a page has asked within `idle_ms`.
+         */
+        ui: z
+          .object({
+            enabled: z.boolean().default(true),
+            max_bytes: positiveInt.default(32 * MiB),
+            idle_ms: positiveInt.default(600_000),
+          })
+          .strict()
+          .prefault({}),
         shutdown_timeout_ms: positiveInt.default(25_000),
         /** The trainer's control channel (policy versions, pause/resume). */
         control: z

@@ -24,6 +24,10 @@ import { once, RefusedError, RejectedError } from '../model/component';
 import { createPipeline } from './pipeline';
 import { collectGarbage } from './heap';
 import { SequenceCounter } from '../model/sequence';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { OpenEpisodeView } from '../processors/episodes/assembler';
+import { createViewerRoutes } from '../viewer/routes';
+import { Viewer } from '../viewer/viewer';
 
 export interface AppDeps {
   logger: Logger;
@@ -72,16 +76,25 @@ export function createApp(config: Config, deps: AppDeps) {
       records: config.exporters.records,
     });
   const sequences = new SequenceCounter();
+  // The viewer reads closed episodes as they are exported; the pipeline is built after it.
+  let assembler: { openView(): OpenEpisodeView[] } | null = null;
+  const viewer = config.service.ui.enabled
+    ? new Viewer(
+        { maxBytes: config.service.ui.max_bytes, idleMs: config.service.ui.idle_ms, tokenizerDir: config.receivers.llm_proxy.token_in.tokenizer_dir ?? null },
+        { metrics, logger: log.child('viewer'), open: () => assembler?.openView() ?? [], now: deps.now },
+      )
+    : null;
   const pipeline = createPipeline(config, {
     logger: log,
     metrics,
-    exporter,
+    exporter: viewer ? viewer.tap(exporter) : exporter,
     sequences,
     now: deps.now,
     collect: collectGarbage,
     backlogOnDisk: deps.backlogOnDisk,
     idsExpected: config.receivers.llm_proxy.upstream_flavor !== 'openai',
   });
+  assembler = pipeline.assembler;
   const rolloutApi = config.receivers.rollout_api.enabled
     ? createRolloutApi(
         { maxBodyBytes: config.receivers.rollout_api.max_body_bytes, apiToken: config.service.api_token },
@@ -170,7 +183,10 @@ export function createApp(config: Config, deps: AppDeps) {
       { name: 'sampling_masks', informational: true, check: () => samplingMaskGap(config.processors.sampling, proxy.flavor(), tokenInGenerate(config)) },
       ...(kafka ? [{ name: 'kafka', informational: true, check: () => (kafka.connected ? null : 'not connected; transitions wait in the journal') }] : []),
     ],
-    routes: createControlRoute(controller, { apiToken: config.service.api_token, metrics }),
+    routes: withViewer(
+      createControlRoute(controller, { apiToken: config.service.api_token, metrics }),
+      viewer ? createViewerRoutes(viewer, config.service.api_token) : null,
+    ),
     onScrape: () => {
       if (kafka) metrics.kafkaConnected.set(kafka.connected ? 1 : 0);
     },
@@ -186,6 +202,7 @@ export function createApp(config: Config, deps: AppDeps) {
     exporter,
     controller,
     kafkaControl,
+    viewer,
     async start(): Promise<void> {
       await exporter.start();
       await pipeline.start();
@@ -228,4 +245,11 @@ function upstreamCheck(u: FlavorState): string | null {
       ? `not identified (${u.evidence}); no token ids are requested`
       : `${u.source === 'config' ? 'configured' : 'detected'} as openai; no token ids are requested`;
   return null;
+}
+
+type Routes = (req: IncomingMessage, res: ServerResponse) => boolean;
+
+/** The control route, then the viewer's. */
+function withViewer(control: Routes, viewer: Routes | null): Routes {
+  return viewer === null ? control : (req, res) => control(req, res) || viewer(req, res);
 }

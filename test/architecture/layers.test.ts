@@ -20,6 +20,7 @@ const LAYERS: Record<string, number> = {
   control: 3,
   trainer: 3,
   pipeline: 4,
+  viewer: 4,
   service: 5,
   cli: 6,
   main: 7,

@@ -27,9 +27,19 @@ export interface Received {
 export async function runCalculatorAgent(
   sidecar: TestSidecar,
   rollout: string,
-  o: { stream: boolean; queries: readonly string[]; system?: string; model?: string },
+  o: {
+    stream: boolean;
+    queries: readonly string[];
+    system?: string;
+    model?: string;
+    /** Sent on every call (e.g. `x-group-id`). */
+    headers?: Record<string, string>;
+    /** Runs a tool call (default: `calculator` of its expression). */
+    tool?: (call: { id: string; name: string; expression: string }) => string;
+  },
 ): Promise<Received[]> {
-  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0 });
+  const client = new OpenAI({ baseURL: `${sidecar.origin}/rollout/${rollout}/v1`, apiKey: 'sk-test', maxRetries: 0, defaultHeaders: o.headers });
+  const tool = o.tool ?? ((c: { expression: string }) => calculator(c.expression));
   const messages: ChatMessage[] = [{ role: 'system', content: o.system ?? 'You are a careful calculator agent.' }];
   const received: Received[] = [];
   for (const q of o.queries) {
@@ -69,7 +79,11 @@ export async function runCalculatorAgent(
       messages.push(assistant);
       if (calls.length === 0) break;
       for (const c of calls)
-        messages.push({ role: 'tool', tool_call_id: c.id, content: calculator((JSON.parse(c.arguments) as { expression: string }).expression) });
+        messages.push({
+          role: 'tool',
+          tool_call_id: c.id,
+          content: tool({ id: c.id, name: c.name, expression: (JSON.parse(c.arguments) as { expression: string }).expression }),
+        });
     }
   }
   return received;

@@ -48,6 +48,23 @@ interface OpenEpisode {
   firstOffset: number;
 }
 
+/** An open episode as the viewer lists it. */
+export interface OpenEpisodeView {
+  rollout_id: string;
+  attempt_id: string;
+  group_id: string | null;
+  agents: string[];
+  calls: number;
+  in_flight: number;
+  tool_spans: number;
+  rewards: number;
+  final_reward: number | null;
+  /** A final reward or end came: it closes once its calls and tool spans are in. */
+  closing: boolean;
+  started_at: string;
+  last_activity: string;
+}
+
 /**
  * An episode the rules closed: what it holds and how it closed. Its transitions are built from
  * it (`EpisodeAssembler.build`) when it is exported, off the path of the call that closed it.
@@ -110,6 +127,30 @@ export class EpisodeAssembler {
 
   get openCount(): number {
     return this.open.size;
+  }
+
+  /** What a person looking at the sidecar sees of its open episodes (the viewer asks; nothing is kept for it). */
+  openView(): OpenEpisodeView[] {
+    const out: OpenEpisodeView[] = [];
+    for (const e of this.open.values()) {
+      const agents = new Set<string>();
+      for (const c of e.calls) if (c.correlation.agentName) agents.add(c.correlation.agentName);
+      out.push({
+        rollout_id: e.rolloutId,
+        attempt_id: e.attemptId,
+        group_id: e.groupId,
+        agents: [...agents],
+        calls: e.calls.length,
+        in_flight: e.inFlight.size,
+        tool_spans: e.toolSpans.length,
+        rewards: e.rewards.length,
+        final_reward: e.finalReward,
+        closing: e.closeRequestedAt !== null,
+        started_at: new Date(e.startedAt).toISOString(),
+        last_activity: new Date(e.lastActivity).toISOString(),
+      });
+    }
+    return out;
   }
 
   /**
