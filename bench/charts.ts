@@ -186,13 +186,19 @@ export function ratioChart(rows: RatioRow[], subtitle = ''): string {
   ].join('\n');
 }
 
+/**
+ * What a chart's subtitle says: one line for every chart, or a family's own (results merged from
+ * two runs say which run each scenario is from).
+ */
+export type Subtitle = string | ((family: string) => string);
+
 /** One chart per family of `rows`, in the order the families first appear. */
-export function ratioCharts(rows: RatioRow[], subtitle = ''): Chart[] {
+export function ratioCharts(rows: RatioRow[], subtitle: Subtitle = ''): Chart[] {
   const families = new Map<string, RatioRow[]>();
   for (const row of rows) families.set(row.family, [...(families.get(row.family) ?? []), row]);
   return [...families].map(([family, members]) => ({
     file: `ratios-${family.toLowerCase().replace(/[^a-z0-9-]+/g, '-')}.svg`,
-    svg: ratioChart(members, subtitle),
+    svg: ratioChart(members, typeof subtitle === 'function' ? subtitle(family) : subtitle),
   }));
 }
 
@@ -200,7 +206,7 @@ export function ratioCharts(rows: RatioRow[], subtitle = ''): Chart[] {
  * Writes the charts of `rows` into `dir` and returns their file names. The charts of an earlier
  * run are removed first, so that a scenario this run did not measure leaves no stale picture.
  */
-export function writeRatioCharts(dir: string, rows: RatioRow[], subtitle = ''): string[] {
+export function writeRatioCharts(dir: string, rows: RatioRow[], subtitle: Subtitle = ''): string[] {
   fs.mkdirSync(dir, { recursive: true });
   for (const f of fs.readdirSync(dir)) if (/^ratios-.*\.svg$/.test(f)) fs.rmSync(path.join(dir, f));
   const charts = ratioCharts(rows, subtitle);

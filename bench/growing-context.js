@@ -271,6 +271,11 @@ function dirBytes(dir) {
   return n;
 }
 
+/** A target's name as it can stand in a rollout id (letters, digits and `._:-`; `sidecar+viewer` → `sidecar-viewer`). */
+function idOf(name) {
+  return name.replace(/[^A-Za-z0-9._:-]/g, '-');
+}
+
 function same(a, b) {
   if (!Array.isArray(a) || a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
@@ -278,9 +283,12 @@ function same(a, b) {
 }
 
 /**
- * `targets`: {name, port, pid, capture?}; a capturing target (a sidecar) has `capture: {dataDir,
+ * `targets`: {name, port, pid, capture?, watch?}; a capturing target (a sidecar) has `capture: {dataDir,
  * endRollouts(prefix, agents)}`: its episodes are closed and exported after each round (CPU
- * counted) and its transitions checked.
+ * counted) and its transitions checked. `watch()`, where given, starts a client of the target's
+ * viewer for each of its rounds, warm-up included (bench/viewer-poller.js): it polls while the
+ * agents call and the episodes are exported, and its stop({ settle: true }) waits for its next
+ * poll, which loads the round's closed episodes, before the round's CPU and RSS are read.
  */
 async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmup, ask = true, streamEvery = 0, tag = 'gc' }) {
   const out = { agents, turns, turn_bytes: TURN_BYTES, warmup_rounds: warmup, ask, stream_every: streamEvery, targets: {} };
@@ -293,18 +301,22 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
   for (let w = 0; w < warmup; w++) {
     for (const t of targets) {
       if (!t.pid) continue;
-      await runAgents({ port: t.port, prefix: `${tag}w${w}-${t.name}`, ...workload });
-      if (t.capture) await t.capture.endRollouts(`${tag}w${w}-${t.name}`, agents);
+      const watch = t.watch ? t.watch() : null;
+      await runAgents({ port: t.port, prefix: `${tag}w${w}-${idOf(t.name)}`, ...workload });
+      if (t.capture) await t.capture.endRollouts(`${tag}w${w}-${idOf(t.name)}`, agents);
+      if (watch) await watch.stop({ settle: true });
     }
   }
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? targets : [...targets].reverse();
     for (const t of order) {
-      const prefix = `${tag}${r}-${t.name}`;
+      const prefix = `${tag}${r}-${idOf(t.name)}`;
       const before = t.pid ? proc(t.pid) : null;
       let peak = before ? before.rss : NaN;
       const timer = t.pid ? setInterval(() => (peak = Math.max(peak, proc(t.pid).rss)), 25) : null;
       const journalBefore = t.capture ? dirBytes(path.join(t.capture.dataDir, 'journal')) : 0;
+      // Started after the CPU reading above: its first poll is the round's.
+      const watch = t.watch ? t.watch() : null;
       const res = await runAgents({ port: t.port, prefix, ...workload });
       const loadCpu = before ? proc(t.pid).cpu - before.cpu : NaN;
       // Every episode is still open: nothing of this round has been released yet.
@@ -312,6 +324,8 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
       // The sidecar then closes every episode and exports it: that is capture work too.
       let exportS = 0;
       if (t.capture) exportS = await t.capture.endRollouts(prefix, agents);
+      // What the viewer's client did in the round; the trajectories it loaded count in its CPU.
+      const viewer = watch ? await watch.stop({ settle: true }) : null;
       const after = before ? proc(t.pid) : null;
       const totalCpu = before ? after.cpu - before.cpu : NaN;
       const mainCpu = before ? after.mainCpu - before.mainCpu : NaN;
@@ -327,6 +341,7 @@ async function benchGrowingContext({ targets, proc, agents, turns, rounds, warmu
         peak_rss_mib: peak / 2 ** 20,
         export_s: exportS,
         journal_bytes: journalBytes,
+        ...(viewer ? { viewer } : {}),
       });
       if (t.capture)
         (x.verify ??= []).push(

@@ -12,9 +12,15 @@ const { markdown, ratioRows } = require('./report');
 const RESULTS = path.join(__dirname, 'results');
 const CHARTS = path.join(__dirname, '../build/bench/charts.js');
 
-/** The line under each chart's title: which run it is. */
-function subtitle(r) {
-  return `Run ${r.started_at}${r.quick ? ' (quick mode: indicative only)' : ''}: ${r.rounds} round(s) of ${r.duration_ms} ms per target; ${r.machine.cpu}, ${r.machine.cores} cores, Node ${r.machine.node}.`;
+/**
+ * The line under each chart's title: which run it is. `family` is the chart's (`growing-context`,
+ * the scenario's key with dashes): a scenario run again later and merged into the results
+ * (`reruns`, see merge-results.js) names that later run.
+ */
+function subtitle(r, family = '') {
+  const later = (r.reruns ?? []).findLast((x) => x.scenarios.includes(family.replace(/-/g, '_')));
+  const run = later ?? r;
+  return `Run ${run.started_at}${run.quick ? ' (quick mode: indicative only)' : ''}${later ? ` (${later.command})` : ''}: ${run.rounds} round(s) of ${run.duration_ms} ms per target; ${run.machine.cpu}, ${run.machine.cores} cores, Node ${run.machine.node}.`;
 }
 
 /**
@@ -30,7 +36,7 @@ function writeReport(results, dir = RESULTS, log = (m) => process.stderr.write(`
     log(`charts not drawn: ${path.relative(process.cwd(), CHARTS)} is missing (npx tsc -p tsconfig.json compiles it)`);
     return md;
   }
-  const files = require(CHARTS).writeRatioCharts(dir, ratioRows(results), subtitle(results));
+  const files = require(CHARTS).writeRatioCharts(dir, ratioRows(results), (family) => subtitle(results, family));
   log(`charts: ${files.map((f) => path.relative(process.cwd(), path.join(dir, f))).join(', ')}`);
   return md;
 }

@@ -98,6 +98,8 @@ function growingSection(L, gc, title = '', intro = '') {
       '',
       `Checked over ${trajectories.length} round(s) (the sidecar exports trajectories, the default): ${sum(trajectories, 'trajectories')} trajectories for ${sum(trajectories, 'rollouts')} rollouts of ${sum(trajectories, 'calls')} calls; ${sum(trajectories, 'wrong')} rollouts whose trajectory is not exactly one row with the last prompt and answer ids and every call's answer ids and logprobs masked in. ${f(sum(trajectories, 'bytes_per_episode') / trajectories.length / 1e6, 3)} MB of NDJSON per episode; a record is at most ${f(Math.max(...trajectories.map((x) => x.max_record_to_arrays)), 3)}× its own token_ids, loss_mask and logprobs arrays.`,
     );
+  const viewerLine = viewerComparison(gc);
+  if (viewerLine) L.push('', viewerLine);
   const verified = gc.targets['sidecar-file-delta']?.verify ?? [];
   if (verified.length > 0)
     L.push(
@@ -105,6 +107,43 @@ function growingSection(L, gc, title = '', intro = '') {
       `Per-call transitions (sidecar-file-delta: \`exporters.records: transitions\`, \`exporters.file.prompt_ids: delta\`): ${f(sum(verified, 'avg_transition_bytes') / verified.length / 1000, 1)} KB a transition, ${sum(verified, 'prompt_deltas')} of ${sum(verified, 'checked')} prompts written as deltas, made whole from the transition they name and checked: ${sum(verified, 'wrong') + sum(verified, 'expected') - sum(verified, 'checked')} wrong or missing.`,
     );
   L.push('');
+}
+
+/**
+ * The growing context's line on `sidecar+viewer`: the same sidecar with its viewer polled as the
+ * page polls it (bench/viewer-poller.js), against `sidecar`, whose viewer nobody asks. Null when
+ * the run had no such target.
+ */
+function viewerComparison(gc) {
+  const v = gc.targets['sidecar+viewer'];
+  const s = gc.targets.sidecar;
+  if (!v || !s) return null;
+  const med = (x, k) => summarize(x.rounds.map((y) => y[k])).median;
+  const max = (x, k) => Math.max(...x.rounds.map((y) => y[k]));
+  const polled = v.rounds.map((y) => y.viewer).filter(Boolean);
+  const total = (k) => polled.reduce((n, y) => n + y[k], 0);
+  const ring = polled.at(-1)?.last_ring;
+  const checked = v.verify ?? [];
+  return [
+    `With the viewer polled (\`sidecar+viewer\`: a second sidecar, configured as \`sidecar\`, whose viewer a client polls as the page does through each of its rounds, warm-up included: \`/ui/api/now\` every second, and every trajectory segment of each newly closed episode, one \`/ui/api/trajectory\` each; a round ends with the poll after its export, which loads the round's episodes): peak RSS ${f(max(v, 'peak_rss_mib'), 0)} MiB at most over rounds (median ${f(med(v, 'peak_rss_mib'), 0)}) against \`sidecar\`'s ${f(max(s, 'peak_rss_mib'), 0)} (median ${f(med(s, 'peak_rss_mib'), 0)}); CPU per call ${f(med(v, 'cpu_us_per_call'), 0)} µs with export against ${f(med(s, 'cpu_us_per_call'), 0)} (${f(med(v, 'cpu_us_per_call') / med(s, 'cpu_us_per_call'))}×), ${f(med(v, 'cpu_us_per_call_load'), 0)} against ${f(med(s, 'cpu_us_per_call_load'), 0)} µs during the calls alone.`,
+    `In its ${polled.length} measured rounds the client polled ${total('polls')} times (at most ${f(Math.max(...polled.map((y) => y.max_now_bytes)) / 1000, 1)} KB an answer) and loaded ${total('trajectories')} trajectories (${f(total('trajectory_bytes') / 1e6, 1)} MB of JSON); ${total('trajectories_missing')} listed but gone when asked, ${total('trajectories_wrong') + total('errors')} wrong or failed.`,
+    ring
+      ? `The viewer's ring held ${ring.episodes} closed episodes in ${f(ring.bytes / 2 ** 20, 1)} of its ${f(ring.max_bytes / 2 ** 20, 0)} MiB at the end.`
+      : '',
+    checked.length > 0
+      ? `Its exported trajectories were checked as \`sidecar\`'s: ${checked.reduce((n, x) => n + x.rollouts, 0)} rollouts, ${checked.reduce((n, x) => n + x.wrong, 0)} wrong or missing.`
+      : '',
+  ]
+    .filter(Boolean)
+    .join(' ');
+}
+
+/** The memory scenario's line on the same load with the viewer polled, against the sidecar's. */
+function memoryViewerLine(m) {
+  const v = m.viewer;
+  if (!v) return null;
+  const p = v.poller ?? {};
+  return `With the viewer polled (\`sidecar+viewer\`: another fresh sidecar, the same load, a client asking \`/ui/api/now\` every second from before the first call until just before the RSS is read): RSS ${f(v.rss_mib, 0)} MiB (${f(v.rss_before_mib, 0)} MiB before), peak ${f(v.peak_rss_mib, 0)} MiB, against the sidecar's ${f(m.rss_mib, 0)} MiB and peak ${f(m.peak_rss_mib, 0)} MiB; CPU per call ${f(v.cpu_us_per_call, 0)} µs against ${f(m.cpu_us_per_call, 0)}. The client polled ${p.polls} times; each answer listed up to ${p.max_open} open episodes (at most ${f(p.max_now_bytes / 1000, 0)} KB); ${p.errors} failed.`;
 }
 
 /** The routed-experts section: the same agents with and without routing in the answers. */
@@ -140,6 +179,54 @@ function routedExpertsSection(L, re) {
   );
 }
 
+/**
+ * The screenshot agent's section (screenshots.js): per target its p50, CPU per call and peak RSS;
+ * for the sidecar what it journals, stores in images/ and writes as trajectories per call, and the
+ * checks of every trajectory and of the image store. Not a bar.
+ */
+function screenshotsSection(L, s) {
+  const kb = (x) => f(x / 1000, 1);
+  const calls = s.targets.sidecar?.rounds[0]?.calls ?? s.agents * s.turns;
+  L.push(
+    `## Screenshot agent: ${s.agents} agents × ${s.turns} turns, a new ${s.width}×${s.height} PNG screenshot every turn (not a bar)`,
+    '',
+    `Every call resends the whole history plus a new screenshot as a base64 data URL (PNGs of ${kb(s.png_bytes?.min)}–${kb(s.png_bytes?.max)} KB, median ${kb(s.png_bytes?.median)}; every screenshot of the run a different picture, made before the clocks start), ids and logprobs asked for. The model server is a vLLM stand-in serving Qwen2.5-VL (\`test/support/qwen-vl-server.ts\`: Qwen2.5-VL's chat template, Qwen3's tokenizer, each image expanded to the processor's ${s.pads_per_image} pads). The sidecar runs with \`upstream_flavor: vllm\` and \`processors.images.processor\` ${JSON.stringify(s.processor ?? {})}; every episode stays open until its agent is done, then the sidecar closes it, stores its images and exports its trajectory, and its CPU is shown without and with that export. Journal: what the journal grew by while the episodes were open, per call. Stored: what \`images/\` grew by. Trajectory: the trajectory NDJSON written, per call. ${s.warmup_rounds ? `${s.warmup_rounds} warm-up round(s) for the proxies, not measured, then ` : ''}${s.rounds} measured round(s) in alternating order; medians over rounds (min–max where shown). CPU is the target process's, from \`/proc\`, in 10 ms ticks${calls > 0 ? ` (over a round's ${calls} calls, one tick is ${f(10_000 / calls, 0)} µs a call)` : ''}.`,
+    '',
+    '| target | p50 ms/call | added p50 ms | CPU µs/call (calls) | CPU µs/call (+ export) | vs persisting pipe (+ export) | request KB/call | journal KB/call | stored KB/round | trajectory KB/call | peak RSS MiB | model server CPU µs/call | errors |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+  );
+  const persist = s.targets['bare-persist']?.median;
+  const direct = s.targets.direct?.median;
+  for (const [name, x] of Object.entries(s.targets)) {
+    const m = x.median ?? {};
+    const over = (k, d) => range(summarize(x.rounds.map((y) => y[k])), d);
+    const cpu = Number.isFinite(m.cpu_us_per_call);
+    const cap = Number.isFinite(m.journal_bytes_per_call);
+    L.push(
+      `| ${name} | ${over('p50_ms', 1)} | ${name === 'direct' ? '–' : f(m.p50_ms - (direct?.p50_ms ?? NaN), 1)} | ${cpu ? over('cpu_us_per_call_load', 0) : '–'} | ${cap ? over('cpu_us_per_call', 0) : '–'} | ${cpu && persist && name !== 'bare-persist' ? `${f(m.cpu_us_per_call / persist.cpu_us_per_call)}×` : '–'} | ${kb(m.request_bytes_per_call)} | ${cap ? kb(m.journal_bytes_per_call) : '–'} | ${cap ? kb(m.stored_bytes) : '–'} | ${cap ? kb(m.trajectory_bytes_per_call) : '–'} | ${cpu ? f(m.peak_rss_mib, 0) : '–'} | ${f(m.model_server_cpu_us_per_call, 0)} | ${x.rounds.reduce((n, y) => n + y.errors, 0)} |`,
+    );
+  }
+  const q = s.ratios ?? {};
+  const i = s.images;
+  const lines = [];
+  if (Number.isFinite(q.cpu_per_call_vs_persist))
+    lines.push(
+      `The sidecar's CPU per call, export included, is ${f(q.cpu_per_call_vs_persist)}× the persisting pipe's (${f(q.cpu_per_call_vs_persist_paired)}× as the median of each round's own ratio; ${f(q.cpu_per_call_load_vs_persist)}× during the calls alone) and ${f(q.cpu_per_call_vs_bare)}× the bare pipe's; the persisting pipe's is ${f(q.persist_vs_bare)}× the bare pipe's.`,
+    );
+  if (i)
+    lines.push(
+      `Images: ${i.stored_added} stored in \`images/\` for ${i.sent_distinct} distinct screenshots sent to the sidecar in the measured rounds (${i.stored_files} files at the end, warm-up included), ${f(i.stored_bytes / 1e6, 2)} MB for ${f(i.sent_png_bytes / 1e6, 2)} MB of distinct PNGs (${f(i.stored_bytes / i.sent_png_bytes, 3)}×), each checked byte for byte against what was sent. Checked: ${i.trajectories} trajectories, ${i.images_complete} \`images_complete\`, ${i.spans_ok} of ${i.images} images in the order sent with spans of ${s.pads_per_image} image pads, masked out.`,
+    );
+  lines.push(s.error ? `**Error:** ${s.error}` : 'No errors.');
+  L.push('', lines.join(' '), '');
+}
+
+/** Scenario keys as code, `a`, `b` and `c`. */
+function names(keys) {
+  const code = keys.map((k) => `\`${k}\``);
+  return code.length > 1 ? `${code.slice(0, -1).join(', ')} and ${code.at(-1)}` : code.join('');
+}
+
 function markdown(r) {
   const L = [];
   L.push(`# lightning-sidecar benchmark${r.quick ? ' (quick mode: short, indicative only)' : ''}`, '');
@@ -147,6 +234,11 @@ function markdown(r) {
     `Machine: ${r.machine.cpu}, ${r.machine.cores} cores, ${r.machine.memory_gib} GiB, Node ${r.machine.node}, ${r.machine.os}. ${r.rounds} round(s) of ${r.duration_ms} ms per target, alternating order; medians with min–max over rounds. Run ${r.started_at}.`,
     '',
   );
+  for (const x of r.reruns ?? [])
+    L.push(
+      `**Not all from that run.** ${names(x.scenarios)} ${x.scenarios.length > 1 ? 'come' : 'comes'} from a later run of those scenarios alone (\`${x.command}\`), started ${x.started_at}${x.quick ? ' (quick mode)' : ''}, merged into this one's results; every other scenario, and the fresh-memory figure below, is from the run above.${x.note ? ` ${x.note}` : ''}`,
+      '',
+    );
   if (r.memory_touch)
     L.push(
       `Fresh memory on this machine: first touch ${r.memory_touch.first_us_per_mib.toFixed(0)} µs/MiB, a second touch ${r.memory_touch.again_us_per_mib.toFixed(0)} µs/MiB (${r.memory_touch.mib} MiB in a child process). Where the first figure is much the larger, every newly written page (journal, output files, fresh buffers) costs it.`,
@@ -208,6 +300,7 @@ function markdown(r) {
   if (r.scenarios.routed_experts) routedExpertsSection(L, r.scenarios.routed_experts);
   const ti = r.scenarios.token_in;
   if (ti) tokenInSection(L, ti);
+  if (r.scenarios.screenshots) screenshotsSection(L, r.scenarios.screenshots);
   const rt = r.scenarios.routing;
   if (rt) {
     L.push(
@@ -304,13 +397,16 @@ function markdown(r) {
     L.push('');
   }
   const m = r.scenarios.memory;
-  if (m)
+  if (m) {
     L.push(
       '## Memory',
       '',
-      `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before).`,
+      `${m.open_episodes} open episodes of ${m.calls_per_episode} calls (${m.episodes * m.calls_per_episode} calls, 1 KiB prompts): RSS ${f(m.rss_mib, 0)} MiB (${f(m.rss_before_mib, 0)} MiB before)${m.peak_rss_mib === undefined ? '' : `, peak ${f(m.peak_rss_mib, 0)} MiB; CPU per call ${f(m.cpu_us_per_call, 0)} µs`}.`,
       '',
     );
+    const viewer = memoryViewerLine(m);
+    if (viewer) L.push(viewer, '');
+  }
   L.push(...bars(r), '', ...persisting(r), ...whereTheTimeGoes(r.scenarios.profile));
   return L.join('\n') + '\n';
 }
@@ -342,6 +438,8 @@ function persisting(r) {
   if (both(large)) add('1 MiB prompts: CPU per request', (t) => large[t].cpu_us_per_req.median, 0, ' µs');
   if (both(gc?.targets))
     add('Growing context: CPU per call (export included)', (t) => summarize(gc.targets[t].rounds.map((x) => x.cpu_us_per_call)).median, 0, ' µs');
+  const ss = r.scenarios.screenshots;
+  if (both(ss?.targets)) add('Screenshot agent: CPU per call (export included)', (t) => ss.targets[t].median.cpu_us_per_call, 0, ' µs');
   if (rows.length === 0) return L;
   const pk = portkeyComparison(r);
   L.push(
@@ -519,6 +617,15 @@ function bars(r) {
     }
     const peak = Math.max(...gc.targets.sidecar.rounds.map((x) => x.peak_rss_mib));
     row('Growing context: peak RSS ≤ 200 MiB with every episode open', `${f(peak, 0)} MiB`, peak <= 200);
+    const watched = gc.targets['sidecar+viewer'];
+    if (watched) {
+      const vPeak = Math.max(...watched.rounds.map((x) => x.peak_rss_mib));
+      row(
+        'Growing context: peak RSS ≤ 200 MiB with every episode open, with the viewer polled',
+        `${f(vPeak, 0)} MiB (sidecar+viewer; the sidecar ${f(peak, 0)} MiB); CPU per call ${f(med('sidecar+viewer', 'cpu_us_per_call'), 0)} µs with export against ${f(med('sidecar', 'cpu_us_per_call'), 0)}`,
+        vPeak <= 200,
+      );
+    }
     const v = gc.targets.sidecar.verify ?? [];
     if (v.some((x) => x.trajectories !== undefined)) {
       const wrong = v.reduce((n, x) => n + x.wrong, 0);
@@ -578,6 +685,16 @@ function bars(r) {
       k.drain_64k.vs_bare >= 0.5,
     );
   row('Kafka: zero loss across a broker outage and a SIGKILL', 'not a benchmark: test/e2e/kafka-delivery.test.ts (in npm test)', null);
+  const ss = r.scenarios.screenshots;
+  if (ss?.targets?.sidecar) {
+    const m = ss.targets.sidecar.median;
+    const i = ss.images ?? {};
+    row(
+      `Screenshot agent (${ss.agents}×${ss.turns}, a new ${ss.width}×${ss.height} PNG a turn; for information, no bar): CPU per call and what is kept`,
+      `${f(m.cpu_us_per_call, 0)} µs a call with export${Number.isFinite(ss.ratios?.cpu_per_call_vs_persist) ? ` (${f(ss.ratios.cpu_per_call_vs_persist)}× the persisting pipe)` : ''}; ${f(m.journal_bytes_per_call / 1000, 1)} KB journaled and ${f(m.trajectory_bytes_per_call / 1000, 1)} KB of trajectory a call; ${i.stored_added} images stored for ${i.sent_distinct} distinct screenshots; ${i.images_complete} of ${i.trajectories} trajectories \`images_complete\`${ss.error ? '; **errors** (see its section)' : ''}`,
+      null,
+    );
+  }
   const sticky = r.scenarios.routing?.cases?.sticky;
   if (sticky && !sticky.error) {
     const whole = sticky.failures + sticky.not_made === 0;
@@ -598,6 +715,12 @@ function bars(r) {
       'Memory: RSS ≤ 150 MiB with 1,000 open episodes × 20 calls',
       `${f(m.rss_mib, 0)} MiB with ${m.open_episodes} open episodes × ${m.calls_per_episode}`,
       m.episodes >= 1000 ? m.rss_mib <= 150 : null,
+    );
+  if (m?.viewer)
+    row(
+      'Memory: RSS ≤ 150 MiB with 1,000 open episodes × 20 calls, with the viewer polled',
+      `${f(m.viewer.rss_mib, 0)} MiB with ${m.viewer.open_episodes} open episodes × ${m.viewer.calls_per_episode} (sidecar+viewer; peak ${f(m.viewer.peak_rss_mib, 0)} MiB, the sidecar's ${f(m.peak_rss_mib, 0)})`,
+      m.viewer.episodes >= 1000 ? m.viewer.rss_mib <= 150 : null,
     );
   return L;
 }

@@ -254,4 +254,4 @@ async function benchRoutedExperts({ targets, proc, agents, turns, rounds, warmup
   return out;
 }
 
-module.exports = { benchRoutedExperts, routedExpertsField, expertRows, npyUint8, LAYERS, TOP_K };
+module.exports = { benchRoutedExperts, routedExpertsField, expertRows, npyUint8, fileSizes, newLines, LAYERS, TOP_K };

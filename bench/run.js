@@ -5,15 +5,17 @@
 // charts results/ratios-*.svg.
 const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
+const http = require('node:http');
 const os = require('node:os');
 const path = require('node:path');
 const { proc, mainThreadTimes, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig } = require('./lib');
 const { analyzeProfile, nowUs } = require('./profile');
 const { startPortkey, checkAnswer, upstreamRequests } = require('./portkey');
+const { startViewerPoller } = require('./viewer-poller');
 
 const QUICK = process.argv.includes('--quick');
 // --only NAME[,NAME]: run just those scenarios (json, sse, large, otlp, memory, kafka, growing, routed-experts, token-in,
-// routing, profile).
+// screenshots, routing, profile).
 const ONLY = (() => {
   const i = process.argv.indexOf('--only');
   return i >= 0 ? new Set(process.argv[i + 1].split(',')) : null;
@@ -322,6 +324,78 @@ async function portkeyChecks(pk, modelPort, startError) {
   return out;
 }
 
+/**
+ * The memory scenario on a fresh sidecar: `episodes` × 20 calls of 1 KiB prompts at 16 connections,
+ * every episode left open, then its RSS (the bar's figure, at the end) and its peak RSS (sampled
+ * every 50 ms). With `viewer`, a client polls the sidecar's viewer as the page does from before
+ * the first call until just before the RSS is read (bench/viewer-poller.js); each of its answers
+ * lists every open episode.
+ */
+async function memoryRun(modelPort, episodes, viewer) {
+  const sc = await startSidecar(modelPort, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+  const calls = 20;
+  const before = proc(sc.proc.pid);
+  let peak = before.rss;
+  const sampler = setInterval(() => (peak = Math.max(peak, proc(sc.proc.pid).rss)), 50);
+  // Bounded as the scenario is (20,000 calls take well under a minute here).
+  const poller = viewer ? startViewerPoller({ port: sc.telemetry, maxMs: 300_000, maxPolls: 300, maxTrajectories: 1000 }) : null;
+  const until = Date.now() + 300_000;
+  let next = 0;
+  let failed = 0;
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 16 });
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (next < episodes * calls && Date.now() < until) {
+        const i = next++;
+        await new Promise((resolve) => {
+          const req = http.request(
+            {
+              host: '127.0.0.1',
+              port: sc.port,
+              path: '/v1/chat/completions',
+              method: 'POST',
+              agent,
+              headers: { 'content-type': 'application/json', 'x-rollout-id': `mem-${i % episodes}` },
+            },
+            (res) => {
+              if (res.statusCode !== 200) failed++;
+              res.resume();
+              res.on('end', resolve);
+            },
+          );
+          req.on('error', () => {
+            failed++;
+            resolve();
+          });
+          req.end(CHAT);
+        });
+      }
+    }),
+  );
+  agent.destroy();
+  await new Promise((r) => setTimeout(r, 500));
+  const metrics = await (await fetch(`http://127.0.0.1:${sc.telemetry}/metrics`)).text();
+  const open = Number(/^lightning_sidecar_open_episodes (\d+)/m.exec(metrics)?.[1] ?? NaN);
+  const polled = poller ? await poller.stop() : null;
+  const after = proc(sc.proc.pid);
+  clearInterval(sampler);
+  peak = Math.max(peak, after.rss);
+  await stop(sc.proc);
+  return {
+    episodes,
+    calls_per_episode: calls,
+    calls: next,
+    failed,
+    open_episodes: open,
+    rss_before_mib: before.rss / 2 ** 20,
+    rss_mib: after.rss / 2 ** 20,
+    peak_rss_mib: peak / 2 ** 20,
+    // The sidecar's CPU over the calls, the 500 ms after them and (with the viewer) every poll.
+    cpu_us_per_call: ((after.cpu - before.cpu) / Math.max(1, next)) * 1e6,
+    ...(polled ? { poller: polled } : {}),
+  };
+}
+
 async function main() {
   if (!fs.existsSync(path.join(ROOT, 'dist/main.js'))) throw new Error('dist/main.js is missing: run `npm run build` (npm run bench does)');
   results.memory_touch = memoryTouchCost();
@@ -385,8 +459,13 @@ async function main() {
       fs.mkdtempSync(path.join(tmp, 'persist-')),
     ]);
     children.push(agentPersist.proc);
-    // The default: trajectories.
+    // The default: trajectories. Its viewer is on (the default) with nobody looking.
     const gcSidecar = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    // A second sidecar configured as that one, whose viewer is polled as the page polls it through
+    // each of its rounds: it keeps the closed episodes' trajectories (up to service.ui.max_bytes)
+    // and serves them.
+    const gcViewer = await startSidecar(agentModel.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
+    const viewerLoaded = new Set();
     // Per-call transitions instead, with the file exporter writing prompt ids as deltas (not the default).
     const gcDelta = await startSidecar(agentModel.port, {
       LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
@@ -399,6 +478,15 @@ async function main() {
         { name: 'bare-pipe', port: agentBare.port, pid: agentBare.proc.pid },
         { name: 'bare-persist', port: agentPersist.port, pid: agentPersist.proc.pid },
         { name: 'sidecar', port: gcSidecar.port, pid: gcSidecar.proc.pid, capture: { dataDir: gcSidecar.dataDir, endRollouts: endRollouts(gcSidecar) } },
+        {
+          name: 'sidecar+viewer',
+          port: gcViewer.port,
+          pid: gcViewer.proc.pid,
+          capture: { dataDir: gcViewer.dataDir, endRollouts: endRollouts(gcViewer) },
+          // One page open throughout, polling in each of its rounds: an episode's trajectories are
+          // loaded once (`loaded` is shared). A round is a few seconds; each poller is bounded well beyond that.
+          watch: () => startViewerPoller({ port: gcViewer.telemetry, maxMs: 120_000, maxPolls: 120, maxTrajectories: 1000, loaded: viewerLoaded }),
+        },
         {
           name: 'sidecar-file-delta',
           port: gcDelta.port,
@@ -431,6 +519,7 @@ async function main() {
       tag: 'ga',
     });
     await stop(gcDelta.proc);
+    await stop(gcViewer.proc);
     await stop(gcSidecar.proc);
     await stop(agentBare.proc);
     await stop(agentPersist.proc);
@@ -503,6 +592,48 @@ async function main() {
     await stop(on.proc);
     await stop(off.proc);
     await stop(qwen.proc);
+  }
+
+  // Screenshot agents (a new 1280×800 PNG every turn, the whole history resent) against a vLLM
+  // stand-in serving Qwen2.5-VL: directly, through the bare and the persisting pipe, and through a
+  // sidecar that checks each image's placeholder run against the processor's settings and stores
+  // each screenshot once.
+  if (want('screenshots')) {
+    log('screenshots');
+    const turns = 16;
+    const vlModel = await startNodeChild(path.join(__dirname, 'qwen-vl-model-server.js'), [String(turns - 1)]);
+    children.push(vlModel.proc);
+    const vlBare = await startNodeChild(path.join(__dirname, 'bare-proxy.js'), [String(vlModel.port)]);
+    children.push(vlBare.proc);
+    const vlPersist = await startNodeChild(path.join(__dirname, 'bare-persist-proxy.js'), [String(vlModel.port), fs.mkdtempSync(path.join(tmp, 'persist-'))]);
+    children.push(vlPersist.proc);
+    const screenshots = require('./screenshots');
+    const vlSidecar = await startSidecar(vlModel.port, {
+      LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000',
+      LIGHTNING_CONFIG: writeConfig(screenshots.sidecarConfig()),
+    });
+    results.scenarios.screenshots = await screenshots.benchScreenshots({
+      targets: [
+        { name: 'direct', port: vlModel.port, pid: null },
+        { name: 'bare-pipe', port: vlBare.port, pid: vlBare.proc.pid },
+        { name: 'bare-persist', port: vlPersist.port, pid: vlPersist.proc.pid },
+        { name: 'sidecar', port: vlSidecar.port, pid: vlSidecar.proc.pid, capture: { dataDir: vlSidecar.dataDir, endRollouts: endRollouts(vlSidecar) } },
+      ],
+      model: vlModel,
+      proc,
+      agents: 2,
+      turns,
+      rounds: QUICK ? 1 : 5,
+      warmup: QUICK ? 0 : 2,
+      // No round is started after it (each is bounded anyway: agents × turns calls a target).
+      budgetMs: QUICK ? 30_000 : 120_000,
+      log,
+    });
+    if (results.scenarios.screenshots.error) log(`screenshots: ${results.scenarios.screenshots.error}`);
+    await stop(vlSidecar.proc);
+    await stop(vlPersist.proc);
+    await stop(vlBare.proc);
+    await stop(vlModel.proc);
   }
 
   // Routing over 4 replicas with prefix caches: one Service address, round-robin, sticky.
@@ -645,53 +776,15 @@ async function main() {
     await stop(pacedSidecar.proc);
   }
 
-  // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open).
+  // 6. Memory with 1,000 open episodes of 20 calls (fresh sidecar, episodes stay open), then the
+  // same on another fresh sidecar with its viewer polled as the page polls it throughout.
   if (want('memory')) {
     log('memory');
-    const memSidecar = await startSidecar(model.port, { LIGHTNING_EPISODE_IDLE_TIMEOUT_MS: '3600000' });
     const episodes = QUICK ? 200 : 1000;
-    const calls = 20;
-    const rssBefore = proc(memSidecar.proc.pid).rss;
-    let next = 0;
-    const agent = new (require('node:http').Agent)({ keepAlive: true, maxSockets: 16 });
-    await Promise.all(
-      Array.from({ length: 16 }, async () => {
-        while (next < episodes * calls) {
-          const i = next++;
-          await new Promise((resolve) => {
-            const req = require('node:http').request(
-              {
-                host: '127.0.0.1',
-                port: memSidecar.port,
-                path: '/v1/chat/completions',
-                method: 'POST',
-                agent,
-                headers: { 'content-type': 'application/json', 'x-rollout-id': `mem-${i % episodes}` },
-              },
-              (res) => {
-                res.resume();
-                res.on('end', resolve);
-              },
-            );
-            req.on('error', resolve);
-            req.end(CHAT);
-          });
-        }
-      }),
-    );
-    agent.destroy();
-    await new Promise((r) => setTimeout(r, 500));
-    const metrics = await (await fetch(`http://127.0.0.1:${memSidecar.telemetry}/metrics`)).text();
-    const open = Number(/^lightning_sidecar_open_episodes (\d+)/m.exec(metrics)?.[1] ?? NaN);
-    if (global.gc) global.gc();
-    results.scenarios.memory = {
-      episodes,
-      calls_per_episode: calls,
-      open_episodes: open,
-      rss_before_mib: rssBefore / 2 ** 20,
-      rss_mib: proc(memSidecar.proc.pid).rss / 2 ** 20,
-    };
-    await stop(memSidecar.proc);
+    const plain = await memoryRun(model.port, episodes, false);
+    log('memory, the viewer polled');
+    const viewer = await memoryRun(model.port, episodes, true);
+    results.scenarios.memory = { ...plain, viewer };
   }
 
   // 7. Where the time goes: sidecars of their own under V8's profiler (its overhead stays out of

@@ -296,6 +296,19 @@ export const policySchema = z
   .strict();
 
 /**
+ * Images in calls (docs/images.md): which token is the image placeholder the server expands, and
+ * optionally the Qwen-VL resize settings the server's processor uses, to check each image's run.
+ */
+export const imagesSchema = z
+  .object({
+    /** `<|image_pad|>`: 151655 on Qwen2-VL, Qwen2.5-VL and Qwen3-VL; 248056 on Qwen3.5 (read `image_token_id` in the model's config.json). */
+    image_token_id: z.number().int().min(0).default(151655),
+    /** The processor's `smart_resize` settings: factor 28 (Qwen2.5-VL) or 32 (Qwen3-VL), and its pixel limits. */
+    processor: z.object({ factor: positiveInt, min_pixels: positiveInt, max_pixels: positiveInt }).strict().optional(),
+  })
+  .strict();
+
+/**
  * MoE routing replay (docs/output-contract.md#routed-experts). vLLM returns routing on every answer
  * when started with `--enable-return-routed-experts`; SGLang only when asked, as raw int32 whose
  * shape is the model's: naming its layers and top-k makes the sidecar ask an SGLang server for it.
@@ -377,6 +390,8 @@ export const kafkaExporterSchema = z
     topic: z.string().min(1).default('lightning.transitions'),
     episodes_topic: z.string().min(1).default('lightning.episodes'),
     trajectories_topic: z.string().min(1).default('lightning.trajectories'),
+    /** Images of trajectories, one record each, keyed by their SHA-256 (docs/images.md); sent before the trajectories that name them. */
+    images_topic: z.string().min(1).default('lightning.images'),
     client_id: z.string().min(1).default('lightning-sidecar'),
     encoding: z.enum(['json', 'protobuf']).default('json'),
     /** gzip is built into kafkajs; other codecs need extra packages and are not offered. */
@@ -432,6 +447,7 @@ export const configSchema = z
         policy: policySchema.prefault({}),
         routed_experts: routedExpertsSchema.prefault({}),
         sampling: samplingSchema.prefault({}),
+        images: imagesSchema.prefault({}),
       })
       .strict()
       .prefault({}),
@@ -547,5 +563,6 @@ export type AirConfig = z.infer<typeof airSchema>;
 export type AirRule = z.infer<typeof airRuleSchema>;
 export type CaptureConfig = z.infer<typeof captureSchema>;
 export type RoutedExpertsConfig = z.infer<typeof routedExpertsSchema>;
+export type ImagesConfig = z.infer<typeof imagesSchema>;
 export type SamplingConfig = z.infer<typeof samplingSchema>;
 export type KafkaExporterConfig = z.infer<typeof kafkaExporterSchema>;

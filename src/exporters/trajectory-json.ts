@@ -1,5 +1,5 @@
 import { dtypeOf } from '../formats/routed-experts';
-import type { RoutedExpertsJson, Trajectory, TrajectoryRecord, TrajectoryRouting, TrajectorySamplingMask } from '../model/records';
+import type { RoutedExpertsJson, Trajectory, TrajectoryImages, TrajectoryRecord, TrajectoryRouting, TrajectorySamplingMask } from '../model/records';
 import type { TransitionWriter } from './transition-json';
 
 /** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
@@ -14,7 +14,7 @@ function zeroRun(n: number): Buffer {
  * the last call's journaled bytes (its prompt ids, then its answer's), `loss_mask` and `logprobs`
  * written from the turns. Key order is the contract's (docs/output-contract.md).
  */
-export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord): (string | Buffer)[] {
+export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord, bulk = true): (string | Buffer)[] {
   const {
     last,
     length: _length,
@@ -23,6 +23,7 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     weightVersions,
     samplingMask,
     logprobsMode,
+    images,
     turns,
     token_rewards,
     reward,
@@ -64,7 +65,9 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     }
     parts.push(']');
   }
-  if (routing !== null) {
+  // Without `bulk` (the viewer): routing rows and mask ids are left out, their coverage kept.
+  if (routing !== null && !bulk) parts.push(`,"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
+  if (routing !== null && bulk) {
     // The values' base64 is written a few MiB at a time (32k positions × 48 × 8 is 16 MiB of it), never held as one string.
     const bytes = routingBytes(routing);
     parts.push(`,"routed_experts":{"dtype":"${dtypeOf(routing.data)}","shape":[${routing.rows},${routing.layers},${routing.topK}],"data":"`);
@@ -73,8 +76,13 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
   }
   if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
   // The mask's four fields as `materializeTrajectory` gives them (one list of their names and order).
-  if (samplingMask !== null) parts.push(',', JSON.stringify(samplingMaskFields(samplingMask)).slice(1, -1));
+  if (samplingMask !== null) {
+    const { sampling_mask: _rows, ...coverage } = samplingMaskFields(samplingMask);
+    parts.push(',', JSON.stringify(bulk ? samplingMaskFields(samplingMask) : coverage).slice(1, -1));
+  }
   if (logprobsMode !== null) parts.push(',"logprobs_mode":', JSON.stringify(logprobsMode));
+  // A record built before images were recorded has no member at all.
+  if (images !== null && images !== undefined) parts.push(',', JSON.stringify(imageFields(images)).slice(1, -1));
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));
   return parts;
@@ -90,7 +98,7 @@ export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): B
  * tests); without its routing fields when `withRouting` is false (protobuf takes the raw bytes).
  */
 export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRecord, withRouting = true): Trajectory {
-  const { last, length, turnLogprobs, routing, weightVersions, samplingMask, logprobsMode, ...rest } = t;
+  const { last, length, turnLogprobs, routing, weightVersions, samplingMask, logprobsMode, images, ...rest } = t;
   const prompt = writer.ids(last, last.prompt_token_ids);
   const response = writer.ids(last, last.response_token_ids);
   if (prompt === null || response === null) throw new Error(`trajectory ${t.trajectory_id}: the ids of ${last.transition_id} cannot be read`);
@@ -111,6 +119,7 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     ...(weightVersions !== null ? { weight_versions: weightVersions } : {}),
     ...(samplingMask !== null ? samplingMaskFields(samplingMask) : {}),
     ...(logprobsMode !== null ? { logprobs_mode: logprobsMode } : {}),
+    ...(images !== null && images !== undefined ? imageFields(images) : {}),
     turns,
     token_rewards,
     reward,
@@ -120,6 +129,11 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     started_at,
     ended_at,
   };
+}
+
+/** A trajectory's images as their four JSON fields (docs/images.md), in one order for both writers. */
+export function imageFields(i: TrajectoryImages): Pick<Trajectory, 'images' | 'images_complete' | 'images_error' | 'image_processor'> {
+  return { images: i.images, images_complete: i.complete, images_error: i.error, image_processor: i.processor };
 }
 
 /** A trajectory's routing as its three JSON fields (docs/output-contract.md#routed-experts). */

@@ -113,6 +113,11 @@ export class TransitionWriter {
     return out as unknown as Transition;
   }
 
+  /** The call's response body, parsed (the model server's answer; small next to its request). */
+  parsedResponse(t: TransitionRecord): unknown {
+    return this.parsedBody(t.response);
+  }
+
   /** Token ids as numbers (ranges read from the call's response). */
   ids(t: TransitionRecord, ids: TokenIds | null): number[] | null {
     if (ids === null) return null;

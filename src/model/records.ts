@@ -445,6 +445,17 @@ export interface Trajectory {
   sampling_mask_violations?: number;
   /** Which distribution `logprobs` are over (`processors.sampling.logprobs_mode`); only when configured. */
   logprobs_mode?: string;
+  /**
+   * The images of the segment's last call, in conversation order, each with its placeholder run in
+   * `token_ids`; present only when that call had images (docs/images.md).
+   */
+  images?: TrajectoryImage[];
+  /** Every image's bytes are stored and its placeholder run found; with `images`. A trainer must not train on a trajectory where this is false as if it were text. */
+  images_complete?: boolean;
+  /** Why `images_complete` is false (the first problem); with `images`. */
+  images_error?: string | null;
+  /** The image placeholder token id the runs were found by, and the processor settings the sidecar was given; with `images`. */
+  image_processor?: ImageProcessorJson;
   turns: TrajectoryTurn[];
   token_rewards: { position: number; value: number }[];
   reward: number;
@@ -524,6 +535,42 @@ export interface SamplingMaskJson {
 }
 
 /** Tokens `[start, end)` sampled with the weights of `version`. */
+/** One image of a trajectory (docs/images.md). */
+export interface TrajectoryImage {
+  /** Its place among the trajectory's images (conversation order, from 0). */
+  order: number;
+  /** SHA-256 (hex) of the image's bytes as the agent sent them; the name it is stored under. Null for an http(s) URL. */
+  sha256: string | null;
+  mime: string | null;
+  /** Its size in bytes (null for a URL). */
+  bytes: number | null;
+  width: number | null;
+  height: number | null;
+  /** The address of an image the request only named (http/https); null for one sent as data. */
+  url: string | null;
+  /** Its placeholder run in `token_ids`: `[start, start + length)`; null when the runs do not pair with the images. */
+  start: number | null;
+  length: number | null;
+}
+
+export interface ImageProcessorJson {
+  image_token_id: number;
+  /** The Qwen-VL resize settings, when configured (`processors.images.processor`). */
+  factor?: number;
+  min_pixels?: number;
+  max_pixels?: number;
+}
+
+/** A trajectory's images as built (before the bytes are stored). */
+export interface TrajectoryImages {
+  images: TrajectoryImage[];
+  complete: boolean;
+  error: string | null;
+  processor: ImageProcessorJson;
+  /** The images' bytes, by order (null for a URL or an unreadable one), until they are stored; never exported. */
+  pending?: (Buffer | null)[];
+}
+
 export interface WeightVersionSpan {
   version: string;
   start: number;
@@ -558,7 +605,13 @@ export type TrajectoryRecord = Omit<
   | 'sampling_mask_complete'
   | 'sampling_mask_violations'
   | 'logprobs_mode'
+  | 'images'
+  | 'images_complete'
+  | 'images_error'
+  | 'image_processor'
 > & {
+  /** Its images (null: the segment's last call had none); the bytes are in that call's request. */
+  images: TrajectoryImages | null;
   /** The sampling masks of its calls over `token_ids` (null: none came and none were asked for). */
   samplingMask: TrajectorySamplingMask | null;
   /** `processors.sampling.logprobs_mode` (null: not configured). */

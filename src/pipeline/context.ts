@@ -5,6 +5,7 @@ import { Journal } from '../journal/journal';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import { LimitedWarnings, type Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
+import { ImageStore } from './image-store';
 import { TraceRouter } from './span-router';
 
 /**
@@ -44,6 +45,8 @@ export interface Context {
   warnLimited(key: string, msg: string, fields: object): void;
   /** Sets the journal's size gauges. */
   journalMetrics(): void;
+  /** Where trajectories' images are stored (`{data_dir}/images`). */
+  images: ImageStore;
 }
 
 export function createContext(config: PipelineConfig, deps: ContextDeps): Context {
@@ -64,6 +67,7 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
     capture: config.processors.capture,
     routedExperts: config.processors.routed_experts,
     sampling: config.processors.sampling,
+    images: config.processors.images,
     read,
     records: config.exporters.records,
     onLate: (kind, rolloutId, attemptId) => {
@@ -102,5 +106,6 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
     m.journalSegments.set(journal.segmentCount);
   }
 
-  return { config, log, m, now: deps.now ?? Date.now, dataDir, journal, assembler, router, read, quarantine, warnLimited, journalMetrics };
+  const images = new ImageStore(path.join(dataDir, 'images'), m);
+  return { config, log, m, now: deps.now ?? Date.now, dataDir, journal, assembler, router, read, quarantine, warnLimited, journalMetrics, images };
 }

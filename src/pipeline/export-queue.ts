@@ -415,7 +415,7 @@ export class ExportQueue {
   private encode(close: EpisodeClose, built: ClosedEpisode | null): Encoded | null {
     let c: ClosedEpisode;
     try {
-      c = built ?? this.ctx.assembler.build(close);
+      c = built ?? this.build(close);
     } catch {
       return null;
     }
@@ -502,7 +502,7 @@ export class ExportQueue {
     const close = q.close;
     let c: ClosedEpisode;
     try {
-      c = q.built = this.ctx.assembler.build(close);
+      c = q.built = this.build(close);
     } catch (err) {
       q.quarantined = true;
       const episode = {
@@ -515,6 +515,13 @@ export class ExportQueue {
       return null;
     }
     this.countBuilt(c);
+    return c;
+  }
+
+  /** An episode's records, built, its trajectories' images stored first. */
+  private build(close: EpisodeClose): ClosedEpisode {
+    const c = this.ctx.assembler.build(close);
+    this.ctx.images.storeEpisode(c);
     return c;
   }
 

@@ -61,6 +61,7 @@ export function createApp(config: Config, deps: AppDeps) {
           logger: log,
           metrics,
           deadLetterDir: path.join(dataDir, 'dead-letter'),
+          imagesDir: path.join(dataDir, 'images'),
         })
       : null;
   // The Kafka connection gauge exists only with the Kafka exporter (a 0 elsewhere would read as

@@ -378,6 +378,18 @@ function exportMetrics(registry: Registry) {
       labelNames: ['complete'] as const,
       registers: [registry],
     }),
+    trajectoryImages: new Counter({
+      name: 'lightning_sidecar_trajectory_images_total',
+      help: 'Trajectories with images, by outcome: complete (every image stored and paired with its placeholder run), or why not (placeholders_do_not_pair, placeholder_length, url_not_stored, unreadable_image, unreadable_request, no_prompt_ids, store_failed); such a trajectory is exported with images_complete false.',
+      labelNames: ['outcome'] as const,
+      registers: [registry],
+    }),
+    imagesStored: new Counter({
+      name: 'lightning_sidecar_images_stored_total',
+      help: 'Images of trajectories put in the content-addressed image store: written, already_stored (the same bytes came before), or failed.',
+      labelNames: ['result'] as const,
+      registers: [registry],
+    }),
     trajectorySamplingMask: new Counter({
       name: 'lightning_sidecar_trajectory_sampling_mask_total',
       help: 'Trajectories with sampling masks (or asked to have them), by whether every sampled position has its row and every sampled id is in it (complete) or not.',

@@ -13,8 +13,10 @@ export interface ClosedTrajectory {
   segment: number;
   start_reason: string;
   tokens: number;
-  /** The trajectory as the viewer serves it (JSON text). */
-  json: string;
+  /** The trajectory as exported, less routing rows and mask ids (JSON bytes). */
+  json: Buffer;
+  /** Each call's answer as recorded, when tokens cannot be shown as text. */
+  turnText: (string | null)[] | null;
 }
 
 export interface ClosedEntry {
@@ -64,8 +66,10 @@ export class ClosedRing {
     for (const t of entry.trajectories) this.byTrajectory.set(t.trajectory_id, entry);
   }
 
-  trajectory(id: string): ClosedTrajectory | null {
-    return this.byTrajectory.get(id)?.trajectories.find((t) => t.trajectory_id === id) ?? null;
+  trajectory(id: string): { entry: ClosedEntry; trajectory: ClosedTrajectory } | null {
+    const entry = this.byTrajectory.get(id);
+    const trajectory = entry?.trajectories.find((t) => t.trajectory_id === id);
+    return entry && trajectory ? { entry, trajectory } : null;
   }
 
   /** Newest first. */

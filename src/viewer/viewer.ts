@@ -1,8 +1,8 @@
 import { isEncoded, NO_JOURNAL, type Exporter, type ExportItem } from '../exporters/exporter';
-import { materializeTrajectory } from '../exporters/trajectory-json';
+import { trajectoryJsonParts } from '../exporters/trajectory-json';
 import { TransitionWriter } from '../exporters/transition-json';
 import type { BodyReader } from '../formats/extract';
-import type { ClosedEpisode, Trajectory, TrajectoryRecord, Transition } from '../model/records';
+import type { ClosedEpisode, TransitionRecord } from '../model/records';
 import type { OpenEpisodeView } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
 import type { Metrics } from '../telemetry/metrics';
@@ -35,6 +35,8 @@ export class Viewer {
   private lastLook = -Infinity;
   private readonly now: () => number;
   private decoder: TokenDecoder | null | undefined = undefined;
+  /** Bodies are read into it while an episode is read for the viewer (one allocation, not one per body). */
+  private readonly arena = Buffer.allocUnsafeSlow(1 << 20);
 
   constructor(
     private readonly options: ViewerOptions,
@@ -78,7 +80,7 @@ export class Viewer {
   /** Reads the batch's closed episodes into the ring; a failure here never fails the export. */
   private keep(batch: ExportItem[], read: BodyReader): ClosedEntry[] {
     const out: ClosedEntry[] = [];
-    const writer = new TransitionWriter(read);
+    const writer = new TransitionWriter(read, this.arena);
     for (const item of batch) {
       if (isEncoded(item)) continue;
       try {
@@ -98,21 +100,17 @@ export class Viewer {
     if (existing) return existing;
     const byId = new Map(c.transitions.map((t) => [t.transition_id, t]));
     const agents = new Set<string>();
+    const withText = this.options.tokenizerDir === null;
     const trajectories = c.trajectories.map((t) => {
       if (t.agent_name) agents.add(t.agent_name);
-      const view = this.trajectoryView(t, writer, (id) => {
-        const record = byId.get(id);
-        return record ? writer.materialize(record) : null;
-      });
-      return {
-        trajectory_id: t.trajectory_id,
-        segment: t.segment,
-        start_reason: t.start_reason,
-        tokens: t.length,
-        json: JSON.stringify({ episode: e, trajectory: view }),
-      };
+      // The trajectory as exported, less routing rows and mask ids; each call's answer as recorded
+      // when tokens cannot be shown as text.
+      const json = Buffer.concat(trajectoryJsonParts(writer, t, false).map((p) => (typeof p === 'string' ? Buffer.from(p) : p)));
+      writer.reuseArena();
+      const said = withText ? t.turns.map((u) => turnText(byId.get(u.transition_id), writer)) : null;
+      return { trajectory_id: t.trajectory_id, segment: t.segment, start_reason: t.start_reason, tokens: t.length, json, turnText: said };
     });
-    const bytes = trajectories.reduce((n, t) => n + t.json.length * 2, 512);
+    const bytes = trajectories.reduce((n, t) => n + t.json.length + (t.turnText ?? []).reduce((m, x) => m + 2 * (x?.length ?? 0), 0), 1024);
     return {
       key,
       episode: e,
@@ -126,16 +124,19 @@ export class Viewer {
   }
 
   /**
-   * The trajectory as exported, less its bulk arrays (routing rows, mask ids: their coverage stays),
-   * with each token's text when the tokenizer files are known, else each turn's text as recorded.
+   * One trajectory as the page reads it: the exported JSON (routing rows and mask ids left out),
+   * each token's text when the tokenizer files are known (decoded now, when somebody asks), else
+   * each call's answer as recorded; and its episode.
    */
-  private trajectoryView(t: TrajectoryRecord, writer: TransitionWriter, transition: (id: string) => Transition | null): Record<string, unknown> {
-    const x = materializeTrajectory(writer, t, false) as Partial<Trajectory> & Record<string, unknown>;
-    delete x.sampling_mask;
-    if (t.routing) Object.assign(x, { routing_coverage: t.routing.coverage, routing_complete: t.routing.complete });
+  trajectory(id: string): string | null {
+    const found = this.ring.trajectory(id);
+    if (found === null) return null;
+    const { entry, trajectory } = found;
+    const view = JSON.parse(trajectory.json.toString('utf8')) as Record<string, unknown> & { token_ids: number[] };
     const decoder = this.tokenDecoder();
-    if (decoder) return { ...x, token_text: decoder.pieces(x.token_ids ?? []) };
-    return { ...x, turn_text: t.turns.map((u) => turnText(transition(u.transition_id))) };
+    if (decoder) view.token_text = decoder.pieces(view.token_ids);
+    else if (trajectory.turnText) view.turn_text = trajectory.turnText;
+    return JSON.stringify({ episode: entry.episode, trajectory: view });
   }
 
   private tokenDecoder(): TokenDecoder | null {
@@ -169,11 +170,6 @@ export class Viewer {
       open,
       closed,
     };
-  }
-
-  /** One trajectory's JSON text, or null when the ring no longer has it. */
-  trajectory(id: string): string | null {
-    return this.ring.trajectory(id)?.json ?? null;
   }
 
   /** A GRPO group's episodes side by side, with the group-relative advantages a GRPO trainer computes. */
@@ -211,8 +207,13 @@ function closedRow(e: ClosedEntry): Record<string, unknown> {
 }
 
 /** What the assistant said in a call, as recorded: reasoning, content and tool calls of its first choice. */
-function turnText(t: Transition | null): string | null {
-  const r = t?.response as { choices?: { message?: Record<string, unknown> }[] } | null | undefined;
+function turnText(record: TransitionRecord | undefined, writer: TransitionWriter): string | null {
+  let r: { choices?: { message?: Record<string, unknown> }[] } | null;
+  try {
+    r = record ? (writer.parsedResponse(record) as typeof r) : null;
+  } catch {
+    return null;
+  }
   const m = r && typeof r === 'object' && Array.isArray(r.choices) ? r.choices[0]?.message : undefined;
   if (!m) return null;
   const parts: string[] = [];

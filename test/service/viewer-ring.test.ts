@@ -31,7 +31,7 @@ describe('the viewer keeps closed episodes only while somebody looks, within its
     await upstream.close();
   });
   const start = async (ui: Record<string, unknown>): Promise<TestSidecar> => {
-    const s = await startSidecar(upstream.url, { service: { ui } });
+    const s = await startSidecar(upstream.url, { service: { ui }, receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
     sidecars.push(s);
     return s;
   };
@@ -55,15 +55,24 @@ describe('the viewer keeps closed episodes only while somebody looks, within its
     expect(now.closed[0].rollout_id).toBe('seen-39');
     expect(now.closed.some((c) => c.rollout_id.startsWith('unseen'))).toBe(false);
     expect(now.closed.every((c) => c.export === 'delivered')).toBe(true);
+    // Without tokenizer files the trajectory view has each call's answer as recorded.
+    const seen = sidecar.trajectories().find((t) => t.rollout_id === 'seen-39')!;
+    const view = (await (await fetch(`${sidecar.telemetryOrigin}/ui/api/trajectory?id=${encodeURIComponent(seen.trajectory_id)}`)).json()) as {
+      trajectory: { token_ids: number[]; turn_text: string[]; token_text?: string[] };
+    };
+    expect(view.trajectory.token_ids).toEqual(seen.token_ids);
+    expect(view.trajectory.token_text).toBeUndefined();
+    const answer = JSON.parse(upstream.responses[upstream.responses.length - 1].toString('utf8')) as { choices: { message: { content: string } }[] };
+    expect(view.trajectory.turn_text).toEqual([answer.choices[0].message.content]);
   }, 60_000);
 
   it('stops keeping once nobody has looked for idle_ms', async () => {
-    const sidecar = await start({ idle_ms: 300 });
+    const sidecar = await start({ idle_ms: 2_000 });
     const viewer = sidecar.app.viewer!;
     await fetch(`${sidecar.telemetryOrigin}/ui/api/now`);
     await rollout(sidecar, 'while-looking');
     expect(viewer.ring.size).toBe(1);
-    await new Promise((r) => setTimeout(r, 400));
+    await new Promise((r) => setTimeout(r, 2_200));
     await rollout(sidecar, 'after-looking');
     expect(viewer.ring.size).toBe(1);
   }, 30_000);

@@ -10,6 +10,41 @@ export function calculator(expression: string): string {
   return String(m[2] === '+' ? a + b : m[2] === '-' ? a - b : m[2] === '*' ? a * b : a / b);
 }
 
+/** One chat call's answer as the agent reads it, streamed (deltas added up) or not. */
+export interface ChatAnswer {
+  content: string | null;
+  reasoning: string | null;
+  finish: string | null;
+  calls: { id: string; name: string; arguments: string }[];
+}
+
+export async function completeChat(client: OpenAI, body: OpenAI.ChatCompletionCreateParamsNonStreaming, stream: boolean): Promise<ChatAnswer> {
+  if (!stream) {
+    const c = (await client.chat.completions.create(body)).choices[0];
+    return {
+      content: c.message.content,
+      reasoning: (c.message as { reasoning_content?: string | null }).reasoning_content ?? null,
+      finish: c.finish_reason,
+      calls: (c.message.tool_calls ?? []).flatMap((t) => (t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [])),
+    };
+  }
+  const out: ChatAnswer = { content: null, reasoning: null, finish: null, calls: [] };
+  for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+    const c = chunk.choices[0];
+    if (c?.finish_reason) out.finish = c.finish_reason;
+    if (c?.delta.content) out.content = (out.content ?? '') + c.delta.content;
+    const thought = (c?.delta as { reasoning_content?: string } | undefined)?.reasoning_content;
+    if (thought) out.reasoning = (out.reasoning ?? '') + thought;
+    for (const t of c?.delta.tool_calls ?? []) {
+      out.calls[t.index] ??= { id: '', name: '', arguments: '' };
+      if (t.id) out.calls[t.index].id = t.id;
+      out.calls[t.index].name += t.function?.name ?? '';
+      out.calls[t.index].arguments += t.function?.arguments ?? '';
+    }
+  }
+  return out;
+}
+
 /** What the agent received on one call (tool-call ids left out: servers make them up at random). */
 export interface Received {
   content: string | null;
@@ -46,33 +81,7 @@ export async function runCalculatorAgent(
     messages.push({ role: 'user', content: q });
     for (let step = 0; step < 8; step++) {
       const body = { model: o.model ?? 'Qwen/Qwen3-8B', messages: messages as never, tools: CALCULATOR_TOOLS };
-      let content: string | null = null;
-      let reasoning: string | null = null;
-      let finish: string | null = null;
-      let calls: { id: string; name: string; arguments: string }[] = [];
-      if (o.stream) {
-        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
-          const c = chunk.choices[0];
-          if (c?.finish_reason) finish = c.finish_reason;
-          if (c?.delta.content) content = (content ?? '') + c.delta.content;
-          const thought = (c?.delta as { reasoning_content?: string } | undefined)?.reasoning_content;
-          if (thought) reasoning = (reasoning ?? '') + thought;
-          for (const t of c?.delta.tool_calls ?? []) {
-            calls[t.index] ??= { id: '', name: '', arguments: '' };
-            if (t.id) calls[t.index].id = t.id;
-            calls[t.index].name += t.function?.name ?? '';
-            calls[t.index].arguments += t.function?.arguments ?? '';
-          }
-        }
-      } else {
-        const c = (await client.chat.completions.create(body)).choices[0];
-        content = c.message.content;
-        reasoning = (c.message as { reasoning_content?: string | null }).reasoning_content ?? null;
-        finish = c.finish_reason;
-        calls = (c.message.tool_calls ?? []).flatMap((t) =>
-          t.type === 'function' ? [{ id: t.id, name: t.function.name, arguments: t.function.arguments }] : [],
-        );
-      }
+      const { content, reasoning, finish, calls } = await completeChat(client, body, o.stream);
       received.push({ content, reasoning, finish, calls: calls.map((c) => ({ name: c.name, arguments: c.arguments })) });
       const assistant: ChatMessage = { role: 'assistant', content };
       if (calls.length > 0) assistant.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }));

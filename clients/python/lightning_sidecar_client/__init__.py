@@ -16,6 +16,9 @@ experts, aligned with the ids, when the trajectories have them). ``routed_expert
 ``weight_version_per_token`` the weight version that sampled each of its ids; ``sampling_mask_rows``,
 ``sampling_mask_row``, ``sampling_mask_missing`` and ``sampling_mask_dense`` the ids its sampler
 kept at each position (its sampling masks, which ``to_verl_batch`` also carries when present).
+``trajectory_images`` gives a trajectory's images in order with their bytes, checked against their
+SHA-256, from the sidecar's image store (``FileImages``) or the images topic (``KafkaImages``);
+``image_placeholder_runs`` and ``check_image_spans`` find and check their placeholder runs.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from .files import FileSource
 from .groups import GroupAssembler, GroupBatch
+from .images import DEFAULT_IMAGES_TOPIC, FileImages, ImagesIncomplete, KafkaImages, check_image_spans, image_placeholder_runs, trajectory_images
 from .kafka_source import DEFAULT_EPISODES_TOPIC, DEFAULT_TOPIC, DEFAULT_TRAJECTORIES_TOPIC, KafkaSource, brokers_from_env
 from .position import Position
 from .readers import Event, GroupReader, RecordReader
@@ -34,10 +38,11 @@ from .source import Incoming, Source, SourceEvent
 from .tensors import to_verl_batch
 
 __all__ = [
-    'DEFAULT_EPISODES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileSource', 'GroupAssembler', 'GroupBatch',
-    'GroupReader', 'Incoming', 'KafkaSource', 'Position', 'RecordReader', 'Source', 'SourceEvent', 'decode_episode',
-    'decode_trajectory', 'decode_transition', 'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'routed_experts_array',
-    'routing_missing_mask', 'sampling_mask_dense', 'sampling_mask_missing', 'sampling_mask_row', 'sampling_mask_rows', 'to_verl_batch',
+    'DEFAULT_EPISODES_TOPIC', 'DEFAULT_IMAGES_TOPIC', 'DEFAULT_TOPIC', 'DEFAULT_TRAJECTORIES_TOPIC', 'Event', 'FileImages', 'FileSource',
+    'GroupAssembler', 'GroupBatch', 'GroupReader', 'ImagesIncomplete', 'Incoming', 'KafkaImages', 'KafkaSource', 'Position', 'RecordReader',
+    'Source', 'SourceEvent', 'check_image_spans', 'decode_episode', 'decode_trajectory', 'decode_transition', 'image_placeholder_runs',
+    'iter_groups', 'iter_trajectories', 'iter_transitions', 'open_source', 'routed_experts_array', 'routing_missing_mask',
+    'sampling_mask_dense', 'sampling_mask_missing', 'sampling_mask_row', 'sampling_mask_rows', 'to_verl_batch', 'trajectory_images',
     'weight_version_per_token',
 ]
 

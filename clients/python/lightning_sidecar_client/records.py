@@ -34,6 +34,13 @@ asked for masks) is ``{'offsets', 'ids', 'missing'}`` in either encoding: row ``
 names it, with or without a mask); all after ``weight_versions``, before ``turns``.
 The module ``sampling_mask`` reads it as arrays.
 
+A trajectory's images (present only when its last call had images: ``has_images`` in protobuf) are
+four keys, after ``logprobs_mode`` and before ``turns``: ``images`` (each ``{'order', 'sha256',
+'mime', 'bytes', 'width', 'height', 'url', 'start', 'length'}``, None where unset),
+``images_complete``, ``images_error`` and ``image_processor`` (``image_token_id``, and ``factor``,
+``min_pixels`` and ``max_pixels`` only when the sidecar was given them). The module ``images``
+fetches their bytes.
+
 A transition's and a trajectory turn's ``sampling`` (present only with the sidecar's
 ``processors.sampling.record``) is a ``SamplingParams`` message of optional doubles in protobuf;
 decoded, it is the JSON dict, every key present (None where unset), as the record's last key (a
@@ -238,6 +245,8 @@ def _trajectory_from_proto(m: Any) -> Record:
         out.update(_sampling_mask_from_proto(m))
     if 'logprobs_mode' in m.DESCRIPTOR.fields_by_name and m.HasField('logprobs_mode'):
         out['logprobs_mode'] = m.logprobs_mode
+    if 'has_images' in m.DESCRIPTOR.fields_by_name and m.has_images:
+        out.update(_images_from_proto(m))
     out['turns'] = [_turn_from_proto(t) for t in m.turns]
     out['token_rewards'] = [{'position': r.position, 'value': r.value} for r in m.token_rewards]
     out.update((f, _opt(m, f)) for f in _TRAJECTORY_TAIL)
@@ -272,6 +281,25 @@ def _sampling_mask_from_proto(m: Any) -> Record:
         'sampling_mask_coverage': m.sampling_mask_coverage,
         'sampling_mask_complete': m.sampling_mask_complete,
         'sampling_mask_violations': m.sampling_mask_violations,
+    }
+
+
+_IMAGE_FIELDS = ('order', 'sha256', 'mime', 'bytes', 'width', 'height', 'url', 'start', 'length')
+_IMAGE_PROCESSOR_OPTIONAL = ('factor', 'min_pixels', 'max_pixels')
+
+
+def _images_from_proto(m: Any) -> Record:
+    """The four image keys as JSON has them: each image with every key (None where unset), an unset
+    ``images_complete`` read as False (as the Node decoder reads it), and ``image_processor`` with
+    the resize settings only when the sidecar was given them."""
+    p = m.image_processor
+    processor: Record = {'image_token_id': p.image_token_id}
+    processor.update((f, getattr(p, f)) for f in _IMAGE_PROCESSOR_OPTIONAL if p.HasField(f))
+    return {
+        'images': [{f: _opt(i, f) for f in _IMAGE_FIELDS} for i in m.images],
+        'images_complete': m.images_complete,
+        'images_error': _opt(m, 'images_error'),
+        'image_processor': processor,
     }
 
 

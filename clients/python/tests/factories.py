@@ -232,6 +232,15 @@ def encode_trajectory_pb(t: dict) -> bytes:
         elif k == 'token_rewards':
             for r in v:
                 m.token_rewards.add(**r)
+        elif k == 'images':
+            # The flag tells an absent list from an empty one; unset optional fields are JSON's nulls.
+            for image in v:
+                m.images.add(**_drop_nulls(image))
+            m.has_images = True
+        elif k == 'image_processor':
+            m.image_processor.SetInParent()
+            for pk, pv in v.items():
+                setattr(m.image_processor, pk, pv)
         elif k == 'routed_experts':
             # Raw bytes in protobuf (base64 in JSON); the shape as three sizes.
             m.routed_experts.dtype = v['dtype']
@@ -300,8 +309,8 @@ def built_node_encoding(marker, what):
 
 
 # Encodes a JSON trajectory with the built Node exporter (argv[1]: encoding.js, argv[2]:
-# transition-json.js), its record made back from the JSON (routing, weight versions, sampling masks
-# and logprobs mode included), printing [JSON, protobuf] in base64.
+# transition-json.js), its record made back from the JSON (routing, weight versions, sampling masks,
+# logprobs mode and images included), printing [JSON, protobuf] in base64.
 NODE_ENCODE_TRAJECTORY = """
 const [encJs, writerJs] = process.argv.slice(1);
 const enc = require(encJs);
@@ -310,7 +319,8 @@ const writer = new TransitionWriter(() => { throw new Error('no journal'); });
 const TYPES = { uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array, int32: Int32Array };
 const t = JSON.parse(require('fs').readFileSync(0, 'utf8'));
 const { token_ids, loss_mask, logprobs, routed_experts: r, routing_coverage, routing_complete, weight_versions, sampling_mask: m,
-        sampling_mask_coverage, sampling_mask_complete, sampling_mask_violations, logprobs_mode, ...rest } = t;
+        sampling_mask_coverage, sampling_mask_complete, sampling_mask_violations, logprobs_mode, images, images_complete, images_error,
+        image_processor, ...rest } = t;
 const cut = t.turns[t.turns.length - 1].response_start;
 let routing = null;
 if (r) {
@@ -325,6 +335,7 @@ const record = {
   samplingMask: m ? { offsets: Int32Array.from(m.offsets), ids: Int32Array.from(m.ids), missing: m.missing, coverage: sampling_mask_coverage,
                       complete: sampling_mask_complete, violations: sampling_mask_violations, problems: [] } : null,
   logprobsMode: logprobs_mode ?? null,
+  images: images ? { images, complete: images_complete, error: images_error, processor: image_processor } : null,
   last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
   length: token_ids.length,
   turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),

@@ -106,6 +106,7 @@ const record = {
   weightVersions: null,
   samplingMask: null,
   logprobsMode: null,
+  images: null,
   last: { transition_id: t.turns[t.turns.length - 1].transition_id, prompt_token_ids: token_ids.slice(0, cut), response_token_ids: token_ids.slice(cut) },
   length: token_ids.length,
   turnLogprobs: t.turns.map((u) => (u.has_logprobs && logprobs ? logprobs.slice(u.response_start, u.response_end) : null)),

@@ -166,6 +166,9 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
     weight_versions: x.weight_versions ?? [],
     has_weight_versions: x.weight_versions !== undefined,
     sampling_mask: x.sampling_mask === undefined ? undefined : { ...x.sampling_mask, missing: x.sampling_mask.missing.map(([start, end]) => ({ start, end })) },
+    images: (x.images ?? []).map((i) => dropNulls(i)),
+    has_images: x.images !== undefined,
+    image_processor: x.image_processor === undefined ? undefined : dropNulls(x.image_processor),
     turns: x.turns.map((turn) => ({
       ...dropNulls(turn),
       tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
@@ -232,6 +235,7 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
     ...weightVersionsFromMessage(o),
     ...samplingMaskFromMessage(o),
     ...(o.logprobs_mode !== undefined && o.logprobs_mode !== null ? { logprobs_mode: o.logprobs_mode } : {}),
+    ...imagesFromMessage(o),
     turns,
     token_rewards: (o.token_rewards as { position: number; value: number }[]).map((r) => ({ position: r.position, value: r.value })),
     reward: o.reward,
@@ -263,6 +267,34 @@ function routingFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'route
     },
     routing_coverage: (o.routing_coverage as number | undefined) ?? 0,
     routing_complete: (o.routing_complete as boolean | undefined) ?? false,
+  };
+}
+
+/** The four image fields of a decoded trajectory message in their JSON shape; none when `has_images` is unset. */
+function imagesFromMessage(o: Record<string, unknown>): Pick<Trajectory, 'images' | 'images_complete' | 'images_error' | 'image_processor'> {
+  if (o.has_images !== true) return {};
+  const opt = (v: unknown) => (v === undefined ? null : v);
+  const p = (o.image_processor ?? {}) as Record<string, unknown>;
+  return {
+    images: (o.images as Record<string, unknown>[]).map((i) => ({
+      order: i.order as number,
+      sha256: opt(i.sha256) as string | null,
+      mime: opt(i.mime) as string | null,
+      bytes: opt(i.bytes) as number | null,
+      width: opt(i.width) as number | null,
+      height: opt(i.height) as number | null,
+      url: opt(i.url) as string | null,
+      start: opt(i.start) as number | null,
+      length: opt(i.length) as number | null,
+    })),
+    images_complete: (o.images_complete as boolean | undefined) ?? false,
+    images_error: opt(o.images_error) as string | null,
+    image_processor: {
+      image_token_id: p.image_token_id as number,
+      ...(p.factor !== undefined ? { factor: p.factor as number } : {}),
+      ...(p.min_pixels !== undefined ? { min_pixels: p.min_pixels as number } : {}),
+      ...(p.max_pixels !== undefined ? { max_pixels: p.max_pixels as number } : {}),
+    },
   };
 }
 

@@ -1,4 +1,6 @@
+import { readFileSync } from 'node:fs';
 import { appendFile, mkdir } from 'node:fs/promises';
+import { imagePath } from '../../formats/images';
 import path from 'node:path';
 import { BROKERS_SETTING, type KafkaExporterConfig } from '../../config/schema';
 import { once } from '../../model/component';
@@ -35,10 +37,12 @@ export interface KafkaExporterDeps {
   logger: Logger;
   metrics: Metrics;
   deadLetterDir: string;
+  /** The image store (`{data_dir}/images`): trajectories' images are sent from it to `images_topic`. */
+  imagesDir?: string;
 }
 
-/** The topics an episode's records go to, in the order they are sent. */
-const KINDS = ['transitions', 'trajectories', 'episodes'] as const;
+/** The topics an episode's records go to, in the order they are sent: images before the trajectories that name them. */
+const KINDS = ['images', 'transitions', 'trajectories', 'episodes'] as const;
 type Kind = (typeof KINDS)[number];
 
 /** One record for a topic, before it is chunked. */
@@ -184,11 +188,22 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
   const records = deps.records ?? 'both';
   /** The topics an export sends to, in order: an episode's summary goes once its other records are acknowledged. */
-  const kinds = KINDS.filter((k) => (k === 'transitions' ? records !== 'trajectories' : k === 'trajectories' ? records !== 'transitions' : true));
-  const topics: Record<Kind, string> = { transitions: config.topic, trajectories: config.trajectories_topic, episodes: config.episodes_topic };
+  const kinds = KINDS.filter((k) =>
+    k === 'transitions' ? records !== 'trajectories' : k === 'trajectories' || k === 'images' ? records !== 'transitions' : true,
+  );
+  const topics: Record<Kind, string> = {
+    images: config.images_topic,
+    transitions: config.topic,
+    trajectories: config.trajectories_topic,
+    episodes: config.episodes_topic,
+  };
+  /** Images the broker acknowledged already (bounded): a conversation resends its screenshots on every turn. */
+  const sentImages = new Set<string>();
+  const imagesDir = deps.imagesDir ?? null;
 
   /** A record read back from a section `encodeAhead` wrote: for dead-lettering, its value decoded. */
   const decodeRecord: Record<Kind, (value: Buffer) => unknown> = {
+    images: (v) => ({ bytes: v.length }),
     transitions: (v) => decodeTransition(v, config.encoding),
     trajectories: (v) => decodeTrajectory(v, config.encoding),
     episodes: (v) => decodeEpisode(v, config.encoding),
@@ -219,18 +234,27 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       const writer = new TransitionWriter(read);
       for (const kind of kinds) {
         const to = new Batcher(topics[kind], kind);
+        const sent: string[] = [];
         for (const item of batch) {
           if (isEncoded(item)) for (const b of item.records(KINDS.indexOf(kind))) await send(to, kind, readRecord(b, decodeRecord[kind]));
-          else for (const r of recordsOf(config, item, kind, writer)) await send(to, kind, r);
+          else
+            for (const r of recordsOf(config, item, kind, writer, imagesDir, sentImages)) {
+              if (kind === 'images') sent.push(r.key);
+              await send(to, kind, r);
+            }
         }
         await to.flush();
+        for (const key of sent) {
+          if (sentImages.size >= 100_000) sentImages.clear();
+          sentImages.add(key);
+        }
       }
     },
     /** The records of each topic sent to, section i for `KINDS[i]`, as `export` would send them. */
     encodeAhead(c: ClosedEpisode, read: BodyReader, write: (section: number, parts: readonly Buffer[]) => void): void {
       const writer = new TransitionWriter(read);
       KINDS.forEach((kind, i) => {
-        if (kinds.includes(kind)) for (const r of recordsOf(config, c, kind, writer)) write(i, recordParts(r));
+        if (kinds.includes(kind)) for (const r of recordsOf(config, c, kind, writer, imagesDir, null)) write(i, recordParts(r));
       });
     },
     shutdown: once(async () => {
@@ -247,10 +271,42 @@ function headers(config: KafkaExporterConfig, schema: string, t: { rollout_id: s
   return h;
 }
 
+/**
+ * The images an episode's trajectories name, read from the image store, each once (and none the
+ * broker has: `sent`), keyed by their SHA-256. One the store does not have is left out: its
+ * trajectory says `images_complete: false` already.
+ */
+function* imageRecords(c: ClosedEpisode, dir: string | null, sent: ReadonlySet<string> | null): Generator<OutRecord> {
+  if (dir === null) return;
+  const seen = new Set<string>();
+  for (const t of c.trajectories)
+    for (const image of t.images?.images ?? []) {
+      const sha = image.sha256;
+      if (sha === null || seen.has(sha) || sent?.has(sha)) continue;
+      seen.add(sha);
+      let value: Buffer;
+      try {
+        value = readFileSync(imagePath(dir, sha, image.mime));
+      } catch {
+        continue;
+      }
+      const headers = { 'content-type': image.mime ?? 'application/octet-stream', 'lightning-schema': 'lightning.image.v1', 'image-sha256': sha };
+      yield { key: sha, value, headers, recordId: `image:${sha}`, record: () => ({ sha256: sha, mime: image.mime, bytes: value.length }) };
+    }
+}
+
 /** An episode's records for one topic, encoded one at a time as they are sent. */
-function* recordsOf(config: KafkaExporterConfig, c: ClosedEpisode, kind: Kind, writer: TransitionWriter): Generator<OutRecord> {
+function* recordsOf(
+  config: KafkaExporterConfig,
+  c: ClosedEpisode,
+  kind: Kind,
+  writer: TransitionWriter,
+  imagesDir: string | null,
+  sentImages: ReadonlySet<string> | null,
+): Generator<OutRecord> {
   const key = keyOf(c);
-  if (kind === 'transitions') {
+  if (kind === 'images') yield* imageRecords(c, imagesDir, sentImages);
+  else if (kind === 'transitions') {
     // JSON splices the delta from the model server's bytes; protobuf needs the numbers.
     const delta = config.prompt_ids !== 'delta' ? null : config.encoding === 'json' ? deltaOfBytes(writer) : deltaOfIds(writer, config.encoding);
     for (const t of c.transitions) {

@@ -1,8 +1,9 @@
-import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig, RoutedExpertsConfig, SamplingConfig } from '../../config/schema';
+import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig, ImagesConfig, RoutedExpertsConfig, SamplingConfig } from '../../config/schema';
 import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../model/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
 import type { BodyReader } from '../../formats/extract';
+import type { ImageOptions } from '../rewards/images';
 import { buildEpisode, type EpisodeFacts, type TransitionOptions } from '../rewards/transitions';
 
 export type AssemblerEvent = PipelineRecord | { type: 'tick'; at: number };
@@ -18,6 +19,8 @@ export interface AssemblerOptions {
   sampling?: SamplingConfig;
   /** MoE routing replay settings (`processors.routed_experts`). */
   routedExperts?: RoutedExpertsConfig;
+  /** Images in calls (`processors.images`). */
+  images?: ImagesConfig;
   /** What the exporter writes (`exporters.records`; default both), named in each episode summary. */
   records?: 'trajectories' | 'transitions' | 'both';
   /**
@@ -119,6 +122,7 @@ export class EpisodeAssembler {
       samplingMasks: options.sampling?.masks === true,
       serverDefaults: options.sampling?.server_defaults ?? null,
       logprobsMode: options.sampling?.logprobs_mode ?? null,
+      images: imageOptions(options.images),
       sglangRouting: options.routedExperts?.sglang ? { layers: options.routedExperts.sglang.layers, topK: options.routedExperts.sglang.top_k } : null,
       // Bodies up to 4 MiB are read into these while an episode closes; bigger ones get their own.
       scratch: [Buffer.allocUnsafe(4 << 20), Buffer.allocUnsafe(4 << 20)],
@@ -390,6 +394,11 @@ export class EpisodeAssembler {
 }
 
 /** An episode's key: its rollout and attempt. */
+function imageOptions(c: ImagesConfig | undefined): ImageOptions {
+  const p = c?.processor;
+  return { imageTokenId: c?.image_token_id ?? 151655, processor: p ? { factor: p.factor, minPixels: p.min_pixels, maxPixels: p.max_pixels } : null };
+}
+
 export function keyOf(rolloutId: string, attemptId: string): string {
   return `${rolloutId}\u0000${attemptId}`;
 }

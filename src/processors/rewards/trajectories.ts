@@ -301,6 +301,7 @@ export function buildTrajectories(plan: SegmentPlan, ctx: TrajectoryContext): Tr
       weightVersions,
       samplingMask,
       logprobsMode: ctx.logprobsMode ?? null,
+      images: null,
     };
   });
 }

@@ -6,20 +6,23 @@ import type {
   ClosedEpisode,
   EpisodeStatus,
   RawBody,
+  TokenIds,
   ToolSpanRecord,
+  TrajectoryImages,
   TransitionRecord,
   TransitionToolCall,
 } from '../../model/records';
 import { looksLikeIntArray } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
-import { extractFacts, type BodyReader, type CallFacts } from '../../formats/extract';
+import { decode, extractFacts, resolveIds, type BodyReader, type CallFacts } from '../../formats/extract';
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
 import { continuesFrom, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
 import { checkSamplingMasks } from './sampling-mask';
 import { samplingOf, type ServerDefaults } from './sampling';
+import { trajectoryImages, type ImageOptions } from './images';
 import { buildTrajectories, Segmenter } from './trajectories';
 
 export interface EpisodeFacts {
@@ -63,6 +66,8 @@ export interface TransitionOptions {
   samplingMasks?: boolean;
   /** Which distribution the server's logprobs are over (`processors.sampling.logprobs_mode`). */
   logprobsMode?: string | null;
+  /** How images are found in calls (`processors.images`). */
+  images?: ImageOptions;
 }
 
 const NO_BODIES: BodyReader = () => {
@@ -195,6 +200,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     samplingMasks: options.samplingMasks === true,
     logprobsMode: options.logprobsMode ?? null,
   });
+  const bySeq = new Map(calls.map((c) => [c.seq, c]));
+  for (const t of trajectories) t.images = imagesOf(bySeq.get(t.last.seq), t.last.prompt_token_ids, read, options.images);
   const unmerged = plan.unmerged.flatMap((u) => {
     const ids =
       u.choice === null ? transitions.filter((t) => t.seq === u.seq).map((t) => t.transition_id) : [bySeqChoice.get(`${u.seq}.${u.choice}`)!.transition_id];
@@ -263,6 +270,49 @@ function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
 }
 
 /** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
+const DEFAULT_IMAGES: ImageOptions = { imageTokenId: 151655, processor: null };
+
+/**
+ * The images of a trajectory whose last call is `call` (docs/images.md): its request's image parts
+ * and its prompt's placeholder runs. A request that names no image is not parsed, unless its
+ * prompt has placeholders (then whatever hides them, a compressed or cut body, fails closed).
+ */
+function imagesOf(call: CallFacts | undefined, prompt: TokenIds | null, read: BodyReader, o: ImageOptions = DEFAULT_IMAGES): TrajectoryImages | null {
+  if (!call) return null;
+  let ids: ArrayLike<number> | null = Array.isArray(prompt) ? prompt : null;
+  if (prompt !== null && !Array.isArray(prompt) && call.bodies) {
+    try {
+      ids = resolveIds(prompt, decode(read(call.bodies.response), call.bodies.encoding));
+    } catch {
+      ids = null;
+    }
+  }
+  const placeholders = ids !== null && Array.prototype.includes.call(ids, o.imageTokenId);
+  // The request as the model server got it (a translated call's record keeps the agent's).
+  const offsets = call.bodies && call.bodies.request.length > 0 ? call.bodies.request : null;
+  const r = call.request as RawBody | null;
+  if (offsets === null && (r === null || typeof r !== 'object' || r.raw !== 'journal')) return trajectoryImages(call.request, ids, o);
+  let bytes: Buffer;
+  try {
+    bytes = read(offsets ?? r!.offsets);
+  } catch (err) {
+    return placeholders ? unreadable(`the request cannot be read: ${(err as Error).message}`, o) : null;
+  }
+  if (!placeholders && !bytes.includes('"image_url"') && !bytes.includes('"image"')) return null;
+  let request: unknown;
+  try {
+    request = JSON.parse(bytes.toString('utf8'));
+  } catch {
+    return unreadable('the request is not JSON as recorded (compressed, or cut at the capture limit)', o);
+  }
+  return trajectoryImages(request, ids, o);
+}
+
+/** Images that are there but cannot be listed. */
+function unreadable(why: string, o: ImageOptions): TrajectoryImages {
+  return { images: [], complete: false, error: `unreadable_request: ${why}`, processor: { image_token_id: o.imageTokenId } };
+}
+
 function parsedRequest(call: CallFacts, read: BodyReader): unknown {
   const r = call.request as RawBody | null;
   if (r === null || typeof r !== 'object' || r.raw !== 'journal') return call.request;

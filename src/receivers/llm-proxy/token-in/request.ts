@@ -1,3 +1,4 @@
+import { hasImageParts } from '../../../formats/images';
 import { canonicalJson, canonicalMessage, PrefixDigest } from './conversation';
 
 /**
@@ -73,6 +74,8 @@ export function readTokenInRequest(body: Buffer): TokenInRequest | { reason: str
   const c = chat as Record<string, unknown>;
   for (const key of Object.keys(c)) if (!HANDLED.has(key) && !SAMPLING.includes(key)) return { reason: `unsupported_field:${key}` };
   if (!Array.isArray(c.messages) || c.messages.length === 0) return { reason: 'no_messages' };
+  // Images need the engines' image-aware token routes (features with the ids), not taken here yet.
+  if (hasImageParts(c)) return { reason: 'images' };
   if (c.n !== undefined && c.n !== 1) return { reason: 'n_above_1' };
   if (c.logprobs === true) return { reason: 'logprobs_requested' };
   const choice = c.tool_choice;
