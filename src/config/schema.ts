@@ -486,7 +486,7 @@ export const configSchema = z
         ui: z
           .object({
             enabled: z.boolean().default(true),
-            max_bytes: positiveInt.default(32 * MiB),
+            max_bytes: positiveInt.default(16 * MiB),
             idle_ms: positiveInt.default(600_000),
           })
           .strict()

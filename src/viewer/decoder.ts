@@ -17,7 +17,7 @@ export class TokenDecoder {
     this.tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: read('tokenizer.json'), tokenizerConfig: read('tokenizer_config.json') });
   }
 
-  pieces(ids: readonly number[]): string[] {
+  pieces(ids: ArrayLike<number>): string[] {
     const out = new Array<string>(ids.length);
     for (let i = 0; i < ids.length; i++) {
       const id = ids[i];

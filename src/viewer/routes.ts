@@ -79,7 +79,7 @@ export function createViewerRoutes(viewer: Viewer, apiToken: string | undefined)
 }
 
 async function api(viewer: Viewer, p: string, q: URLSearchParams, res: http.ServerResponse): Promise<void> {
-  const json = (status: number, body: string): void => {
+  const json = (status: number, body: string | Buffer): void => {
     res.writeHead(status, { ...SECURITY_HEADERS, 'content-type': 'application/json', 'cache-control': 'no-store' }).end(body);
   };
   try {

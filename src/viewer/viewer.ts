@@ -2,6 +2,7 @@ import { isEncoded, NO_JOURNAL, type Exporter, type ExportItem } from '../export
 import { trajectoryJsonParts } from '../exporters/trajectory-json';
 import { TransitionWriter } from '../exporters/transition-json';
 import type { BodyReader } from '../formats/extract';
+import { readIntArray, topLevelMembers } from '../formats/json-scan';
 import type { ClosedEpisode, TransitionRecord } from '../model/records';
 import type { OpenEpisodeView } from '../processors/episodes/assembler';
 import type { Logger } from '../telemetry/logger';
@@ -128,15 +129,21 @@ export class Viewer {
    * each token's text when the tokenizer files are known (decoded now, when somebody asks), else
    * each call's answer as recorded; and its episode.
    */
-  trajectory(id: string): string | null {
+  trajectory(id: string): Buffer | null {
     const found = this.ring.trajectory(id);
     if (found === null) return null;
     const { entry, trajectory } = found;
-    const view = JSON.parse(trajectory.json.toString('utf8')) as Record<string, unknown> & { token_ids: number[] };
+    // Spliced, not parsed: a trajectory's JSON is hundreds of KB, and a page asks for it whole.
+    const json = trajectory.json;
+    let extra = '';
     const decoder = this.tokenDecoder();
-    if (decoder) view.token_text = decoder.pieces(view.token_ids);
-    else if (trajectory.turnText) view.turn_text = trajectory.turnText;
-    return JSON.stringify({ episode: entry.episode, trajectory: view });
+    if (decoder) {
+      const at = topLevelMembers(json)?.get('token_ids');
+      const ids = at ? readIntArray(json, at[0], at[1]) : null;
+      if (ids) extra = `,"token_text":${JSON.stringify(decoder.pieces(ids))}`;
+    } else if (trajectory.turnText) extra = `,"turn_text":${JSON.stringify(trajectory.turnText)}`;
+    const head = Buffer.from(`{"episode":${JSON.stringify(entry.episode)},"trajectory":`);
+    return Buffer.concat([head, json.subarray(0, json.lastIndexOf(0x7d)), Buffer.from(`${extra}}}`)]);
   }
 
   private tokenDecoder(): TokenDecoder | null {

@@ -67,7 +67,9 @@ function Gauges({ gauges }: { gauges: Record<string, Gauge[]> }) {
     ['export backlog', fmt(gaugeSum(gauges.export_backlog_records))],
     ['export lag, mean (s)', fmt(mean(gauges.export_lag_seconds))],
     ['late records', fmt(gaugeSum(gauges.late_records))],
-    ['rewards', fmt(gaugeSum(gauges.rewards))],
+    ['rewards applied', fmt(gaugeSum(gauges.rewards, (l) => l.outcome === 'applied'))],
+    ['rewards late (episode closed)', fmt(gaugeSum(gauges.rewards, (l) => l.outcome === 'episode_closed'))],
+    ['rewards for unknown rollouts', fmt(gaugeSum(gauges.rewards, (l) => l.outcome === 'unknown_rollout'))],
     ['token-in fallbacks', fmt(gaugeSum(gauges.token_in_calls, (l) => l.result === 'fallback'))],
     ['replicas up', fmt(gaugeSum(gauges.replicas_up))],
   ];
