@@ -131,6 +131,7 @@ export function createApp(config: Config, deps: AppDeps) {
     sglangRouting: config.processors.routed_experts.sglang !== undefined,
     pins: config.processors.sampling.pin,
     samplingMasks: config.processors.sampling.masks,
+    imageTokenId: config.processors.images.image_token_id,
   });
   const otlpConfig = config.receivers.otlp;
   const otlp =

@@ -229,4 +229,53 @@ describe('images in calls become trainable trajectories, or fail closed', () => 
       await broker.close();
     }
   }, 60_000);
+
+  describe('under token-in', () => {
+    it.each([false, true])(
+      'through vLLM render and generate (streamed: %s): the answers of chat, one segment, the spans where the ids put them',
+      async (stream) => {
+        const server = await startQwenVlServer({ tokenIn: true });
+        servers.push(server);
+        const sidecar = await startSidecar(server.url, {
+          receivers: { llm_proxy: { upstream_flavor: 'auto', token_in: { enabled: true } } },
+          processors: { images: { processor: { factor: FACTOR, min_pixels: MIN_PIXELS, max_pixels: MAX_PIXELS } } },
+        });
+        sidecars.push(sidecar);
+        const plain = await setup();
+        const rollout = `token-in-images-${stream}`;
+        const answers = await openaiAgent(sidecar, rollout, stream);
+        expect(answers).toEqual(await openaiAgent(plain.sidecar, `plain-${rollout}`, stream));
+        const [t, ...more] = await closed(sidecar, rollout);
+        expect(more).toHaveLength(0);
+        const transitions = sidecar.transitions().filter((x) => x.rollout_id === rollout);
+        expect(transitions.map((x) => x.token_in)).toEqual(['rendered:first_call', 'spliced', 'spliced', 'spliced']);
+        expect(transitions.map((x) => x.translation?.upstream_api)).toEqual(['generate', 'generate', 'generate', 'generate']);
+        // Each generate call carried the images' features, placed on the runs of its own prompt.
+        const generated = server.requests.filter(
+          (r) => r.path === '/inference/v1/generate' && Array.isArray(r.json.token_ids) && (r.json.token_ids as number[]).length > 1,
+        );
+        expect(generated).toHaveLength(4);
+        expect(t.images_error).toBeNull();
+        expect(t.images_complete).toBe(true);
+        const last = generated[generated.length - 1].json;
+        const placed = (last.features as { mm_placeholders: { image: { offset: number; length: number }[] } }).mm_placeholders.image;
+        expect(t.images!.map((i) => [i.start, i.length])).toEqual(placed.map((p) => [p.offset, p.length]));
+        expect(t.token_ids.slice(0, (last.token_ids as number[]).length)).toEqual(last.token_ids);
+        // The journal keeps the features less the images' processed data.
+        expect(await metric(sidecar, 'lightning_sidecar_token_in_calls_total{result="fallback",reason="images"}')).toBe(0);
+      },
+      60_000,
+    );
+
+    it('without vLLM generate route, calls with images go through as chat, counted', async () => {
+      const server = await startQwenVlServer();
+      servers.push(server);
+      const sidecar = await startSidecar(server.url, { receivers: { llm_proxy: { upstream_flavor: 'auto', token_in: { enabled: true } } } });
+      sidecars.push(sidecar);
+      expect(await openaiAgent(sidecar, 'no-route', false)).toHaveLength(4);
+      const [t] = await closed(sidecar, 'no-route');
+      expect(t.images_complete).toBe(true);
+      expect(await metric(sidecar, 'lightning_sidecar_token_in_calls_total{result="fallback",reason="images_need_generate_route"}')).toBe(4);
+    }, 60_000);
+  });
 });

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { deflateSync } from 'node:zlib';
@@ -17,8 +17,18 @@ import { IM_END, decode, encode, qwen3, renderChat, type ChatMessage } from './q
  *   `reasoning_content: null`, `tool_calls` with `chatcmpl-tool-…` ids; with `return_token_ids`
  *   the top-level `prompt_token_ids` (expanded) and per-choice `token_ids`; streamed as deltas.
  *
+ * With the `tokenIn` option, vLLM's image-aware token-in routes too (404 without it, as on a plain
+ * `vllm serve`):
+ *
+ * - `POST /v1/chat/completions/render`: a chat request rendered, not run: one GenerateRequest
+ *   with the expanded prompt ids (what the chat route would take as `prompt_token_ids`) and the
+ *   images' `features` (sha256 hashes, pad placeholders, opaque processor outputs);
+ * - `POST /inference/v1/generate`: token ids (and `features` for their pad runs, checked as vLLM's
+ *   engine checks them) → the sampled ids, the same as the chat route samples for that prompt,
+ *   with the text the hermes parser reads the chat route's content and tool calls out of.
+ *
  * There is no `/tokenize` and no `/v1/completions` (404): a client that wants the prompt's ids
- * reads them off the chat answer.
+ * reads them off the chat answer, or off the render route's.
  *
  * Images are `image_url` parts whose URL is a base64 data URL of a PNG or JPEG (the size is read
  * from the bytes; nothing is decoded further) or an http(s) URL, which is never fetched: its size
@@ -39,7 +49,7 @@ import { IM_END, decode, encode, qwen3, renderChat, type ChatMessage } from './q
  * - an assistant message with `tool_calls`: its content, then each call as
  *   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Python `json.dumps` spacing), a
  *   newline between the content (when not empty) and the first call and between calls, as Qwen3;
- * - the generation prompt `<|im_start|>assistant\n`.
+ * - the generation prompt `<|im_start|>assistant\n` (unless the request says `add_generation_prompt: false`).
  *
  * The "model" is a screenshot agent's policy read off the rendered prompt: with a `click` tool
  * declared, while the conversation has fewer than `clicks` assistant tool calls it calls `click`
@@ -312,7 +322,7 @@ function toolCallText(call: NonNullable<ChatMessage['tool_calls']>[number]): str
  * The prompt text the stand-in's template gives (see the module comment), with one pad per
  * image, and the image URLs in the order their pads come.
  */
-export function renderVlChat(messages: ChatMessage[], tools?: unknown[]): { text: string; images: string[] } {
+export function renderVlChat(messages: ChatMessage[], tools?: unknown[], addGenerationPrompt = true): { text: string; images: string[] } {
   const images: string[] = [];
   const block = tools && tools.length > 0 ? toolsBlock(tools) : '';
   let text = messages[0]?.role === 'system' ? '' : `<|im_start|>system\n${DEFAULT_SYSTEM}${block}<|im_end|>\n`;
@@ -331,7 +341,7 @@ export function renderVlChat(messages: ChatMessage[], tools?: unknown[]): { text
       text += `<|im_start|>${m.role}\n${contentText(m.content, images)}${extra}<|im_end|>\n`;
     }
   });
-  return { text: text + '<|im_start|>assistant\n', images };
+  return { text: addGenerationPrompt ? text + '<|im_start|>assistant\n' : text, images };
 }
 
 /** One image of a request, as the stand-in expanded it. */
@@ -358,6 +368,11 @@ export interface QwenVlOptions {
   pads?: (imageIndex: number, n: number) => number;
   /** smart_resize's max_pixels (12845056). */
   maxPixels?: number;
+  /**
+   * Serve vLLM's token-in routes `/v1/chat/completions/render` and `/inference/v1/generate`
+   * (false: both answer 404, as a plain `vllm serve` without them).
+   */
+  tokenIn?: boolean;
 }
 
 /** The size of each image URL and what it expands to, before offsets are known. */
@@ -419,9 +434,88 @@ export function vlPrompt(
   options: QwenVlOptions = {},
   seenUrls: string[] = [],
 ): { text: string; ids: number[]; images: VlImage[] } {
-  const r = renderVlChat(messages, tools);
+  const p = promptOf(messages, tools, options, seenUrls, true);
+  return { text: p.text, ids: p.ids, images: p.images };
+}
+
+/** `vlPrompt` with the generation prompt optional, and the image URLs in pad order (for their hashes). */
+function promptOf(
+  messages: ChatMessage[],
+  tools: unknown[] | undefined,
+  options: QwenVlOptions,
+  seenUrls: string[],
+  addGenerationPrompt: boolean,
+): { text: string; ids: number[]; images: VlImage[]; urls: string[] } {
+  const r = renderVlChat(messages, tools, addGenerationPrompt);
   const resolved = resolveImages(r.images, options, seenUrls);
-  return { text: r.text, ...expand(encode(r.text), resolved) };
+  return { text: r.text, ...expand(encode(r.text), resolved), urls: r.images };
+}
+
+/** The messages, tools and generation-prompt flag (default true) of a chat request, as vLLM reads them. */
+function chatInputs(json: Record<string, unknown>): { messages: ChatMessage[]; tools: unknown[] | undefined; addGenerationPrompt: boolean } {
+  if (!Array.isArray(json.messages) || json.messages.length === 0) throw new BadRequest('messages required');
+  return {
+    messages: json.messages as ChatMessage[],
+    tools: Array.isArray(json.tools) ? (json.tools as unknown[]) : undefined,
+    addGenerationPrompt: json.add_generation_prompt !== false,
+  };
+}
+
+/** One image's place in a prompt as vLLM's features give it: its pads only, not the vision markers. */
+export interface VlPlaceholder {
+  offset: number;
+  length: number;
+}
+
+/** The `features` of a GenerateRequest with images, as vLLM's render route gives them. */
+export interface VlFeatures {
+  /** sha256 hex of each image's bytes (of the URL's text for an http(s) image, never fetched). */
+  mm_hashes: { image: string[] };
+  mm_placeholders: { image: VlPlaceholder[] };
+  /** The processor's outputs per image; opaque here: base64 of `kw:` and the image's hash. */
+  kwargs_data: { image: string[] };
+}
+
+/** What the render route answers for a chat request: one GenerateRequest. */
+export interface VlRender {
+  request_id: string;
+  token_ids: number[];
+  /** null without images. */
+  features: VlFeatures | null;
+  sampling_params: { max_tokens: number | null };
+  model: string;
+  stream: false;
+}
+
+/** The sha256 hex of an image: its bytes for a data URL, the URL's text for an http(s) one. */
+function imageHash(url: string): string {
+  const data = /^data:image\/[a-z]+;base64,/i.exec(url);
+  const bytes = data ? Buffer.from(url.slice(data[0].length), 'base64') : Buffer.from(url, 'utf8');
+  return createHash('sha256').update(bytes).digest('hex');
+}
+
+/** The features of an expanded prompt's images (null without images). */
+function featuresOf(images: VlImage[], urls: string[]): VlFeatures | null {
+  if (images.length === 0) return null;
+  const hashes = urls.map(imageHash);
+  return {
+    mm_hashes: { image: hashes },
+    mm_placeholders: { image: images.map((i) => ({ offset: i.offset, length: i.pads })) },
+    kwargs_data: { image: hashes.map((h) => Buffer.from(`kw:${h}`).toString('base64')) },
+  };
+}
+
+/** The runs of `<|image_pad|>` in prompt ids, as placeholders (each run as long as it is). */
+export function padRunsOf(ids: readonly number[]): VlPlaceholder[] {
+  const runs: VlPlaceholder[] = [];
+  for (let i = 0; i < ids.length; i++) {
+    if (ids[i] !== IMAGE_PAD) continue;
+    let j = i;
+    while (ids[j] === IMAGE_PAD) j++;
+    runs.push({ offset: i, length: j - i });
+    i = j - 1;
+  }
+  return runs;
 }
 
 /** What the model samples next: its text in parts (content, tool call), each with its ids. */
@@ -455,13 +549,27 @@ export function sampleVl(prompt: string, clicks = 3): VlSample {
   return { content, toolCall, parts, ids: [...parts.flatMap((p) => p.ids), IM_END] };
 }
 
+/** A generate request the stand-in took (the one-token probe aside). */
+export interface VlGenerated {
+  promptIds: number[];
+  /** The placeholders its `features` gave (null without features). */
+  placeholders: VlPlaceholder[] | null;
+  /** Why it was refused (400), or null when it was answered. */
+  error: string | null;
+}
+
 export interface QwenVlServer {
   url: string;
   port: number;
   /** Every POST request: path and parsed body. */
   requests: { path: string; json: Record<string, unknown> }[];
-  /** Per chat request answered, in order: its images as expanded. */
+  /**
+   * Per chat request answered, in order: its images as expanded; render requests (`tokenIn`)
+   * are recorded here too, in the same order, since they expand images as the chat route does.
+   */
   images: VlImage[][];
+  /** Every generate request (`tokenIn`), answered or refused, in order; not the one-token probe. */
+  generated: VlGenerated[];
   /** Every http(s) image URL seen, in order (never fetched). */
   urls: string[];
   close(): Promise<void>;
@@ -472,6 +580,7 @@ export async function startQwenVlServer(options: QwenVlOptions = {}): Promise<Qw
   const requests: QwenVlServer['requests'] = [];
   const images: VlImage[][] = [];
   const urls: string[] = [];
+  const generated: VlGenerated[] = [];
   const sockets = new Set<Socket>();
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -486,7 +595,7 @@ export async function startQwenVlServer(options: QwenVlOptions = {}): Promise<Qw
       }
       if (req.method === 'POST') requests.push({ path, json });
       try {
-        route(req, res, path, json, options, images, urls);
+        route(req, res, path, json, options, { images, urls, generated });
       } catch (err) {
         if (err instanceof BadRequest) return send(res, 400, { object: 'error', message: err.message, type: 'BadRequestError', code: 400 });
         send(res, 500, { object: 'error', message: (err as Error).message, type: 'InternalServerError', code: 500 });
@@ -505,6 +614,7 @@ export async function startQwenVlServer(options: QwenVlOptions = {}): Promise<Qw
     requests,
     images,
     urls,
+    generated,
     close: () =>
       new Promise<void>((r) => {
         for (const s of sockets) s.destroy();
@@ -519,20 +629,20 @@ function route(
   path: string,
   json: Record<string, unknown>,
   options: QwenVlOptions,
-  images: VlImage[][],
-  urls: string[],
+  record: Pick<QwenVlServer, 'images' | 'urls' | 'generated'>,
 ): void {
   if (req.method === 'GET' && path === '/v1/models')
     return send(res, 200, { object: 'list', data: [{ id: MODEL, object: 'model', owned_by: 'vllm', max_model_len: 128000 }] });
   if (req.method === 'GET' && path === '/version') return send(res, 200, { version: '0.11.0' });
-  if (req.method === 'POST' && path === '/v1/chat/completions') return chatRoute(res, json, options, images, urls);
+  if (req.method === 'POST' && path === '/v1/chat/completions') return chatRoute(res, json, options, record.images, record.urls);
+  if (options.tokenIn && req.method === 'POST' && path === '/v1/chat/completions/render') return renderRoute(res, json, options, record.images, record.urls);
+  if (options.tokenIn && req.method === 'POST' && path === '/inference/v1/generate') return generateRoute(res, json, options, record.generated);
   send(res, 404, { detail: 'Not Found' });
 }
 
 function chatRoute(res: ServerResponse, json: Record<string, unknown>, options: QwenVlOptions, images: VlImage[][], urls: string[]): void {
-  if (!Array.isArray(json.messages) || json.messages.length === 0) throw new BadRequest('messages required');
-  const tools = Array.isArray(json.tools) ? (json.tools as unknown[]) : undefined;
-  const prompt = vlPrompt(json.messages as ChatMessage[], tools, options, urls);
+  const c = chatInputs(json);
+  const prompt = promptOf(c.messages, c.tools, options, urls, c.addGenerationPrompt);
   images.push(prompt.images);
   const promptIds = prompt.ids;
   const s = sampleVl(prompt.text, options.clicks ?? 3);
@@ -581,6 +691,148 @@ function chatRoute(res: ServerResponse, json: Record<string, unknown>, options: 
   });
   if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
   stream(res, events);
+}
+
+/**
+ * vLLM's render route: the chat request rendered as the chat route renders it (template, images
+ * expanded; `chat_template_kwargs` taken and ignored, as the VL template reads none), answered as
+ * the one GenerateRequest that would run it on the token-in route. An image the `pads` option
+ * gives no pads has a placeholder of length 0, which the generate route refuses (no run matches it).
+ */
+function renderRoute(res: ServerResponse, json: Record<string, unknown>, options: QwenVlOptions, images: VlImage[][], urls: string[]): void {
+  const c = chatInputs(json);
+  const prompt = promptOf(c.messages, c.tools, options, urls, c.addGenerationPrompt);
+  images.push(prompt.images);
+  const maxTokens = json.max_tokens ?? json.max_completion_tokens ?? null;
+  const body: VlRender = {
+    request_id: `chatcmpl-${randomBytes(8).toString('hex')}`,
+    token_ids: prompt.ids,
+    features: featuresOf(prompt.images, prompt.urls),
+    sampling_params: { max_tokens: typeof maxTokens === 'number' ? maxTokens : null },
+    model: typeof json.model === 'string' ? json.model : MODEL,
+    stream: false,
+  };
+  send(res, 200, body);
+}
+
+/** The list at `features[key].image` (none: empty), each entry checked by `ok`; a BadRequest naming the field otherwise. */
+function featureList<T>(features: Record<string, unknown>, key: string, ok: (x: unknown) => x is T): T[] {
+  const v = features[key];
+  if (v === undefined || v === null) return [];
+  const list = (v as { image?: unknown }).image;
+  if (list === undefined || list === null) return [];
+  if (!Array.isArray(list) || !list.every(ok))
+    throw new BadRequest(`features.${key}.image must be a list of ${key === 'mm_placeholders' ? '{offset, length}' : 'strings'}`);
+  return list;
+}
+
+const isString = (x: unknown): x is string => typeof x === 'string';
+const isPlaceholder = (x: unknown): x is VlPlaceholder =>
+  typeof x === 'object' && x !== null && Number.isInteger((x as VlPlaceholder).offset) && Number.isInteger((x as VlPlaceholder).length);
+
+/**
+ * The features a prompt's pad runs need, checked as vLLM's engine checks a GenerateRequest: every
+ * run of `<|image_pad|>` listed by a placeholder at its offset and of its length, in order, with a
+ * hash and processor outputs per image; nothing listed where there is no run. Throws BadRequest.
+ */
+function checkFeatures(promptIds: number[], features: Record<string, unknown> | null): void {
+  const runs = padRunsOf(promptIds);
+  if (features === null) {
+    if (runs.length > 0) throw new BadRequest(`the prompt has ${runs.length} image placeholder run(s) of token ${IMAGE_PAD} but no features`);
+    return;
+  }
+  const placeholders = featureList(features, 'mm_placeholders', isPlaceholder);
+  const hashes = featureList(features, 'mm_hashes', isString);
+  const kwargs = featureList(features, 'kwargs_data', isString);
+  if (runs.length === 0 && placeholders.length > 0)
+    throw new BadRequest(`features list ${placeholders.length} image placeholder(s) but the prompt has no image tokens (${IMAGE_PAD})`);
+  if (placeholders.length !== runs.length)
+    throw new BadRequest(`features list ${placeholders.length} image placeholder(s) for the prompt's ${runs.length} image placeholder run(s)`);
+  if (hashes.length !== placeholders.length) throw new BadRequest(`features.mm_hashes.image has ${hashes.length} entries for ${placeholders.length} images`);
+  if (kwargs.length !== placeholders.length) throw new BadRequest(`features.kwargs_data.image has ${kwargs.length} entries for ${placeholders.length} images`);
+  runs.forEach((run, i) => {
+    const p = placeholders[i];
+    if (p.offset !== run.offset || p.length !== run.length)
+      throw new BadRequest(
+        `image ${i}: features place it at offset ${p.offset}, length ${p.length}, but the prompt's pad run is at offset ${run.offset}, length ${run.length}`,
+      );
+  });
+}
+
+/**
+ * vLLM's token-in route with images: the prompt ids (pad runs expanded, `features` for them) in,
+ * the policy's sample out, as the chat route samples for the prompt these ids decode to (pad runs
+ * collapsed). Shapes as qwen3-server.ts's generate route: `output_mode` `tokens` (ids only) or
+ * `text` (the decoded answer too, special tokens skipped), logprobs when asked for, streamed as
+ * deltas ending on `<|im_end|>`.
+ */
+function generateRoute(res: ServerResponse, json: Record<string, unknown>, options: QwenVlOptions, generated: VlGenerated[]): void {
+  const prompt = json.token_ids;
+  // FastAPI's validation error for a body without its required field.
+  if (!Array.isArray(prompt) || prompt.length === 0 || !prompt.every((t) => Number.isInteger(t) && t >= 0))
+    return send(res, 422, { detail: [{ type: 'missing', loc: ['body', 'token_ids'], msg: 'Field required' }] });
+  const params = (json.sampling_params ?? {}) as Record<string, unknown>;
+  const promptIds = prompt as number[];
+  const features = json.features === undefined || json.features === null ? null : json.features;
+  const outputMode = json.output_mode ?? 'tokens';
+  // The one-token probe a client sends to see the route answers: one token, not a turn.
+  if (params.max_tokens === 1 && promptIds.length === 1 && features === null) {
+    const t = 13;
+    return send(res, 200, {
+      request_id: 'generate-tokens-probe',
+      output_mode: outputMode,
+      choices: [{ index: 0, token_ids: [t], text: decode([t], true), finish_reason: 'length', logprobs: null }],
+    });
+  }
+  const given = features === null ? null : featureListOrNull(features);
+  try {
+    if (features !== null && (typeof features !== 'object' || Array.isArray(features))) throw new BadRequest('features must be an object');
+    checkFeatures(promptIds, features as Record<string, unknown> | null);
+  } catch (err) {
+    generated.push({ promptIds, placeholders: given, error: (err as Error).message });
+    throw err;
+  }
+  generated.push({ promptIds, placeholders: given, error: null });
+  const s = sampleVl(decodeVl(promptIds), options.clicks ?? 3);
+  const text = outputMode === 'text';
+  const logprobsOf = (ids: number[]) =>
+    typeof params.logprobs === 'number'
+      ? { content: ids.map((t) => ({ token_id: t, logprob: -((t % 7) / 10), rank: 1, top_logprobs: [{ token_id: t, logprob: -((t % 7) / 10), rank: 1 }] })) }
+      : null;
+  const usage = { prompt_tokens: promptIds.length, completion_tokens: s.ids.length, total_tokens: promptIds.length + s.ids.length };
+  const head = {
+    request_id: `generate-tokens-${randomBytes(8).toString('hex')}`,
+    output_mode: outputMode,
+    model: json.model ?? MODEL,
+    created: Math.floor(Date.now() / 1000),
+  };
+  const echo = json.return_token_ids === true ? { prompt_token_ids: promptIds } : {};
+  if (json.stream !== true) {
+    const choice = { index: 0, finish_reason: 'stop', token_ids: s.ids, logprobs: logprobsOf(s.ids), ...(text ? { text: decode(s.ids, true) } : {}) };
+    return send(res, 200, { ...head, ...echo, usage, choices: [choice] });
+  }
+  // A delta per part (content, tool call), then `<|im_end|>` with the finish reason.
+  const pieces = [...s.parts.map((p) => p.ids), [IM_END]];
+  const events: unknown[] = pieces.map((ids, i) => {
+    const last = i === pieces.length - 1;
+    return {
+      ...head,
+      ...(i === 0 ? echo : {}),
+      choices: [{ index: 0, finish_reason: last ? 'stop' : null, token_ids: ids, logprobs: logprobsOf(ids), ...(text ? { text: decode(ids, true) } : {}) }],
+    };
+  });
+  if ((json.stream_options as { include_usage?: boolean } | undefined)?.include_usage) events.push({ ...head, choices: [], usage });
+  stream(res, events);
+}
+
+/** The placeholders a request's features give, as sent, for the record (null when unreadable). */
+function featureListOrNull(features: unknown): VlPlaceholder[] | null {
+  if (typeof features !== 'object' || features === null || Array.isArray(features)) return null;
+  try {
+    return featureList(features as Record<string, unknown>, 'mm_placeholders', isPlaceholder);
+  } catch {
+    return null;
+  }
 }
 
 /** The ids of `ids` with every run of pads collapsed to one (what the template's text tokenizes to). */

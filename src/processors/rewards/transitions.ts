@@ -270,6 +270,9 @@ function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
 }
 
 /** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
+/** The token routes token-in calls: their upstream request holds ids, the agent's request the images. */
+const TOKEN_ROUTES = new Set(['completions', 'generate', 'sglang.generate']);
+
 const DEFAULT_IMAGES: ImageOptions = { imageTokenId: 151655, processor: null };
 
 /**
@@ -288,8 +291,10 @@ function imagesOf(call: CallFacts | undefined, prompt: TokenIds | null, read: Bo
     }
   }
   const placeholders = ids !== null && Array.prototype.includes.call(ids, o.imageTokenId);
-  // The request as the model server got it (a translated call's record keeps the agent's).
-  const offsets = call.bodies && call.bodies.request.length > 0 ? call.bodies.request : null;
+  // The chat request the images are in: as the model server got it (a translated call's record
+  // keeps the agent's Anthropic or Responses request), but for token-in, whose server got ids: the agent's.
+  const tokenRoute = TOKEN_ROUTES.has(call.translation?.upstreamApi ?? '');
+  const offsets = !tokenRoute && call.bodies && call.bodies.request.length > 0 ? call.bodies.request : null;
   const r = call.request as RawBody | null;
   if (offsets === null && (r === null || typeof r !== 'object' || r.raw !== 'journal')) return trajectoryImages(call.request, ids, o);
   let bytes: Buffer;

@@ -61,6 +61,8 @@ export interface EngineDeps {
   pins?: Pins | null;
   /** Ask the engine for sampling masks where it gives them (`processors.sampling.masks`). */
   samplingMasks?: boolean;
+  /** The image placeholder token (`processors.images.image_token_id`), for token-in calls with images. */
+  imageTokenId?: number;
 }
 
 export class CallEngine implements Engine {
@@ -238,6 +240,7 @@ export class CallEngine implements Engine {
       flavor: this.flavors.current() === 'sglang' ? 'sglang' : 'vllm',
       sglangRouting: this.deps.sglangRouting,
       samplingMasks: this.deps.samplingMasks,
+      imageTokenId: this.deps.imageTokenId,
       contextLengths: this.contextLengths,
       generate: this.generate,
       maxResumes: t.max_resumes,

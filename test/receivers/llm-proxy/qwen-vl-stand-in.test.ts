@@ -1,6 +1,8 @@
+import { createHash } from 'node:crypto';
 import { crc32, inflateSync } from 'node:zlib';
 import OpenAI from 'openai';
-import { encode, type ChatMessage } from '../../support/qwen3-server';
+import { HermesToolParser } from '../../../src/receivers/llm-proxy/token-in/hermes-tools';
+import { decode, encode, type ChatMessage } from '../../support/qwen3-server';
 import {
   CLICK_TOOLS,
   IMAGE_PAD,
@@ -17,6 +19,7 @@ import {
   smartResize,
   startQwenVlServer,
   type QwenVlServer,
+  type VlRender,
 } from '../../support/qwen-vl-server';
 
 /**
@@ -344,5 +347,345 @@ describe('the Qwen2.5-VL chat route', () => {
     expect((await post([{ type: 'image_url', image_url: { url: 'file:///etc/hostname' } }])).status).toBe(400);
     expect((await post([{ type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }])).status).toBe(400);
     expect(server.images).toEqual([]);
+  });
+});
+
+/** A POST to the stand-in's root (not under `/v1`), its status and JSON or SSE `data:` payloads. */
+async function post(server: QwenVlServer, path: string, body: Record<string, unknown>): Promise<{ status: number; json: unknown; events: string[] }> {
+  const r = await fetch(`http://127.0.0.1:${server.port}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const text = await r.text();
+  if (r.headers.get('content-type')?.startsWith('text/event-stream'))
+    return {
+      status: r.status,
+      json: null,
+      events: text
+        .split('\n\n')
+        .filter((e) => e.startsWith('data: '))
+        .map((e) => e.slice(6)),
+    };
+  return { status: r.status, json: JSON.parse(text), events: [] };
+}
+
+interface GenerateAnswer {
+  request_id: string;
+  output_mode: string;
+  model: string;
+  prompt_token_ids?: number[];
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  choices: {
+    index: number;
+    finish_reason: string | null;
+    token_ids: number[];
+    text?: string;
+    logprobs: { content: { token_id: number; logprob: number; rank: number; top_logprobs: { token_id: number; logprob: number; rank: number }[] }[] } | null;
+  }[];
+}
+
+/** What vLLM's hermes parser (the sidecar's) reads out of a sampled text: content ('' is none) and calls. */
+function hermes(text: string): { content: string | null; calls: { name: string; arguments: string }[] } {
+  const p = new HermesToolParser();
+  const a = p.push(text);
+  const b = p.end();
+  const content = a.content + b.content;
+  return { content: content === '' ? null : content, calls: [...a.calls, ...b.calls] };
+}
+
+const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+describe('the Qwen2.5-VL token-in routes (tokenIn)', () => {
+  let server: QwenVlServer;
+  afterEach(() => server?.close());
+
+  const MODEL_ID = 'Qwen/Qwen2.5-VL-7B-Instruct';
+  const pngs = [pngScreenshot(1280, 800, 1), pngScreenshot(1260, 798, 2)];
+  const twoImages = [
+    { role: 'system', content: 'You operate a computer.' },
+    {
+      role: 'user',
+      content: [
+        { type: 'text', text: 'Compare these.' },
+        { type: 'image_url', image_url: { url: dataUrl(pngs[0]) } },
+        { type: 'image_url', image_url: { url: dataUrl(pngs[1]) } },
+      ],
+    },
+  ];
+  const render = async (body: Record<string, unknown>): Promise<VlRender> => {
+    const r = await post(server, '/v1/chat/completions/render', { model: MODEL_ID, ...body });
+    expect(r.status).toBe(200);
+    return r.json as VlRender;
+  };
+  /** The GenerateRequest a client sends for a render: its ids and features, with what it asks on top. */
+  const generateBody = (r: VlRender, extra: Record<string, unknown> = {}, params: Record<string, unknown> = {}) => ({
+    model: r.model,
+    token_ids: r.token_ids,
+    features: r.features,
+    sampling_params: { ...r.sampling_params, ...params },
+    ...extra,
+  });
+
+  it("render gives the chat route's prompt ids and the images' features as one GenerateRequest", async () => {
+    server = await startQwenVlServer({ tokenIn: true });
+    const a = await chat(server, { messages: twoImages, tools: CLICK_TOOLS });
+    const r = await render({ messages: twoImages, tools: CLICK_TOOLS, max_tokens: 64, chat_template_kwargs: { enable_thinking: false } });
+    expect(r.token_ids).toEqual(a.prompt_token_ids);
+    expect(r.request_id).toMatch(/^chatcmpl-[0-9a-f]+$/);
+    expect(r).toMatchObject({ sampling_params: { max_tokens: 64 }, model: MODEL_ID, stream: false });
+    const runs = padRuns(r.token_ids);
+    expect(runs.map((x) => x.pads)).toEqual([1334, 1260]);
+    const hashes = pngs.map(sha256);
+    expect(r.features).toEqual({
+      mm_hashes: { image: hashes },
+      mm_placeholders: { image: runs.map((x) => ({ offset: x.offset, length: x.pads })) },
+      kwargs_data: { image: hashes.map((h) => Buffer.from(`kw:${h}`).toString('base64')) },
+    });
+    // Placeholders cover the pads only: the vision markers sit just outside each.
+    for (const p of r.features!.mm_placeholders.image) {
+      expect(r.token_ids[p.offset - 1]).toBe(VISION_START);
+      expect(r.token_ids[p.offset + p.length]).toBe(VISION_END);
+    }
+    // Renders are recorded in `images` as chat requests are.
+    expect(server.images).toHaveLength(2);
+    expect(server.images[1]).toEqual(server.images[0]);
+
+    // No images: features null; no max_tokens: null; add_generation_prompt false: no assistant header.
+    const text = [{ role: 'user', content: 'Hello.' }];
+    const plain = await render({ messages: text });
+    expect(plain).toMatchObject({ features: null, sampling_params: { max_tokens: null } });
+    expect(plain.token_ids).toEqual((await chat(server, { messages: text })).prompt_token_ids);
+    const open = await render({ messages: text, add_generation_prompt: false });
+    expect(open.token_ids).toEqual(encode(renderVlChat(text as ChatMessage[], undefined, false).text));
+    expect(plain.token_ids.slice(0, open.token_ids.length)).toEqual(open.token_ids);
+    expect(decode(plain.token_ids.slice(open.token_ids.length), false)).toBe('<|im_start|>assistant\n');
+  });
+
+  it("generate on the render's ids and features samples the chat route's ids, whole, as text and streamed", async () => {
+    server = await startQwenVlServer({ tokenIn: true });
+    for (const tools of [undefined, CLICK_TOOLS]) {
+      server.generated.length = 0;
+      const a = await chat(server, { messages: twoImages, tools, logprobs: true });
+      const r = await render({ messages: twoImages, tools, max_tokens: 256 });
+      const wanted = a.choices[0].token_ids;
+
+      const whole = await post(server, '/inference/v1/generate', generateBody(r, { return_token_ids: true }, { logprobs: 1 }));
+      expect(whole.status).toBe(200);
+      const g = whole.json as GenerateAnswer;
+      expect(g.request_id).toMatch(/^generate-tokens-[0-9a-f]+$/);
+      expect(g).toMatchObject({ output_mode: 'tokens', model: MODEL_ID, prompt_token_ids: r.token_ids, usage: a.usage });
+      expect(g.choices).toHaveLength(1);
+      expect(g.choices[0]).toMatchObject({ index: 0, finish_reason: 'stop', token_ids: wanted });
+      expect(g.choices[0].token_ids.at(-1)).toBe(IM_END);
+      expect(g.choices[0]).not.toHaveProperty('text');
+      expect(g.choices[0].logprobs!.content).toEqual(
+        wanted.map((t) => ({ token_id: t, logprob: 0 - (t % 7) / 10, rank: 1, top_logprobs: [{ token_id: t, logprob: 0 - (t % 7) / 10, rank: 1 }] })),
+      );
+      expect(g.choices[0].logprobs!.content.map((l) => l.logprob)).toEqual(a.choices[0].logprobs!.content.map((l) => l.logprob));
+
+      // Text mode: the answer without special tokens, from which the hermes parser reads the chat route's message.
+      const t = (await post(server, '/inference/v1/generate', generateBody(r, { output_mode: 'text' }))).json as GenerateAnswer;
+      expect(t.output_mode).toBe('text');
+      expect(t).not.toHaveProperty('prompt_token_ids');
+      expect(t.choices[0]).toMatchObject({ token_ids: wanted, logprobs: null, text: decode(wanted, true) });
+      const parsed = hermes(t.choices[0].text!);
+      const m = a.choices[0].message;
+      expect(parsed.content).toBe(m.content);
+      expect(parsed.calls).toEqual(m.tool_calls.map((c) => c.function));
+      if (tools) expect(t.choices[0].text).toBe('<tool_call>\n{"name": "click", "arguments": {"x": 120, "y": 210}}\n</tool_call>');
+      else expect(t.choices[0].text).toBe('I see 2 image(s).');
+
+      // Streamed: deltas, the prompt's ids on the first, <|im_end|> and the finish reason on the last, then usage.
+      const s = await post(
+        server,
+        '/inference/v1/generate',
+        generateBody(r, { stream: true, stream_options: { include_usage: true }, return_token_ids: true, output_mode: 'text' }, { logprobs: 1 }),
+      );
+      expect(s.status).toBe(200);
+      expect(s.events.at(-1)).toBe('[DONE]');
+      const chunks = s.events.slice(0, -1).map((e) => JSON.parse(e) as GenerateAnswer);
+      const deltas = chunks.filter((c) => c.choices.length > 0);
+      expect(new Set(chunks.map((c) => c.request_id)).size).toBe(1);
+      expect(chunks[0].prompt_token_ids).toEqual(r.token_ids);
+      expect(chunks.slice(1).every((c) => c.prompt_token_ids === undefined)).toBe(true);
+      expect(deltas.flatMap((c) => c.choices[0].token_ids)).toEqual(wanted);
+      expect(deltas.flatMap((c) => c.choices[0].logprobs!.content)).toEqual(g.choices[0].logprobs!.content);
+      expect(deltas.map((c) => c.choices[0].text).join('')).toBe(t.choices[0].text);
+      expect(deltas.slice(0, -1).every((c) => c.choices[0].finish_reason === null)).toBe(true);
+      expect(deltas.at(-1)!.choices[0]).toMatchObject({ finish_reason: 'stop', token_ids: [IM_END], text: '' });
+      expect(chunks.at(-1)).toMatchObject({ choices: [], usage: a.usage });
+
+      const placeholders = r.features!.mm_placeholders.image;
+      expect(server.generated).toEqual([0, 1, 2].map(() => ({ promptIds: r.token_ids, placeholders, error: null })));
+    }
+  });
+
+  it('answers the one-token probe without features as vLLM, and records it nowhere but requests', async () => {
+    server = await startQwenVlServer({ tokenIn: true });
+    const probe = { model: MODEL_ID, token_ids: [9707], sampling_params: { max_tokens: 1 } };
+    const choices = [{ index: 0, token_ids: [13], text: decode([13], true), finish_reason: 'length', logprobs: null }];
+    expect(await post(server, '/inference/v1/generate', probe)).toMatchObject({
+      status: 200,
+      json: { request_id: 'generate-tokens-probe', output_mode: 'tokens', choices },
+    });
+    expect((await post(server, '/inference/v1/generate', { ...probe, output_mode: 'text' })).json).toEqual({
+      request_id: 'generate-tokens-probe',
+      output_mode: 'text',
+      choices,
+    });
+    expect(server.generated).toEqual([]);
+    expect(server.requests.map((r) => r.path)).toEqual(['/inference/v1/generate', '/inference/v1/generate']);
+    // No token ids: FastAPI's validation error.
+    expect((await post(server, '/inference/v1/generate', { model: MODEL_ID, sampling_params: { max_tokens: 1 } })).status).toBe(422);
+  });
+
+  it("refuses, with vLLM's 400, ids whose pad runs the features do not list exactly", async () => {
+    server = await startQwenVlServer({ tokenIn: true });
+    const r = await render({ messages: twoImages });
+    const f = r.features!;
+    const [p0, p1] = f.mm_placeholders.image;
+    const text = await render({ messages: [{ role: 'user', content: 'Hello.' }] });
+    const cases: [string, Record<string, unknown>, RegExp][] = [
+      ['runs without features', { ...generateBody(r), features: undefined }, /2 image placeholder run\(s\) of token 151655 but no features/],
+      ['runs with features null', { ...generateBody(r), features: null }, /but no features/],
+      ['features without runs', { ...generateBody(r), token_ids: text.token_ids }, /features list 2 image placeholder\(s\) but the prompt has no image tokens/],
+      [
+        'offsets shifted by one',
+        generateBody({
+          ...r,
+          features: {
+            ...f,
+            mm_placeholders: {
+              image: [
+                { ...p0, offset: p0.offset + 1 },
+                { ...p1, offset: p1.offset + 1 },
+              ],
+            },
+          },
+        }),
+        new RegExp(`image 0: features place it at offset ${p0.offset + 1}, length 1334, but the prompt's pad run is at offset ${p0.offset}, length 1334`),
+      ],
+      [
+        'a length off by one',
+        generateBody({ ...r, features: { ...f, mm_placeholders: { image: [p0, { ...p1, length: p1.length - 1 }] } } }),
+        new RegExp(`image 1: features place it at offset ${p1.offset}, length 1259, but the prompt's pad run is at offset ${p1.offset}, length 1260`),
+      ],
+      [
+        'one placeholder fewer than runs',
+        generateBody({
+          ...r,
+          features: { mm_hashes: { image: [f.mm_hashes.image[0]] }, mm_placeholders: { image: [p0] }, kwargs_data: { image: [f.kwargs_data.image[0]] } },
+        }),
+        /features list 1 image placeholder\(s\) for the prompt's 2 image placeholder run\(s\)/,
+      ],
+      [
+        'one hash fewer than placeholders',
+        generateBody({ ...r, features: { ...f, mm_hashes: { image: [f.mm_hashes.image[0]] } } }),
+        /features.mm_hashes.image has 1 entries for 2 images/,
+      ],
+      [
+        'one processor output more than placeholders',
+        generateBody({ ...r, features: { ...f, kwargs_data: { image: [...f.kwargs_data.image, 'a3c6'] } } }),
+        /features.kwargs_data.image has 3 entries for 2 images/,
+      ],
+      [
+        'a pad run cut short in the ids',
+        { ...generateBody(r), token_ids: [...r.token_ids.slice(0, p1.offset), ...r.token_ids.slice(p1.offset + 1)] },
+        /image 1: features place it at offset \d+, length 1260, but the prompt's pad run is at offset \d+, length 1259/,
+      ],
+      ['features not an object', { ...generateBody(r), features: [1] }, /features must be an object/],
+    ];
+    for (const [name, body, message] of cases) {
+      const a = await post(server, '/inference/v1/generate', body);
+      expect([name, a.status]).toEqual([name, 400]);
+      expect(a.json).toEqual({ object: 'error', message: expect.stringMatching(message), type: 'BadRequestError', code: 400 });
+    }
+    expect(server.generated).toHaveLength(cases.length);
+    expect(server.generated.every((g) => g.error !== null)).toBe(true);
+    expect(server.generated[0]).toMatchObject({ promptIds: r.token_ids, placeholders: null });
+    expect(server.generated[3].placeholders).toEqual([
+      { offset: p0.offset + 1, length: 1334 },
+      { offset: p1.offset + 1, length: 1260 },
+    ]);
+    // The right features still go through; a text prompt goes through without features, or with empty ones.
+    expect((await post(server, '/inference/v1/generate', generateBody(r))).status).toBe(200);
+    expect((await post(server, '/inference/v1/generate', generateBody(text))).status).toBe(200);
+    const empty = { mm_hashes: { image: [] }, mm_placeholders: { image: [] }, kwargs_data: { image: [] } };
+    expect((await post(server, '/inference/v1/generate', { ...generateBody(text), features: empty })).status).toBe(200);
+    expect(server.generated.slice(cases.length).map((g) => g.error)).toEqual([null, null, null]);
+  });
+
+  it('answers 404 on both routes without tokenIn, as a plain vllm serve', async () => {
+    server = await startQwenVlServer();
+    const r = await post(server, '/v1/chat/completions/render', { model: MODEL_ID, messages: twoImages });
+    expect(r).toMatchObject({ status: 404, json: { detail: 'Not Found' } });
+    const g = await post(server, '/inference/v1/generate', { model: MODEL_ID, token_ids: [9707], sampling_params: { max_tokens: 1 } });
+    expect(g).toMatchObject({ status: 404, json: { detail: 'Not Found' } });
+    expect(server.images).toEqual([]);
+    expect(server.generated).toEqual([]);
+  });
+
+  it("a screenshot agent on render + generate: each turn's render begins with the last render and what was sampled", async () => {
+    server = await startQwenVlServer({ tokenIn: true, clicks: 3 });
+    const messages: ChatMessage[] = [
+      { role: 'system', content: 'You operate a computer by clicking.' },
+      { role: 'user', content: [{ type: 'text', text: 'Open the settings.' }, screenshot(1280, 800, 1)] },
+    ];
+    const renders: VlRender[] = [];
+    const sampled: number[][] = [];
+    let answer: string | null = null;
+    for (let turn = 0; turn < 6 && answer === null; turn++) {
+      const r = await render({ messages, tools: CLICK_TOOLS });
+      // Every other turn streamed, its deltas put back together.
+      const streamed = turn % 2 === 1;
+      const g = await post(server, '/inference/v1/generate', generateBody(r, { output_mode: 'text', ...(streamed ? { stream: true } : {}) }));
+      expect(g.status).toBe(200);
+      const choices = streamed ? g.events.slice(0, -1).map((e) => (JSON.parse(e) as GenerateAnswer).choices[0]) : (g.json as GenerateAnswer).choices;
+      const ids = choices.flatMap((c) => c.token_ids);
+      const text = choices.map((c) => c.text).join('');
+      // What the chat route answers for the same conversation is what the sidecar rebuilds.
+      const a = await chat(server, { messages, tools: CLICK_TOOLS });
+      expect(a.prompt_token_ids).toEqual(r.token_ids);
+      expect(ids).toEqual(a.choices[0].token_ids);
+      const parsed = hermes(text);
+      expect(parsed.content).toBe(a.choices[0].message.content);
+      expect(parsed.calls).toEqual(a.choices[0].message.tool_calls.map((c) => c.function));
+      renders.push(r);
+      sampled.push(ids);
+      if (parsed.calls.length === 0) {
+        answer = parsed.content;
+        break;
+      }
+      const calls = parsed.calls.map((c, i) => ({ id: `call-${turn}-${i}`, type: 'function' as const, function: c }));
+      messages.push({ role: 'assistant', content: parsed.content, tool_calls: calls });
+      for (const call of calls)
+        messages.push({
+          role: 'tool',
+          tool_call_id: call.id,
+          content: [{ type: 'text', text: `clicked ${call.function.arguments}` }, screenshot(1280, 800, 10 + turn)],
+        });
+    }
+    expect(answer).toBe('Done after 4 screenshots.');
+    expect(renders).toHaveLength(4);
+    expect(sampled.slice(0, 3).map((ids) => decode(ids, true))).toEqual([
+      '<tool_call>\n{"name": "click", "arguments": {"x": 110, "y": 205}}\n</tool_call>',
+      '<tool_call>\n{"name": "click", "arguments": {"x": 120, "y": 210}}\n</tool_call>',
+      '<tool_call>\n{"name": "click", "arguments": {"x": 130, "y": 215}}\n</tool_call>',
+    ]);
+    for (let i = 1; i < renders.length; i++) {
+      const before = [...renders[i - 1].token_ids, ...sampled[i - 1]];
+      expect(renders[i].token_ids.slice(0, before.length)).toEqual(before);
+      // The earlier images keep their places and hashes; one new screenshot comes after them.
+      const [prev, next] = [renders[i - 1].features!, renders[i].features!];
+      expect(next.mm_placeholders.image.slice(0, -1)).toEqual(prev.mm_placeholders.image);
+      expect(next.mm_hashes.image.slice(0, -1)).toEqual(prev.mm_hashes.image);
+      expect(next.mm_placeholders.image.at(-1)!.offset).toBeGreaterThan(before.length);
+      expect(next.mm_hashes.image.at(-1)).toBe(sha256(pngScreenshot(1280, 800, 10 + i - 1)));
+    }
+    expect(renders.map((r) => r.features!.mm_placeholders.image.length)).toEqual([1, 2, 3, 4]);
+    expect(server.generated.map((g) => [g.promptIds, g.placeholders, g.error])).toEqual(
+      renders.map((r) => [r.token_ids, r.features!.mm_placeholders.image, null]),
+    );
   });
 });

@@ -60,6 +60,8 @@ export interface TokenInRequest {
   parseTools: boolean;
   /** Thinking is on (the template's `enable_thinking` is not false). */
   thinking: boolean;
+  /** The messages have image parts: only vLLM's render and generate routes take them (docs/images.md#token-in). */
+  images: boolean;
 }
 
 /** The chat request as token-in takes it, or why not. */
@@ -74,8 +76,6 @@ export function readTokenInRequest(body: Buffer): TokenInRequest | { reason: str
   const c = chat as Record<string, unknown>;
   for (const key of Object.keys(c)) if (!HANDLED.has(key) && !SAMPLING.includes(key)) return { reason: `unsupported_field:${key}` };
   if (!Array.isArray(c.messages) || c.messages.length === 0) return { reason: 'no_messages' };
-  // Images need the engines' image-aware token routes (features with the ids), not taken here yet.
-  if (hasImageParts(c)) return { reason: 'images' };
   if (c.n !== undefined && c.n !== 1) return { reason: 'n_above_1' };
   if (c.logprobs === true) return { reason: 'logprobs_requested' };
   const choice = c.tool_choice;
@@ -96,6 +96,7 @@ export function readTokenInRequest(body: Buffer): TokenInRequest | { reason: str
     includeUsage: (c.stream_options as { include_usage?: unknown } | undefined)?.include_usage === true,
     parseTools: tools && choice !== 'none',
     thinking: (kwargs as { enable_thinking?: unknown } | undefined)?.enable_thinking !== false,
+    images: hasImageParts(c),
   };
 }
 
@@ -132,6 +133,19 @@ export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModel
   return Buffer.from(`${JSON.stringify(out).slice(0, -1)},"prompt":[${prompt.join(',')}]}`);
 }
 
+/** vLLM's render route: a chat request rendered into the generate route's request (ids expanded, image features). */
+export const VLLM_RENDER_PATH = '/v1/chat/completions/render';
+
+/** The render request for a chat call with images (its messages, tools and template arguments). */
+export function renderBody(r: TokenInRequest): Buffer {
+  const c = r.chat;
+  const body: Record<string, unknown> = { messages: r.messages, add_generation_prompt: true };
+  if (c.model !== undefined) body.model = c.model;
+  if (Array.isArray(c.tools) && c.tools.length > 0) body.tools = c.tools;
+  if (c.chat_template_kwargs !== undefined) body.chat_template_kwargs = c.chat_template_kwargs;
+  return Buffer.from(JSON.stringify(body));
+}
+
 /** vLLM's token-in route (docs/token-in.md#vllms-generate-route). */
 export const VLLM_GENERATE_PATH = '/inference/v1/generate';
 
@@ -140,7 +154,13 @@ export const VLLM_GENERATE_PATH = '/inference/v1/generate';
  * (vLLM `SamplingParams` names), the answer's text asked for (`output_mode: text`; the parsers read
  * it) beside the ids, and the prompt's ids echoed (`return_token_ids`) for the record.
  */
-export function generateBody(r: TokenInRequest, prompt: Uint32Array, maxModelLen: number | null, keepSpecialTokens = false): Buffer {
+export function generateBody(
+  r: TokenInRequest,
+  prompt: Uint32Array,
+  maxModelLen: number | null,
+  keepSpecialTokens = false,
+  features: Record<string, unknown> | null = null,
+): Buffer {
   const c = r.chat;
   const params: Record<string, unknown> = {};
   const budget = c.max_completion_tokens ?? c.max_tokens;
@@ -156,5 +176,7 @@ export function generateBody(r: TokenInRequest, prompt: Uint32Array, maxModelLen
   if (r.stream) out.stream_options = { include_usage: true };
   out.return_token_ids = true;
   out.output_mode = 'text';
+  // The images' processed data and where their placeholders are (the render route's, placed for this prompt).
+  if (features !== null) out.features = features;
   return Buffer.from(`${JSON.stringify(out).slice(0, -1)},"token_ids":[${prompt.join(',')}]}`);
 }

@@ -143,7 +143,7 @@ export function sglangRenderedIds(body: Buffer): number[] | null {
   }
 }
 
-/** The context length SGLang's model listing gives (`max_model_len` of the model, else of the first). */
+/** The context length a model listing gives (`max_model_len` of the model, else of the first), as SGLang and vLLM list it. */
 export function sglangMaxModelLen(body: Buffer, model: unknown): number | null {
   try {
     const v = JSON.parse(body.toString('utf8')) as { data?: { id?: unknown; max_model_len?: unknown }[] };

@@ -13,7 +13,8 @@ import type { ReasoningStream, ToolStream } from './parser-kit';
 import { PROBE_BODY, type GenerateRoute } from './generate-route';
 import type { Json } from '../../../formats/json';
 import { answerUsage, attemptAnswer, mergeAttempts, resumedRequest, type TokenInRoute } from './resume';
-import { completionsBody, generateBody, tokenizeBody, VLLM_GENERATE_PATH, type TokenInRequest } from './request';
+import { journaledFeatures, placeFeatures, readRender } from './image-features';
+import { completionsBody, generateBody, renderBody, tokenizeBody, VLLM_GENERATE_PATH, VLLM_RENDER_PATH, type TokenInRequest } from './request';
 import {
   SGLANG_GENERATE_PATH,
   SglangAnswerReader,
@@ -53,6 +54,8 @@ export interface TokenInDeps {
   keepSpecialTokens?: boolean;
   /** Rendering in the sidecar from the model's tokenizer files (`token_in.tokenizer_dir`); null: always the server's. */
   local: LocalRendering | null;
+  /** The image placeholder token (`processors.images.image_token_id`), for calls with images. */
+  imageTokenId?: number;
   /** How many times a call the engine aborts is sent again (`token_in.max_resumes`); 0 or unset: never. */
   maxResumes?: number;
   /** What became of an engine's abort: resumed, past the limit, or not resumable. */
@@ -156,23 +159,42 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
   const state = deps.states.get(deps.key);
   let digest = new PrefixDigest();
   const continues = state !== undefined && unspliceable(state, r, digest) === null;
-  // Rendered here when the sidecar has the model's tokenizer files and the call continues its rollout.
-  const local = deps.local && continues ? deps.local.continued(state, r) : null;
+  if (r.images) {
+    // Images go with their features, which only vLLM's generate route takes.
+    if (deps.flavor === 'sglang') return deps.fallback('images');
+    const route = deps.generate
+      ? await deps.generate.use(() => post(engine, call, `${rootOf(engine.upstream.basePath)}${VLLM_GENERATE_PATH}`, PROBE_BODY(r.chat.model)))
+      : false;
+    if (!route) return deps.fallback('images_need_generate_route');
+  }
+  // Rendered here when the sidecar has the model's tokenizer files and the call continues its rollout (text only).
+  const local = deps.local && continues && !r.images ? deps.local.continued(state, r) : null;
   let prompt: Uint32Array;
   let how: string;
   let maxModelLen: number | null;
+  let features: Json | null = null;
   if (local !== null) {
     ({ prompt, maxModelLen } = local);
     how = 'spliced';
   } else {
-    const rendered = deps.flavor === 'sglang' ? await sglangRendering(engine, call, r, deps) : await serverRendering(engine, call, r);
+    const rendered =
+      deps.flavor === 'sglang'
+        ? await sglangRendering(engine, call, r, deps)
+        : r.images
+          ? await imageRendering(engine, call, r, deps)
+          : await serverRendering(engine, call, r);
     if (typeof rendered === 'string') return deps.fallback(rendered);
-    deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state : null);
+    if (!r.images) deps.local?.serverRendered(r, rendered.tokens, rendered.maxModelLen, continues ? state : null);
     maxModelLen = rendered.maxModelLen;
     // The agent went away while the conversation was rendered: nothing is sent.
     if (call.res.destroyed) return agentLeft(engine, call);
     digest = new PrefixDigest();
     ({ prompt, how } = splice(state, r, rendered.tokens, digest));
+    const found = 'features' in rendered ? (rendered.features as Json | null) : null;
+    if (found !== null) {
+      features = placeFeatures(prompt, found, deps.imageTokenId ?? 151655);
+      if (features === null) return deps.fallback('images_layout');
+    }
   }
   const root = rootOf(engine.upstream.basePath);
   const sglang = deps.flavor === 'sglang';
@@ -186,13 +208,15 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     if (maxModelLen === null && (r.chat.max_completion_tokens ?? r.chat.max_tokens) == null) return deps.fallback('context_length_unknown');
     if (r.chat.logit_bias !== undefined) return deps.fallback('logit_bias_unsupported');
   }
-  const build = (req: TokenInRequest, ids: Uint32Array): Buffer =>
+  const build = (req: TokenInRequest, ids: Uint32Array, f = features): Buffer =>
     sglang
       ? sglangGenerateBody(req, ids, maxModelLen, extras, how === 'spliced' ? (state ?? null) : null)
       : generate
-        ? generateBody(req, ids, maxModelLen, keep)
+        ? generateBody(req, ids, maxModelLen, keep, f)
         : completionsBody(req, ids, maxModelLen, keep);
   const request = build(r, prompt);
+  // Images' processed data is not journaled: the record keeps the images themselves (docs/images.md).
+  const journaled = features !== null ? build(r, prompt, journaledFeatures(features)) : request;
   const path = sglang ? `${root}${SGLANG_GENERATE_PATH}` : generate ? `${root}${VLLM_GENERATE_PATH}` : `${engine.upstream.basePath}/completions`;
   const sentAt = performance.now();
   const begun = await open(engine, call, request, r.stream, path);
@@ -222,7 +246,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     capture.translation = { upstreamApi: sglang ? 'sglang.generate' : generate ? 'generate' : 'completions', notes: [] };
     const agentRequest = engine.redactedBody(body);
     if (agentRequest) capture.agentRequest(agentRequest);
-    engine.journalRequest(capture, request);
+    engine.journalRequest(capture, journaled);
   }
   const text = new SampledText(deps.reasoning(prompt), r.parseTools && deps.tools ? deps.tools(Array.isArray(r.chat.tools) ? r.chat.tools : undefined) : null);
   const resumer: Resumer = {
@@ -282,9 +306,42 @@ async function sglangRendering(
   r: TokenInRequest,
   deps: TokenInDeps,
 ): Promise<{ tokens: number[]; maxModelLen: number | null } | string> {
+  const maxModelLen = await contextLength(engine, call, r, deps);
+  const rendered = await post(engine, call, `${engine.upstream.basePath}/chat/completions`, sglangRenderBody(r));
+  if ('error' in rendered) return 'render_unreachable';
+  if (rendered.status !== 200) return `render_status_${rendered.status}`;
+  const tokens = sglangRenderedIds(rendered.body);
+  return tokens === null ? 'render_answer' : { tokens, maxModelLen };
+}
+
+/**
+ * vLLM's rendering of a conversation with images (its render route: the ids with each image
+ * expanded, and the images' features) and its context length (from its model listing), or why the
+ * call goes through as chat.
+ */
+async function imageRendering(
+  engine: Engine,
+  call: Call,
+  r: TokenInRequest,
+  deps: TokenInDeps,
+): Promise<{ tokens: number[]; maxModelLen: number | null; features: Json | null } | string> {
+  const maxModelLen = await contextLength(engine, call, r, deps);
+  const rendered = await post(engine, call, `${rootOf(engine.upstream.basePath)}${VLLM_RENDER_PATH}`, renderBody(r));
+  if ('error' in rendered) return 'render_unreachable';
+  if (rendered.status !== 200) return `render_status_${rendered.status}`;
+  const read = readRender(rendered.body);
+  if (read === null) return 'render_answer';
+  // Without a budget of the agent's or the context length, the generate route would stop at its default of 16 tokens.
+  if (maxModelLen === null && (r.chat.max_completion_tokens ?? r.chat.max_tokens) == null) return 'context_length_unknown';
+  return { ...read, maxModelLen };
+}
+
+/** The model's context length as the server lists it (`max_model_len`), asked once per model; null when it does not say. */
+async function contextLength(engine: Engine, call: Call, r: TokenInRequest, deps: TokenInDeps): Promise<number | null> {
   const model = typeof r.chat.model === 'string' ? r.chat.model : '';
   const lengths = deps.contextLengths;
-  if (lengths && !lengths.has(model)) {
+  if (!lengths) return null;
+  if (!lengths.has(model)) {
     const listed = await post(engine, call, `${engine.upstream.basePath}/models`, Buffer.alloc(0), 'GET');
     if (!('error' in listed) && listed.status === 200) {
       // Keyed by the names agents send: bounded, the oldest forgotten first.
@@ -292,11 +349,7 @@ async function sglangRendering(
       lengths.set(model, sglangMaxModelLen(listed.body, r.chat.model));
     }
   }
-  const rendered = await post(engine, call, `${engine.upstream.basePath}/chat/completions`, sglangRenderBody(r));
-  if ('error' in rendered) return 'render_unreachable';
-  if (rendered.status !== 200) return `render_status_${rendered.status}`;
-  const tokens = sglangRenderedIds(rendered.body);
-  return tokens === null ? 'render_answer' : { tokens, maxModelLen: lengths?.get(model) ?? null };
+  return lengths.get(model) ?? null;
 }
 
 /** Models whose context length is remembered, by the names agents send. */
