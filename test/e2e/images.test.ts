@@ -6,7 +6,7 @@ import type { Trajectory } from '../../src/model/records';
 import { CLICK_TOOLS, FACTOR, MAX_PIXELS, MIN_PIXELS, MODEL, startQwenVlServer, type QwenVlServer } from '../support/qwen-vl-server';
 import { openaiAgent, SCREENS } from '../support/screenshot-agent';
 import { startKafkaTestBroker } from '../support/kafka-broker';
-import { postReward, startSidecar, type TestSidecar } from '../support/sidecar';
+import { metricSample, postReward, startSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
  * Screenshot agents through the sidecar, in front of a vision-model stand-in that expands images as
@@ -61,9 +61,7 @@ async function closed(sidecar: TestSidecar, rollout: string): Promise<Trajectory
 }
 
 async function metric(sidecar: TestSidecar, line: string): Promise<number> {
-  const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
-  const hit = text.split('\n').find((l) => l.startsWith(`${line} `));
-  return hit === undefined ? 0 : Number(hit.slice(line.length + 1));
+  return (await metricSample(sidecar, line)) ?? 0;
 }
 
 /** Every file of the image store, by name. */

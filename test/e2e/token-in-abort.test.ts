@@ -1,7 +1,7 @@
 import OpenAI from 'openai';
 import { runCalculatorAgent } from '../support/calculator-agent';
 import { decode, startQwen3Server, type AbortStandIn, type Qwen3Server } from '../support/qwen3-server';
-import { rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
+import { metricSample, rewardedTrajectories, startSidecar, type TestSidecar } from '../support/sidecar';
 
 /**
  * Calls the engine aborts mid-answer, as a weight update does (vLLM's pause in abort mode, SGLang's
@@ -33,11 +33,7 @@ function promptOf(route: Route, json: Record<string, unknown>): number[] {
   return (route === 'completions' ? json.prompt : route === 'generate' ? json.token_ids : json.input_ids) as number[];
 }
 
-async function metric(sidecar: TestSidecar, line: string): Promise<number | null> {
-  const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
-  const hit = text.split('\n').find((l) => l.startsWith(`${line} `));
-  return hit === undefined ? null : Number(hit.slice(line.length + 1));
-}
+const metric = metricSample;
 
 describe('token-in: calls the engine aborts are resumed', () => {
   const servers: Qwen3Server[] = [];

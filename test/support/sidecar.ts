@@ -137,3 +137,10 @@ export async function rewardedTrajectories(sidecar: TestSidecar, rollout: string
   }
   return sidecar.trajectories().filter((t) => t.rollout_id === rollout);
 }
+
+/** A sample's value on the sidecar's `/metrics` (`line`: its name and labels as printed), or null when it is not there. */
+export async function metricSample(sidecar: TestSidecar, line: string): Promise<number | null> {
+  const text = await (await fetch(`${sidecar.telemetryOrigin}/metrics`)).text();
+  const hit = text.split('\n').find((l) => l.startsWith(`${line} `));
+  return hit === undefined ? null : Number(hit.slice(line.length + 1));
+}

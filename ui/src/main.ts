@@ -245,7 +245,17 @@ function Trajectory({ id }: { id: string }) {
       ' ',
       h('span', { class: 'reward' }, 'reward'),
     ),
-    h('div', { class: 'tokens', dangerouslySetInnerHTML: { __html: tokensHtml(t) } }),
+    h('div', {
+      class: 'tokens',
+      dangerouslySetInnerHTML: { __html: tokensHtml(t) },
+      // A context token's position and id, given on hover (not written on each of them).
+      onMouseOver: (e: Event) => {
+        const el = e.target as HTMLElement;
+        if (!el.classList.contains('c') || el.title) return;
+        const i = Number(el.dataset.i);
+        el.title = `#${i} id ${t.token_ids[i]}`;
+      },
+    }),
   );
 }
 

@@ -70,9 +70,13 @@ export function tokensHtml(t: TrajectoryView): string {
     const text = t.token_text ? t.token_text[i] : `[${id}]`;
     const sampled = t.loss_mask[i] === 1;
     const lp = t.logprobs && sampled ? t.logprobs[i] : null;
-    const cls = sampled ? `t s h${lp === null ? 'n' : heat(lp)}` : 't c';
-    const title = lp === null ? `#${i} id ${id}` : `#${i} id ${id} logprob ${fmt(lp)}`;
-    parts.push(`<span class="${cls}" data-i="${i}" data-mask="${sampled ? 1 : 0}" title="${title}">${escapeHtml(text)}</span>`);
+    // Context tokens carry only their position (their id is shown on hover by the page's handler):
+    // a 32k-token prompt is one short span each.
+    if (!sampled) parts.push(`<span class="t c" data-i="${i}">${escapeHtml(text)}</span>`);
+    else {
+      const title = lp === null ? `#${i} id ${id}` : `#${i} id ${id} logprob ${fmt(lp)}`;
+      parts.push(`<span class="t s h${lp === null ? 'n' : heat(lp)}" data-i="${i}" title="${title}">${escapeHtml(text)}</span>`);
+    }
     const r = rewardAt.get(i);
     if (r !== undefined) parts.push(`<span class="reward" data-position="${i}">reward ${fmt(r)}</span>`);
   }

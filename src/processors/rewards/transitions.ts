@@ -22,6 +22,7 @@ import { continuesFrom, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
 import { checkSamplingMasks } from './sampling-mask';
 import { samplingOf, type ServerDefaults } from './sampling';
+import { hasImageParts } from '../../formats/images';
 import { trajectoryImages, type ImageOptions } from './images';
 import { buildTrajectories, Segmenter } from './trajectories';
 
@@ -96,6 +97,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   // Segments are found only when trajectories are exported (the work is per call, on the bodies).
   const segmenter = (options.exported ?? ['trajectories']).includes('trajectories') ? new Segmenter() : null;
   const scratch = [options.scratch?.[0], options.scratch?.[1]];
+  const imageToken = (options.images ?? DEFAULT_IMAGES).imageTokenId;
+  const withPlaceholders = new Set<number>();
   for (const call of sorted) {
     // A scratch buffer that holds neither body still compared with (or none: a fresh one).
     const pinned = [previous?.body, segmenter?.pinned];
@@ -110,6 +113,8 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     if (!captured(f.correlation.agentName, options)) continue;
     const first = f.choices[0];
     const current: Ids = { body: responseBytes, prompt: first?.promptTokenIds ?? f.promptTokenIds, response: first?.responseTokenIds ?? null };
+    // Whether its prompt holds image placeholders, read while its answer is at hand (docs/images.md).
+    if (hasToken(current.prompt, responseBytes, imageToken)) withPlaceholders.add(f.seq);
     if (previous !== null && continuesFrom(current, previous)) continues.add(f.seq);
     previous = current.prompt !== null && current.response !== null ? current : null;
     segmenter?.add(f, responseBytes);
@@ -201,7 +206,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     logprobsMode: options.logprobsMode ?? null,
   });
   const bySeq = new Map(calls.map((c) => [c.seq, c]));
-  for (const t of trajectories) t.images = imagesOf(bySeq.get(t.last.seq), t.last.prompt_token_ids, read, options.images);
+  for (const t of trajectories) t.images = imagesOf(bySeq.get(t.last.seq), withPlaceholders.has(t.last.seq), t.last.prompt_token_ids, read, options.images);
   const unmerged = plan.unmerged.flatMap((u) => {
     const ids =
       u.choice === null ? transitions.filter((t) => t.seq === u.seq).map((t) => t.transition_id) : [bySeqChoice.get(`${u.seq}.${u.choice}`)!.transition_id];
@@ -280,8 +285,36 @@ const DEFAULT_IMAGES: ImageOptions = { imageTokenId: 151655, processor: null };
  * and its prompt's placeholder runs. A request that names no image is not parsed, unless its
  * prompt has placeholders (then whatever hides them, a compressed or cut body, fails closed).
  */
-function imagesOf(call: CallFacts | undefined, prompt: TokenIds | null, read: BodyReader, o: ImageOptions = DEFAULT_IMAGES): TrajectoryImages | null {
+function imagesOf(
+  call: CallFacts | undefined,
+  placeholders: boolean,
+  prompt: TokenIds | null,
+  read: BodyReader,
+  o: ImageOptions = DEFAULT_IMAGES,
+): TrajectoryImages | null {
   if (!call) return null;
+  // The chat request the images are in: as the model server got it (a translated call's record
+  // keeps the agent's Anthropic or Responses request), but for token-in, whose server got ids: the agent's.
+  const tokenRoute = TOKEN_ROUTES.has(call.translation?.upstreamApi ?? '');
+  const offsets = !tokenRoute && call.bodies && call.bodies.request.length > 0 ? call.bodies.request : null;
+  const r = call.request as RawBody | null;
+  const journaled = offsets !== null || (r !== null && typeof r === 'object' && r.raw === 'journal');
+  let request: unknown = call.request;
+  if (journaled) {
+    let bytes: Buffer;
+    try {
+      bytes = read(offsets ?? r!.offsets);
+    } catch (err) {
+      return placeholders ? unreadable(`the request cannot be read: ${(err as Error).message}`, o) : null;
+    }
+    if (!placeholders && !bytes.includes('"image_url"') && !bytes.includes('"image"')) return null;
+    try {
+      request = JSON.parse(bytes.toString('utf8'));
+    } catch {
+      return unreadable('the request is not JSON as recorded (compressed, or cut at the capture limit)', o);
+    }
+  } else if (!placeholders && !hasImageParts(request)) return null;
+  // The prompt's ids, read again only for a trajectory with images (its answer can be large: routing).
   let ids: ArrayLike<number> | null = Array.isArray(prompt) ? prompt : null;
   if (prompt !== null && !Array.isArray(prompt) && call.bodies) {
     try {
@@ -290,27 +323,22 @@ function imagesOf(call: CallFacts | undefined, prompt: TokenIds | null, read: Bo
       ids = null;
     }
   }
-  const placeholders = ids !== null && Array.prototype.includes.call(ids, o.imageTokenId);
-  // The chat request the images are in: as the model server got it (a translated call's record
-  // keeps the agent's Anthropic or Responses request), but for token-in, whose server got ids: the agent's.
-  const tokenRoute = TOKEN_ROUTES.has(call.translation?.upstreamApi ?? '');
-  const offsets = !tokenRoute && call.bodies && call.bodies.request.length > 0 ? call.bodies.request : null;
-  const r = call.request as RawBody | null;
-  if (offsets === null && (r === null || typeof r !== 'object' || r.raw !== 'journal')) return trajectoryImages(call.request, ids, o);
-  let bytes: Buffer;
-  try {
-    bytes = read(offsets ?? r!.offsets);
-  } catch (err) {
-    return placeholders ? unreadable(`the request cannot be read: ${(err as Error).message}`, o) : null;
-  }
-  if (!placeholders && !bytes.includes('"image_url"') && !bytes.includes('"image"')) return null;
-  let request: unknown;
-  try {
-    request = JSON.parse(bytes.toString('utf8'));
-  } catch {
-    return unreadable('the request is not JSON as recorded (compressed, or cut at the capture limit)', o);
-  }
   return trajectoryImages(request, ids, o);
+}
+
+/** Whether prompt ids hold `token`: searched in the answer's bytes for a range (no ids parsed), else in the list. */
+function hasToken(prompt: TokenIds | null, body: Buffer | null, token: number): boolean {
+  if (prompt === null) return false;
+  if (Array.isArray(prompt)) return prompt.includes(token);
+  if (body === null) return false;
+  const needle = String(token);
+  for (let at = body.indexOf(needle, prompt.start); at >= 0 && at < prompt.end; at = body.indexOf(needle, at + 1)) {
+    // A whole number: not part of a longer one.
+    const before = body[at - 1];
+    const after = body[at + needle.length];
+    if ((before === 0x5b || before === 0x2c || before === 0x20) && (after === 0x5d || after === 0x2c || after === 0x20)) return true;
+  }
+  return false;
 }
 
 /** Images that are there but cannot be listed. */

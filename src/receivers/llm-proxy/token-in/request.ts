@@ -136,15 +136,8 @@ export function completionsBody(r: TokenInRequest, prompt: Uint32Array, maxModel
 /** vLLM's render route: a chat request rendered into the generate route's request (ids expanded, image features). */
 export const VLLM_RENDER_PATH = '/v1/chat/completions/render';
 
-/** The render request for a chat call with images (its messages, tools and template arguments). */
-export function renderBody(r: TokenInRequest): Buffer {
-  const c = r.chat;
-  const body: Record<string, unknown> = { messages: r.messages, add_generation_prompt: true };
-  if (c.model !== undefined) body.model = c.model;
-  if (Array.isArray(c.tools) && c.tools.length > 0) body.tools = c.tools;
-  if (c.chat_template_kwargs !== undefined) body.chat_template_kwargs = c.chat_template_kwargs;
-  return Buffer.from(JSON.stringify(body));
-}
+/** The render request for a chat call with images: what `/tokenize` is asked (messages, tools, template arguments, the generation prompt). */
+export const renderBody = (r: TokenInRequest): Buffer => tokenizeBody(r);
 
 /** vLLM's token-in route (docs/token-in.md#vllms-generate-route). */
 export const VLLM_GENERATE_PATH = '/inference/v1/generate';
