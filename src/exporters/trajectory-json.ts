@@ -77,7 +77,11 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
   if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
   // The mask's four fields as `materializeTrajectory` gives them (one list of their names and order).
   if (samplingMask !== null) {
-    const { sampling_mask: _rows, ...coverage } = samplingMaskFields(samplingMask);
+    const coverage = {
+      sampling_mask_coverage: samplingMask.coverage,
+      sampling_mask_complete: samplingMask.complete,
+      sampling_mask_violations: samplingMask.violations,
+    };
     parts.push(',', JSON.stringify(bulk ? samplingMaskFields(samplingMask) : coverage).slice(1, -1));
   }
   if (logprobsMode !== null) parts.push(',"logprobs_mode":', JSON.stringify(logprobsMode));
