@@ -176,4 +176,19 @@ function writeConfig(yaml) {
   return file;
 }
 
-module.exports = { proc, mainThreadTimes, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig, CLK_TCK };
+/**
+ * A stand-in model server's bench port (127.0.0.1, a port of its own): `GET /bench/window` answers
+ * `windowOf(server)`; prints {"port", "stats"} once it listens, as the bench reads it from stdout.
+ */
+function serveWindow(server, windowOf) {
+  const stats = http.createServer((req, res) => {
+    if (req.method === 'GET' && req.url === '/bench/window') {
+      const body = JSON.stringify(windowOf(server));
+      return res.writeHead(200, { 'content-type': 'application/json' }).end(body);
+    }
+    res.writeHead(404).end();
+  });
+  stats.listen(0, '127.0.0.1', () => process.stdout.write(`${JSON.stringify({ port: server.port, stats: stats.address().port })}\n`));
+}
+
+module.exports = { serveWindow, proc, mainThreadTimes, quantile, median, freePort, startNodeChild, waitHttp, closedLoop, writeConfig, CLK_TCK };

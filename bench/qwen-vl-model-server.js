@@ -7,7 +7,7 @@
 // `GET /bench/window` answers what the stand-in got since it was last asked, then forgets it (it
 // keeps every request's parsed body until then, screenshots included, so the bench asks after each
 // round): the POST requests by path, the images it expanded and the distinct pad counts they got.
-const http = require('node:http');
+const { serveWindow } = require('./lib');
 const { startQwenVlServer } = require('../build/test/support/qwen-vl-server.js');
 
 const clicks = Number(process.argv[2] ?? 3);
@@ -28,13 +28,4 @@ function windowOf(s) {
   return out;
 }
 
-startQwenVlServer({ clicks }).then((s) => {
-  const stats = http.createServer((req, res) => {
-    if (req.method === 'GET' && req.url === '/bench/window') {
-      const body = JSON.stringify(windowOf(s));
-      return res.writeHead(200, { 'content-type': 'application/json' }).end(body);
-    }
-    res.writeHead(404).end();
-  });
-  stats.listen(0, '127.0.0.1', () => process.stdout.write(`${JSON.stringify({ port: s.port, stats: stats.address().port })}\n`));
-});
+startQwenVlServer({ clicks }).then((s) => serveWindow(s, windowOf));

@@ -6,7 +6,7 @@
 // `/v1/completions`, checked: how many continue an earlier prompt of the window and the ids the
 // stand-in sampled for it, and the digests of the distinct prompts (so that two targets' prompts can
 // be compared id for id). The check runs there, between rounds, not while a round is measured.
-const http = require('node:http');
+const { serveWindow } = require('./lib');
 const crypto = require('node:crypto');
 const { startQwen3Server, sample, decode } = require('../build/test/support/qwen3-server.js');
 
@@ -45,13 +45,4 @@ function windowOf(s) {
   return out;
 }
 
-startQwen3Server().then((s) => {
-  const stats = http.createServer((req, res) => {
-    if (req.method === 'GET' && req.url === '/bench/window') {
-      const body = JSON.stringify(windowOf(s));
-      return res.writeHead(200, { 'content-type': 'application/json' }).end(body);
-    }
-    res.writeHead(404).end();
-  });
-  stats.listen(0, '127.0.0.1', () => process.stdout.write(`${JSON.stringify({ port: s.port, stats: stats.address().port })}\n`));
-});
+startQwen3Server().then((s) => serveWindow(s, windowOf));
