@@ -88,14 +88,15 @@ export class Segmenter {
     return this.prev?.body ?? null;
   }
 
-  add(call: CallFacts, body: Buffer | null): void {
+  /** `promptLength`: its prompt's length when the caller has it (counted from `body` otherwise). */
+  add(call: CallFacts, body: Buffer | null, promptLength: number | null = null): void {
     const leave = (reason: UnmergedReason): void => {
       this.unmerged.push({ seq: call.seq, choice: null, reason });
     };
     if (call.status !== 'ok') return leave('not_ok');
     if (call.truncated) return leave('truncated');
     const prompt = call.choices[0]?.promptTokenIds ?? call.promptTokenIds;
-    const promptLength = prompt === null ? null : idsLength(prompt, body);
+    promptLength = prompt === null ? null : (promptLength ?? idsLength(prompt, body));
     const withIds = call.choices.filter((c) => c.responseTokenIds !== null);
     if (prompt === null || promptLength === null || withIds.length === 0) return leave('no_token_ids');
     const choices: Choice[] = [];

@@ -5,6 +5,7 @@ import type {
   ChoiceCapture,
   ClosedEpisode,
   EpisodeStatus,
+  IdsRange,
   RawBody,
   TokenIds,
   ToolSpanRecord,
@@ -12,13 +13,13 @@ import type {
   TransitionRecord,
   TransitionToolCall,
 } from '../../model/records';
-import { looksLikeIntArray } from '../../formats/json-scan';
+import { concatPrefixEnd, countCommas, looksLikeIntArray, looksLikeIntArrayRest } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
 import { decode, extractFacts, resolveIds, type BodyReader, type CallFacts } from '../../formats/extract';
 import { joinToolSpans, requestKey } from '../episodes/join';
 import { credit } from './credit';
-import { continuesFrom, type Ids } from './continuity';
+import { continuesFrom, idsLength, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
 import { checkSamplingMasks } from './sampling-mask';
 import { samplingOf, type ServerDefaults } from './sampling';
@@ -93,7 +94,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
   // two calls' bodies are alive (three when the segmenter's previous call is not continuity's).
   const all: CallFacts[] = [];
   const continues = new Set<number>();
-  let previous: Ids | null = null;
+  let previous: Previous | null = null;
   // Segments are found only when trajectories are exported (the work is per call, on the bodies).
   const segmenter = (options.exported ?? ['trajectories']).includes('trajectories') ? new Segmenter() : null;
   const scratch = [options.scratch?.[0], options.scratch?.[1]];
@@ -109,15 +110,25 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
     if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
     all.push(f);
-    dropInvalidRanges(f, responseBytes);
+    // A prompt that repeats the previous call's prompt and answer byte for byte (an agent's
+    // growing context): only what it adds is read from here on (validity, length, placeholders).
+    const repeat: Repeat | null = captured(f.correlation.agentName, options) ? repeatedPrefix(f, responseBytes, previous) : null;
+    dropInvalidRanges(f, responseBytes, repeat);
     if (!captured(f.correlation.agentName, options)) continue;
     const first = f.choices[0];
-    const current: Ids = { body: responseBytes, prompt: first?.promptTokenIds ?? f.promptTokenIds, response: first?.responseTokenIds ?? null };
+    const prompt = first?.promptTokenIds ?? f.promptTokenIds;
+    const current: Ids = { body: responseBytes, prompt, response: first?.responseTokenIds ?? null };
+    const rest: Rest | null =
+      repeat !== null && prompt === repeat.range && previous !== null && responseBytes !== null
+        ? { body: responseBytes, at: repeat.at, end: repeat.range.end, previous }
+        : null;
     // Whether its prompt holds image placeholders, read while its answer is at hand (docs/images.md).
-    if (hasToken(current.prompt, responseBytes, imageToken)) withPlaceholders.add(f.seq);
-    if (previous !== null && continuesFrom(current, previous)) continues.add(f.seq);
-    previous = current.prompt !== null && current.response !== null ? current : null;
-    segmenter?.add(f, responseBytes);
+    const placeholders: boolean = rest !== null ? placeholdersAfter(rest, imageToken) : hasToken(prompt, responseBytes, imageToken);
+    if (placeholders) withPlaceholders.add(f.seq);
+    if (rest !== null || (previous !== null && continuesFrom(current, previous))) continues.add(f.seq);
+    const promptLength: number | null = segmenter === null || prompt === null ? null : ((rest && lengthAfter(rest)) ?? idsLength(prompt, responseBytes));
+    previous = current.prompt !== null && current.response !== null ? { ...current, placeholders, promptLength } : null;
+    segmenter?.add(f, responseBytes, promptLength);
   }
   const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));
   // Without any tool span in the rollout the agent is not instrumented: outcomes are unknown, not missing.
@@ -263,15 +274,60 @@ function missingIdsReason(call: CallFacts, prompt: boolean): string {
     : `the model server's answer has no ${which} ids`;
 }
 
-/** Id ranges that are not integer arrays are recorded as missing, as inline ones are. */
-function dropInvalidRanges(f: CallFacts, response: Buffer | null): void {
+/** Id ranges that are not integer arrays are recorded as missing, as inline ones are (a repeating prompt: its rest read only). */
+function dropInvalidRanges(f: CallFacts, response: Buffer | null, repeat: Repeat | null): void {
   const valid = (ids: CallFacts['promptTokenIds']) =>
-    ids === null || Array.isArray(ids) || (response !== null && looksLikeIntArray(response, ids.start, ids.end)) ? ids : null;
+    ids === null ||
+    Array.isArray(ids) ||
+    (response !== null && (ids === repeat?.range ? looksLikeIntArrayRest(response, repeat.at, ids.end) : looksLikeIntArray(response, ids.start, ids.end)))
+      ? ids
+      : null;
   f.promptTokenIds = valid(f.promptTokenIds);
   for (const c of f.choices) {
     c.promptTokenIds = valid(c.promptTokenIds);
     c.responseTokenIds = valid(c.responseTokenIds);
   }
+}
+
+/** The previous captured call with ids: its prompt and answer, whether its prompt holds image placeholders, its prompt's length when counted. */
+interface Previous extends Ids {
+  placeholders: boolean;
+  promptLength: number | null;
+}
+
+/** A call's prompt range that starts with the previous call's prompt and answer, as bytes; `at`: where that prefix ends. */
+interface Repeat {
+  range: IdsRange;
+  at: number;
+}
+
+/** What a repeating prompt holds after the previous call's prompt and answer: `[at, end)` of `body`. */
+interface Rest {
+  body: Buffer;
+  at: number;
+  end: number;
+  previous: Previous;
+}
+
+/** A repeating prompt's placeholders: the previous prompt's, its answer's, or the rest's. */
+function placeholdersAfter(rest: Rest, token: number): boolean {
+  return rest.previous.placeholders || hasToken(rest.previous.response, rest.previous.body, token) || tokenIn(rest.body, rest.at, rest.end, token);
+}
+
+/** A repeating prompt's length: the previous prompt's and answer's, and one id a comma of the rest (null: count it whole). */
+function lengthAfter(rest: Rest): number | null {
+  const { promptLength, response, body } = rest.previous;
+  const answer = response === null ? null : idsLength(response, body);
+  return promptLength === null || answer === null ? null : promptLength + answer + countCommas(rest.body, rest.at, rest.end);
+}
+
+function repeatedPrefix(f: CallFacts, body: Buffer | null, previous: Previous | null): Repeat | null {
+  const prompt = f.choices[0]?.promptTokenIds ?? f.promptTokenIds;
+  if (previous === null || body === null || previous.body === null || prompt === null || Array.isArray(prompt)) return null;
+  const { prompt: p, response: r } = previous;
+  if (p === null || r === null || Array.isArray(p) || Array.isArray(r)) return null;
+  const at = concatPrefixEnd(body, prompt.start, prompt.end, previous.body, [p.start, p.end], [r.start, r.end]);
+  return typeof at === 'number' ? { range: prompt, at } : null;
 }
 
 /** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
@@ -330,9 +386,13 @@ function imagesOf(
 function hasToken(prompt: TokenIds | null, body: Buffer | null, token: number): boolean {
   if (prompt === null) return false;
   if (Array.isArray(prompt)) return prompt.includes(token);
-  if (body === null) return false;
+  return body !== null && tokenIn(body, prompt.start, prompt.end, token);
+}
+
+/** Whether the id array text in `[start, end)` of `body` holds `token` as a whole number. */
+function tokenIn(body: Buffer, start: number, end: number, token: number): boolean {
   const needle = String(token);
-  for (let at = body.indexOf(needle, prompt.start); at >= 0 && at < prompt.end; at = body.indexOf(needle, at + 1)) {
+  for (let at = body.indexOf(needle, start); at >= 0 && at < end; at = body.indexOf(needle, at + 1)) {
     // A whole number: not part of a longer one.
     const before = body[at - 1];
     const after = body[at + needle.length];
