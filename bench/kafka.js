@@ -37,15 +37,20 @@ async function until(fn, timeoutMs) {
   return true;
 }
 
-/** Drives `rollouts` rollouts of `calls` calls each over 16 connections, then rewards them all. */
+/**
+ * Drives `rollouts` rollouts of `calls` calls each over 16 connections, then rewards them all.
+ * `body`: the request of every call, or a function of the call's index and the prefix giving each
+ * call its own.
+ */
 async function drive(port, body, rollouts, calls, prefix) {
   let next = 0;
   const total = rollouts * calls;
+  const bodyOf = typeof body === 'function' ? body : () => body;
   await Promise.all(
     Array.from({ length: 16 }, async () => {
       while (next < total) {
         const i = next++;
-        await post(port, '/v1/chat/completions', body, { 'x-rollout-id': `${prefix}-${i % rollouts}` });
+        await post(port, '/v1/chat/completions', bodyOf(i, prefix), { 'x-rollout-id': `${prefix}-${i % rollouts}` });
       }
     }),
   );
@@ -72,34 +77,72 @@ function kafkaEnv(broker, extra = {}) {
   };
 }
 
-/** A chat request whose transition is ~64 KB: a long prompt of varied words (as compressible as text). */
-const LONG_PROMPT = (() => {
-  let seed = 7;
-  const rand = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+/** A generator of numbers in [0, 1) from `seed` (deterministic: every run sends the same requests). */
+function lcg(seed) {
+  return () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+}
+
+/** At least `bytes` of varied words (2-8 random base-36 characters each), space-separated. */
+function variedWords(rand, bytes) {
   const words = [];
-  for (let n = 0; n < 60_000;) {
+  for (let n = 0; n < bytes;) {
     const w = Math.floor(rand() * 1e9)
       .toString(36)
       .slice(0, 2 + Math.floor(rand() * 7));
     words.push(w);
     n += w.length + 1;
   }
+  return words.join(' ');
+}
+
+/** A chat request whose transition is ~64 KB: a long prompt of varied words (as compressible as text). */
+const LONG_PROMPT = Buffer.from(
+  JSON.stringify({
+    model: 'bench-policy',
+    messages: [
+      { role: 'system', content: 'You are a helpful agent.' },
+      { role: 'user', content: variedWords(lcg(7), 60_000) },
+    ],
+    max_tokens: 64,
+  }),
+);
+
+/** Prompt text of the varied case's calls, bytes: with the ids and logprobs, transitions of ~4-16 KB. */
+const VARIED_PROMPT_BYTES = [800, 5600];
+
+/**
+ * The varied case's request for call `i` of the rollouts named `prefix`: a prompt of its own words
+ * and of its own size, asking for ids and logprobs as the growing context's agents do. Against the
+ * agent model server (which tokenizes the real prompt, ~4 bytes a token) its transition carries
+ * the request, the prompt's and the answer's ids and the logprobs: records of 4-16 KB that differ
+ * from each other and gzip to ~44 % (measured each run: `gzip_ratio`).
+ */
+function variedBody(i, prefix) {
+  let seed = 17;
+  for (const c of `${prefix}-${i}`) seed = (seed * 31 + c.charCodeAt(0)) % 2147483648;
+  const rand = lcg(seed);
+  rand();
+  const [lo, hi] = VARIED_PROMPT_BYTES;
   return Buffer.from(
     JSON.stringify({
       model: 'bench-policy',
       messages: [
-        { role: 'system', content: 'You are a helpful agent.' },
-        { role: 'user', content: words.join(' ') },
+        { role: 'system', content: 'You are a coding agent. Use the tools.' },
+        { role: 'user', content: variedWords(rand, lo + Math.floor(rand() * (hi - lo))) },
       ],
-      max_tokens: 64,
+      return_token_ids: true,
+      logprobs: true,
+      max_tokens: 128,
     }),
   );
-})();
+}
 
 /**
  * Journal → broker drain of `rollouts` × `calls` transitions piled up during an outage, then the
  * same messages (values, keys, headers) from a bare kafkajs idempotent producer (acks=-1, same
- * compression) in the fewest sends the same broker takes: records/s and bytes/s for both.
+ * compression) in the fewest sends the same broker takes: records/s and bytes/s for both, the
+ * sends each took, the records' sizes (min, median, max) and how well they compress together.
+ * `modelPort`: the model server the sidecar calls; `body`: as `drive` takes it.
  */
 async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }, body, rollouts, calls) {
   const broker = await startKafkaTestBroker();
@@ -112,6 +155,11 @@ async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }
   await until(() => count() >= warm, 60_000);
   await new Promise((r) => setTimeout(r, 300)); // the episodes' summaries follow their transitions
   const before = count();
+  // Record batches stored so far, per partition: each of the drain's produce requests adds one
+  // to the topic (its single partition), so what this grows by is the sidecar's sends.
+  const cursor = [];
+  broker.recordsSince('lightning.transitions', cursor);
+  const batchesBefore = cursor.reduce((n, b) => n + b, 0);
   broker.refuseConnections(true);
   const total = await drive(sc.port, body, rollouts, calls, 'drain');
   await new Promise((r) => setTimeout(r, 500));
@@ -122,8 +170,9 @@ async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }
   const t0 = performance.now();
   const complete = await until(() => drained() >= total, 120_000);
   const s = (performance.now() - t0) / 1000;
-  const records = broker.records('lightning.transitions').filter((r) => r.headers['rollout-id']?.toString().startsWith('drain-'));
+  const records = broker.recordsSince('lightning.transitions', cursor).filter((r) => r.headers['rollout-id']?.toString().startsWith('drain-'));
   const bytes = records.reduce((n, r) => n + (r.value ? r.value.length : 0), 0);
+  const sizes = records.map((r) => (r.value ? r.value.length : 0)).sort((a, b) => a - b);
   const out = {
     transitions: total,
     warm_up_transitions: warm,
@@ -132,6 +181,8 @@ async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }
     transitions_per_s: records.length / s,
     bytes_per_s: bytes / s,
     avg_record_bytes: bytes / Math.max(1, records.length),
+    record_bytes: { min: sizes[0], median: sizes[Math.floor(sizes.length / 2)], max: sizes[sizes.length - 1] },
+    sends: cursor.reduce((n, b) => n + b, 0) - batchesBefore,
     acks: -1,
   };
   await stop(sc.proc);
@@ -146,6 +197,7 @@ async function drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }
   // everything fits.
   const raw = messages.reduce((n, m) => n + m.value.length, 0);
   const ratio = require('node:zlib').gzipSync(Buffer.concat(messages.map((m) => m.value))).length / Math.max(1, raw);
+  out.gzip_ratio = ratio;
   const budget = 900_000 / Math.max(ratio, 1e-3);
   const parts = [];
   for (let i = 0, size = 0; i < messages.length; i++) {
@@ -183,8 +235,11 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   const calls = 20;
 
   // Drain: transitions pile up in the journal while the broker refuses connections, then flow;
-  // at ~2 KB records (the JSON scenario's call) and at ~64 KB (a long prompt), each against a bare
-  // kafkajs producer sending the same messages.
+  // at ~2 KB records (the JSON scenario's call, the same every call: the bare producer sends them
+  // all in one send), at ~64 KB (a long prompt) and at 4-16 KB records that differ from each other
+  // (each call's own prompt of its own size, against the agent model server: ids of the real
+  // prompt; neither side gets one send), each against a bare kafkajs producer sending the same
+  // messages.
   // A drain of 5,000 records lasts about half a second, and one run's ratio moved 0.34-0.68 from
   // run to run on this machine: each case runs three times, and the run with the median ratio is
   // the figure (every run's ratio is kept beside it).
@@ -199,6 +254,10 @@ async function benchKafka({ modelPort, agentModelPort, startSidecar, stop, quick
   out.bare_producer = out.drain.bare_producer;
   out.drain_vs_bare = out.drain.vs_bare;
   out.drain_64k = await median(runs, () => drainCase(startKafkaTestBroker, { modelPort, startSidecar, stop }, LONG_PROMPT, quick ? 10 : 30, calls));
+  if (agentModelPort)
+    out.drain_varied = await median(runs, () =>
+      drainCase(startKafkaTestBroker, { modelPort: agentModelPort, startSidecar, stop }, variedBody, quick ? 25 : 100, calls),
+    );
 
   // Bytes a growing-context episode puts on Kafka: per-call transitions with full prompts and
   // with prompt deltas, and trajectories (the default) in JSON and protobuf, each trajectory
@@ -338,4 +397,4 @@ function writeFsyncConfig(fsync) {
   return writeConfig(`service:\n  journal:\n    fsync: ${fsync === 'always' || fsync === 'never' ? fsync : Number(fsync)}\n`);
 }
 
-module.exports = { benchKafka, drainCase, LONG_PROMPT };
+module.exports = { benchKafka, drainCase, LONG_PROMPT, variedBody };

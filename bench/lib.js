@@ -115,6 +115,7 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
   let errors = 0;
   let sent = 0;
   const t0 = performance.now();
+  const cpu0 = machineCpu();
   const deadline = t0 + durationMs;
   const one = () =>
     new Promise((resolve) => {
@@ -153,6 +154,7 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
   };
   return Promise.all(Array.from({ length: conns }, worker)).then(() => {
     const elapsedMs = performance.now() - t0;
+    const cpu1 = machineCpu();
     agent.destroy();
     lat.sort((a, b) => a - b);
     ttfb.sort((a, b) => a - b);
@@ -165,8 +167,20 @@ function closedLoop({ port, path, body, headers = {}, conns, durationMs, maxRequ
       p99: quantile(lat, 0.99),
       ttfbP50: quantile(ttfb, 0.5),
       ttfbP99: quantile(ttfb, 0.99),
+      // The whole machine's idle share over the round (load generator, model server and proxy share its cores).
+      machineIdle: cpu1 && cpu0 ? (cpu1.idle - cpu0.idle) / Math.max(1, cpu1.total - cpu0.total) : NaN,
     };
   });
+}
+
+/** The machine's CPU time, all cores, from /proc/stat: idle (with I/O wait) and total, in ticks; null where unreadable. */
+function machineCpu() {
+  try {
+    const f = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+    return { idle: f[3] + f[4], total: f.slice(0, 8).reduce((a, b) => a + b, 0) };
+  } catch {
+    return null;
+  }
 }
 
 /** A config file for a sidecar (LIGHTNING_CONFIG), in a fresh temporary directory. */

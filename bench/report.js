@@ -221,6 +221,62 @@ function screenshotsSection(L, s) {
   L.push('', lines.join(' '), '');
 }
 
+/**
+ * The bare pipe on the sidecar's own upstream client (`pipe-own-client`) and on undici's
+ * (`pipe-undici`), client-proxy.js: per scenario, undici's median over the own client's, from the
+ * same rounds. Nothing for results without both targets.
+ */
+function clientSection(L, r) {
+  const OWN = 'pipe-own-client';
+  const UNDICI = 'pipe-undici';
+  const rows = [];
+  const add = (scenario, measure, s, key, digits) => {
+    const own = s[OWN][key]?.median;
+    const undici = s[UNDICI][key]?.median;
+    rows.push(`| ${scenario} | ${measure} | ${f(own, digits)} | ${f(undici, digits)} | ${own > 0 && undici > 0 ? `${f(undici / own)}×` : '–'} |`);
+  };
+  const errors = [];
+  const has = (s) => s?.[OWN] && s[UNDICI];
+  const count = (name, s) => errors.push(`${name} ${s[OWN].errors} and ${s[UNDICI].errors}`);
+  for (const conns of [1, 16]) {
+    const s = r.scenarios[`json_c${conns}`];
+    if (!has(s)) continue;
+    const name = `JSON c=${conns}`;
+    add(name, 'CPU µs/request', s, 'cpu_us_per_req', 0);
+    add(name, 'p50 ms', s, 'p50_ms', 3);
+    add(name, 'req/s', s, 'rps', 0);
+    count(name, s);
+  }
+  const sse = r.scenarios.sse_c4;
+  if (has(sse)) {
+    add('SSE c=4', 'CPU µs/chunk', sse, 'cpu_us_per_chunk', 1);
+    add('SSE c=4', 'TTFB p50 ms', sse, 'ttfb_p50_ms', 3);
+    add('SSE c=4', 'total p50 ms', sse, 'total_p50_ms', 2);
+    add('SSE c=4', 'req/s', sse, 'rps', 0);
+    count('SSE c=4', sse);
+  }
+  const large = r.scenarios.large_1mib_c2;
+  if (has(large)) {
+    add('1 MiB prompts c=2', 'CPU µs/request', large, 'cpu_us_per_req', 0);
+    add('1 MiB prompts c=2', 'p50 ms', large, 'p50_ms', 2);
+    add('1 MiB prompts c=2', 'req/s', large, 'rps', 0);
+    count('1 MiB prompts c=2', large);
+  }
+  if (rows.length === 0) return;
+  L.push(
+    '## Upstream client: own vs undici (a reference, not a bar)',
+    '',
+    "`pipe-own-client` and `pipe-undici` are the same pipe (`client-proxy.js`: the bare pipe, reading the agent's whole request body first as the sidecar does for a captured call) with its upstream leg on the sidecar's own HTTP/1.1 client (`UpstreamClient`, from `dist/`) or on undici's (`Pool#dispatch` with a handler, 256 connections, no pipelining). The last column is undici's median over the own client's, from the same rounds: above 1× undici's figure is the higher (worse for CPU and p50, better for req/s).",
+    '',
+    '| scenario | measure | pipe-own-client | pipe-undici | undici ÷ own |',
+    '|---|---|---|---|---|',
+    ...rows,
+    '',
+    `Errors (own client and undici): ${errors.join('; ')}.`,
+    '',
+  );
+}
+
 /** Scenario keys as code, `a`, `b` and `c`. */
 function names(keys) {
   const code = keys.map((k) => `\`${k}\``);
@@ -282,6 +338,7 @@ function markdown(r) {
       );
     L.push('');
   }
+  clientSection(L, r);
   if (r.scenarios.growing_context) growingSection(L, r.scenarios.growing_context);
   const ga = r.scenarios.growing_context_as_is;
   if (ga) {
@@ -341,17 +398,27 @@ function markdown(r) {
     L.push('## Kafka export (test broker, acks=-1)', '');
     L.push('| measurement | transitions | transitions/s | notes |', '|---|---|---|---|');
     const mbs = (b) => f(b / 1e6, 1);
+    // Sizes, sends and compression where the run measured them (runs before they were kept have none).
+    const sizes = (d) =>
+      d.record_bytes
+        ? `records ${f(d.record_bytes.min / 1e3, 1)}/${f(d.record_bytes.median / 1e3, 1)}/${f(d.record_bytes.max / 1e3, 1)} KB min/median/max`
+        : null;
+    const gzip = (d) => (d.gzip_ratio ? `gzip to ${f(d.gzip_ratio * 100, 1)} % (${f(1 / d.gzip_ratio, 1)}×)` : null);
+    const sends = (n) => (n === undefined ? null : `${n} send${n === 1 ? '' : 's'}`);
+    const notes = (...xs) => xs.filter(Boolean).join(', ');
+    const runs = (d) => (d?.runs_vs_bare?.length > 1 ? ` (runs ${d.runs_vs_bare.map((x) => `${f(x)}×`).join(', ')})` : '');
     for (const [label, d] of [
       ['', k.drain],
       [' (64 KB records)', k.drain_64k],
+      [' (4–16 KB varied records)', k.drain_varied],
     ])
       if (d) {
         L.push(
-          `| journal → Kafka drain${label} | ${d.delivered}/${d.transitions} | ${f(d.transitions_per_s, 0)} | avg record ${f(d.avg_record_bytes, 0)} B${d.bytes_per_s ? `, ${mbs(d.bytes_per_s)} MB/s` : ''} |`,
+          `| journal → Kafka drain${label} | ${d.delivered}/${d.transitions} | ${f(d.transitions_per_s, 0)} | ${notes(`avg record ${f(d.avg_record_bytes, 0)} B`, d.bytes_per_s && `${mbs(d.bytes_per_s)} MB/s`, sizes(d), gzip(d), sends(d.sends))} |`,
         );
         if (d.bare_producer && label)
           L.push(
-            `| bare kafkajs idempotent producer${label}, same messages, fewest sends the broker takes | ${d.bare_producer.delivered}/${d.bare_producer.messages} | ${f(d.bare_producer.messages_per_s, 0)} | ${mbs(d.bare_producer.bytes_per_s)} MB/s; drain / bare = ${f(d.vs_bare)}× |`,
+            `| bare kafkajs idempotent producer${label}, same messages, fewest sends the broker takes | ${d.bare_producer.delivered}/${d.bare_producer.messages} | ${f(d.bare_producer.messages_per_s, 0)} | ${notes(`${mbs(d.bare_producer.bytes_per_s)} MB/s`, sends(d.bare_producer.sends))}; drain / bare = ${f(d.vs_bare)}×${runs(d)} |`,
           );
       }
     for (const p of ['always', '1000', 'never']) {
@@ -361,7 +428,7 @@ function markdown(r) {
     }
     if (k.bare_producer)
       L.push(
-        `| bare kafkajs idempotent producer, same messages, fewest sends the broker takes | ${k.bare_producer.delivered}/${k.bare_producer.messages} | ${f(k.bare_producer.messages_per_s, 0)} | ${k.bare_producer.bytes_per_s ? `${f(k.bare_producer.bytes_per_s / 1e6, 1)} MB/s; ` : ''}drain / bare = ${f(k.drain_vs_bare)}× |`,
+        `| bare kafkajs idempotent producer, same messages, fewest sends the broker takes | ${k.bare_producer.delivered}/${k.bare_producer.messages} | ${f(k.bare_producer.messages_per_s, 0)} | ${k.bare_producer.bytes_per_s ? `${notes(`${f(k.bare_producer.bytes_per_s / 1e6, 1)} MB/s`, sends(k.bare_producer.sends))}; ` : ''}drain / bare = ${f(k.drain_vs_bare)}×${runs(k.drain)} |`,
       );
     if (k.reward_to_delivery_ms)
       L.push(
@@ -424,34 +491,85 @@ function persisting(r) {
   const large = r.scenarios.large_1mib_c2;
   const gc = r.scenarios.growing_context;
   const both = (x) => x?.sidecar && x['bare-persist'] && x['bare-pipe'];
-  /** A row from `value(target)`: the persisting pipe's figure, it against the bare pipe, the sidecar against it. */
-  const add = (measure, value, digits, unit) =>
+  /**
+   * A row from `value(target)`: the persisting pipe's figure, it against the bare pipe, the
+   * record pipe and the sidecar against it; with `bar`, the bar over the persisting pipe (`more`:
+   * a floor, else a ceiling) and the moonshot. `diff`: the figures are compared as differences
+   * (ms added), not ratios.
+   */
+  const add = (measure, value, digits, unit, bar = null, diff = false) => {
+    const over = (t) => (diff ? value(t) - value('bare-persist') : value(t) / value('bare-persist'));
+    const show = (x) => (diff ? `${x >= 0 ? '+' : ''}${f(x, 3)} ms` : `${f(x)}×`);
+    const side = over('sidecar');
+    const holds = bar === null ? '' : (bar.more ? side >= bar.value : side <= bar.value) ? 'yes' : '**no**';
     rows.push([
       measure,
       `${f(value('bare-persist'), digits)}${unit}`,
       `${f(value('bare-persist') / value('bare-pipe'))}×`,
-      `${f(value('sidecar') / value('bare-persist'))}×`,
+      Number.isFinite(value('bare-record')) ? show(over('bare-record')) : '–',
+      show(side),
+      bar === null ? '–' : `${bar.more ? '≥' : '≤'} ${show(bar.value)}`,
+      bar?.moon === undefined ? '–' : `${bar.more ? '≥' : '≤'} ${show(bar.moon)}`,
+      holds || '–',
     ]);
-  if (both(j1)) add('JSON c=1: CPU per request', (t) => j1[t].cpu_us_per_req.median, 0, ' µs');
-  if (both(j16)) add('JSON c=16: req/s', (t) => j16[t].rps.median, 0, '');
-  if (both(sse)) add('SSE: CPU per chunk', (t) => sse[t].cpu_us_per_chunk.median, 1, ' µs');
-  if (both(large)) add('1 MiB prompts: CPU per request', (t) => large[t].cpu_us_per_req.median, 0, ' µs');
+  };
+  const at = (x, key) => (t) => x[t]?.[key]?.median ?? NaN;
+  if (both(j1)) {
+    add('JSON c=1: CPU per request', at(j1, 'cpu_us_per_req'), 0, ' µs', { value: 1.5, moon: 1.2 });
+    add('JSON c=1: p50 (added over the persisting pipe)', at(j1, 'p50_ms'), 3, ' ms', { value: 0.1 }, true);
+  }
+  if (both(j16)) {
+    add('JSON c=16: req/s', at(j16, 'rps'), 0, '', { value: 0.8, moon: 1 / 1.2, more: true });
+    add('JSON c=16: CPU per request', at(j16, 'cpu_us_per_req'), 0, ' µs');
+  }
+  if (both(sse)) {
+    add('SSE: CPU per chunk', at(sse, 'cpu_us_per_chunk'), 1, ' µs', { value: 1.5, moon: 1.2 });
+    add('SSE: time to first byte p50 (added over the persisting pipe)', at(sse, 'ttfb_p50_ms'), 3, ' ms', { value: 0.1 }, true);
+  }
+  if (both(large)) {
+    add('1 MiB prompts: CPU per request', at(large, 'cpu_us_per_req'), 0, ' µs', { value: 1.5, moon: 1.2 });
+    add('1 MiB prompts: p50', at(large, 'p50_ms'), 2, ' ms', { value: 1.5, moon: 1.2 });
+  }
   if (both(gc?.targets))
-    add('Growing context: CPU per call (export included)', (t) => summarize(gc.targets[t].rounds.map((x) => x.cpu_us_per_call)).median, 0, ' µs');
+    add(
+      'Growing context: CPU per call (export included)',
+      (t) => (gc.targets[t] ? summarize(gc.targets[t].rounds.map((x) => x.cpu_us_per_call)).median : NaN),
+      0,
+      ' µs',
+      { value: 1.5, moon: 1.2 },
+    );
   const ss = r.scenarios.screenshots;
-  if (both(ss?.targets)) add('Screenshot agent: CPU per call (export included)', (t) => ss.targets[t].median.cpu_us_per_call, 0, ' µs');
+  if (both(ss?.targets)) add('Screenshot agent: CPU per call (export included)', (t) => ss.targets[t]?.median.cpu_us_per_call ?? NaN, 0, ' µs');
+  const idle = (x, t) => x?.[t]?.machine_idle?.median;
+  const idleLine =
+    j16 && Number.isFinite(idle(j16, 'sidecar'))
+      ? `At 16 connections the machine (its ${r.machine.cores} cores: load generator, model server and proxy) was idle ${[
+          'direct',
+          'bare-pipe',
+          'bare-persist',
+          'bare-record',
+          'sidecar',
+          'sidecar-nocapture',
+        ]
+          .filter((t) => Number.isFinite(idle(j16, t)))
+          .map((t) => `${f(100 * idle(j16, t), 0)} % of the time under ${t}`)
+          .join(', ')} (\`/proc/stat\`, medians over rounds).`
+      : null;
   if (rows.length === 0) return L;
   const pk = portkeyComparison(r);
   L.push(
-    `## Against a pipe that persists${pk ? ', and against Portkey' : ''} (${pk ? 'references, not bars' : 'reference, not a bar'})`,
+    `## Against a pipe that persists: the bars${pk ? ", and Portkey's gateway (a reference, not a bar)" : ''}`,
     '',
     "`bare-persist` is the bare pipe plus one synchronous write per call of the request and response bytes, before the client has the whole answer: the least any proxy pays that keeps every answered call. The sidecar writes each body twice (journal, then the exporter's file), checksums, extracts and builds transitions on top of that.",
     '',
-    '| measure | bare-persist | bare-persist vs bare pipe | sidecar vs bare-persist |',
-    '|---|---|---|---|',
+    '`bare-record` is the persisting pipe plus the least a capture that yields a training record does: the answer parsed (a stream: every event), one record of its prompt and answer ids, logprobs and finish reason serialized, and the records written to a second file once per turn of the event loop. The bars (and the moonshot) are those the sidecar is held to against the persisting pipe; a time row compares what each adds over it.',
+    '',
+    '| measure | bare-persist | bare-persist vs bare pipe | bare-record vs bare-persist | sidecar vs bare-persist | bar | moonshot | holds |',
+    '|---|---|---|---|---|---|---|---|',
     ...rows.map((x) => `| ${x.join(' | ')} |`),
     '',
   );
+  if (idleLine) L.push(idleLine, '');
   if (pk) {
     L.push(
       `### The sidecar against Portkey's AI gateway`,

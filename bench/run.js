@@ -1,8 +1,9 @@
 'use strict';
 // npm run bench [-- --quick]: the sidecar (dist/) against direct, a bare Node pipe, nginx (when
 // installed) and Portkey's AI gateway (when installed: npm @portkey-ai/gateway, a devDependency),
-// in alternating rounds on 127.0.0.1. Writes results/latest.json, results/latest.md and the ratio
-// charts results/ratios-*.svg.
+// in alternating rounds on 127.0.0.1; beside them, the bare pipe on the sidecar's own upstream
+// client and on undici's (client-proxy.js). Writes results/latest.json, results/latest.md and the
+// ratio charts results/ratios-*.svg.
 const { spawn, execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const http = require('node:http');
@@ -132,6 +133,21 @@ http { access_log off; client_body_temp_path ${dir}/body; proxy_temp_path ${dir}
     }
   }
   return null;
+}
+
+/**
+ * client-proxy.js with the sidecar's own upstream client (`own`) or undici's (`undici`); null,
+ * and said so, when it does not start (undici not installed: a devDependency).
+ */
+async function startClientProxy(upstreamPort, client) {
+  try {
+    const p = await startNodeChild(path.join(__dirname, 'client-proxy.js'), [String(upstreamPort), client]);
+    children.push(p.proc);
+    return p;
+  } catch (err) {
+    log(`client-proxy.js ${client}: not measured (${err.message})`);
+    return null;
+  }
 }
 
 /** Runs `measure` once per round per target, alternating the order, and keeps every sample. */
@@ -406,6 +422,16 @@ async function main() {
   // The floor for a proxy that persists every call (one write per call, before the answer's end).
   const persist = await startNodeChild(path.join(__dirname, 'bare-persist-proxy.js'), [String(model.port), fs.mkdtempSync(path.join(tmp, 'persist-'))]);
   children.push(persist.proc);
+  // The floor for a proxy that turns every call into a training record: the persisting pipe, plus
+  // the answer parsed and one record of its ids and logprobs written (bare-record-proxy.js).
+  const record = await startNodeChild(path.join(__dirname, 'bare-record-proxy.js'), [String(model.port), fs.mkdtempSync(path.join(tmp, 'record-'))]);
+  children.push(record.proc);
+  // The bare pipe with its upstream leg on the sidecar's own HTTP/1.1 client, and on undici (npm
+  // undici, a devDependency): the two clients side by side, everything else the same. Measured on
+  // JSON, SSE and 1 MiB prompts.
+  const clients = want('json') || want('sse') || want('large');
+  const ownClient = clients ? await startClientProxy(model.port, 'own') : null;
+  const undiciClient = clients ? await startClientProxy(model.port, 'undici') : null;
   const nginx = await startNginx(model.port);
   // Portkey's gateway, measured on the JSON and SSE scenarios only.
   let portkeyError = null;
@@ -427,6 +453,9 @@ async function main() {
     { name: 'direct', port: model.port, pid: null, path: '/v1/chat/completions' },
     { name: 'bare-pipe', port: bare.port, pid: bare.proc.pid, path: '/v1/chat/completions' },
     { name: 'bare-persist', port: persist.port, pid: persist.proc.pid, path: '/v1/chat/completions' },
+    { name: 'bare-record', port: record.port, pid: record.proc.pid, path: '/v1/chat/completions' },
+    ...(ownClient ? [{ name: 'pipe-own-client', port: ownClient.port, pid: ownClient.proc.pid, path: '/v1/chat/completions' }] : []),
+    ...(undiciClient ? [{ name: 'pipe-undici', port: undiciClient.port, pid: undiciClient.proc.pid, path: '/v1/chat/completions' }] : []),
     ...(nginx ? [{ name: 'nginx', port: nginx.port, pid: nginx.pid, path: '/v1/chat/completions' }] : []),
     // Only where its check answered (results.portkey says why not), and with its routing headers.
     ...(results.portkey?.json?.status === 200
@@ -671,6 +700,7 @@ async function main() {
           rps: summarize(xs, 'rps'),
           p50_ms: summarize(xs, 'p50'),
           p99_ms: summarize(xs, 'p99'),
+          machine_idle: summarize(xs, 'machineIdle'),
           cpu_us_per_req: summarize(
             xs.map((x) => ({ v: (x.cpuS / x.requests) * 1e6 })),
             'v',
@@ -703,6 +733,8 @@ async function main() {
           ttfb_p50_ms: summarize(xs, 'ttfbP50'),
           ttfb_p99_ms: summarize(xs, 'ttfbP99'),
           total_p50_ms: summarize(xs, 'p50'),
+          rps: summarize(xs, 'rps'),
+          machine_idle: summarize(xs, 'machineIdle'),
           cpu_us_per_chunk: summarize(
             xs.map((x) => ({ v: (x.cpuS / (x.requests * 50)) * 1e6 })),
             'v',

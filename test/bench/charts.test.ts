@@ -222,7 +222,7 @@ describe("bench ratio rows: the report's own figures", () => {
     expect(cpu).toMatchObject({ sidecar: 500, value: 250, ratio: 2, bar: { limit: 1.3 } });
     expect(md).toContain('2.00× (500 vs 250 µs)');
     expect(find('json-c1', 'CPU per request', 'persisting pipe')?.ratio?.toFixed(2)).toBe('1.92');
-    expect(md).toContain('| JSON c=1: CPU per request | 260 µs | 1.04× | 1.92× |');
+    expect(md).toContain('| JSON c=1: CPU per request | 260 µs | 1.04× | – | 1.92× | ≤ 1.50× | ≤ 1.20× | **no** |');
     expect(find('json-c1', 'CPU per request', "Portkey's gateway")?.ratio).toBe(0.25);
     // Added p50 over direct: the sidecar 0.5 ms, the bare pipe 0.3 ms; the bar allows 0.3 + 0.1 ms.
     const added = find('json-c1', 'added p50 over direct', 'bare pipe');

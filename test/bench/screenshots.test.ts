@@ -149,7 +149,7 @@ describe('bench report: the screenshot agent', () => {
     expect(md).toContain(
       '| Screenshot agent (2×16, a new 1280×800 PNG a turn; for information, no bar): CPU per call and what is kept | 14000 µs a call with export (7.00× the persisting pipe); 44.4 KB journaled and 15.8 KB of trajectory a call; 32 images stored for 32 distinct screenshots; 2 of 2 trajectories `images_complete` | – |',
     );
-    expect(md).toContain('| Screenshot agent: CPU per call (export included) | 2000 µs | 2.00× | 7.00× |');
+    expect(md).toContain('| Screenshot agent: CPU per call (export included) | 2000 µs | 2.00× | – | 7.00× | – | – | – |');
   });
 
   it('shows its error in the section and points at it from the bars table', () => {
