@@ -90,7 +90,12 @@ describe("token-in over SGLang's /generate", () => {
   );
 
   it('without tokenizer files each call is rendered by a one-token chat call; with them only the first is', async () => {
-    const [plain, local] = await Promise.all([sidecarFor(sglang), sidecarFor(sglang, { tokenizer_dir: QWEN3_FILES, verify_fraction: 0 })]);
+    // One after the other: loading the tokenizer files takes the event loop (this process's, where
+    // the sidecars and the stand-in run) for a while, and a probe of the server waiting behind it can
+    // time out, leaving the other sidecar unidentified (and adding no fields) for its first calls.
+    const plain = await sidecarFor(sglang);
+    const local = await sidecarFor(sglang, { tokenizer_dir: QWEN3_FILES, verify_fraction: 0 });
+    for (const s of [plain, local]) expect(s.app.proxy.upstream()).toMatchObject({ flavor: 'sglang', source: 'detected' });
     const a = await run(plain, sglang, 'sg-render-server', false);
     const b = await run(local, sglang, 'sg-render-local', false);
     const renders = (x: typeof a) =>
