@@ -7,22 +7,18 @@
 // framing or checksums, no episodes, no rewards, no metrics. argv: upstream port, directory for
 // the files. Prints {"port": N} when up; the files are removed at exit.
 const fs = require('node:fs');
-const http = require('node:http');
 const path = require('node:path');
+const { persistingServer, serve } = require('./bare-persist-proxy');
 
-const upstreamPort = Number(process.argv[2]);
-const files = [path.join(process.argv[3], `calls-${process.pid}.log`), path.join(process.argv[3], `records-${process.pid}.ndjson`)];
-const fd = fs.openSync(files[0], 'a');
-const out = fs.openSync(files[1], 'a');
-const agent = new http.Agent({ keepAlive: true, maxSockets: 256 });
-const NL = Buffer.from('\n');
-let calls = 0;
+const dir = process.argv[3];
+const out = path.join(dir, `records-${process.pid}.ndjson`);
+const fd = fs.openSync(out, 'a');
 let records = [];
 
 function flushRecords() {
   const lines = records;
   records = [];
-  fs.writeSync(out, lines.join(''));
+  fs.writeSync(fd, lines.join(''));
 }
 
 /** The record of one answer: a chat completion, or the events of a streamed one. */
@@ -49,43 +45,10 @@ function record(call, sized, bytes) {
   return JSON.stringify(r) + '\n';
 }
 
-const server = http.createServer((req, res) => {
-  const request = [];
-  req.on('data', (c) => request.push(c));
-  const up = http.request({ host: '127.0.0.1', port: upstreamPort, method: req.method, path: req.url, headers: req.headers, agent }, (ures) => {
-    res.writeHead(ures.statusCode, ures.headers);
-    const response = [];
-    // As bare-persist-proxy.js: the answer's end waits for the write of the call's bytes.
-    const sized = ures.headers['content-length'] !== undefined;
-    let last = null;
-    ures.on('data', (c) => {
-      response.push(c);
-      if (!sized) {
-        res.write(c);
-        return;
-      }
-      if (last) res.write(last);
-      last = c;
-    });
-    ures.on('end', () => {
-      const call = ++calls;
-      const head = Buffer.from(`${JSON.stringify({ call, path: req.url, status: ures.statusCode })}\n`);
-      fs.writevSync(fd, [head, ...request, NL, ...response, NL]);
-      if (last) res.end(last);
-      else res.end();
-      if (records.length === 0) setImmediate(flushRecords);
-      records.push(record(call, sized, Buffer.concat(response)));
-    });
-  });
-  up.on('error', () => {
-    res.writeHead(502).end();
-  });
-  req.pipe(up);
+const { server, file } = persistingServer(Number(process.argv[2]), dir, (call, sized, response) => {
+  if (records.length === 0) setImmediate(flushRecords);
+  records.push(record(call, sized, Buffer.concat(response)));
 });
-server.keepAliveTimeout = 65_000;
-server.listen(0, '127.0.0.1', () => process.stdout.write(JSON.stringify({ port: server.address().port }) + '\n'));
-process.on('SIGTERM', () => {
+serve(server, [file, out], () => {
   if (records.length > 0) flushRecords();
-  for (const f of files) fs.rmSync(f, { force: true });
-  process.exit(0);
 });
