@@ -20,6 +20,13 @@ import type { OutMessage, Producer, SendResult } from './producer';
 /** Bytes Kafka adds around a record (batch, record and chunk headers), kept out of max_message_bytes. */
 const RECORD_OVERHEAD = 1024;
 
+/**
+ * With gzip, how far a produce request may grow past `max_batch_bytes` (encoded bytes, before
+ * compression): the broker's limit is on the compressed batch, so records that compress well go
+ * in fewer, larger requests.
+ */
+export const GZIP_BATCH_GROWTH = 8;
+
 export class ExportError extends Error {
   constructor(
     message: string,
@@ -79,6 +86,19 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
   const log = deps.logger.child('exporter.kafka');
   const m = deps.metrics;
   const chunkBytes = Math.max(1024, config.max_message_bytes - RECORD_OVERHEAD);
+  /**
+   * Each topic's produce request size, in encoded bytes: `max_batch_bytes` at first; with gzip it
+   * doubles after every full request the broker took (up to GZIP_BATCH_GROWTH times); when the
+   * broker refuses one as too large it is halved, never below `max_batch_bytes`, and grows no more.
+   */
+  const batchBytes = new Map<string, number>();
+  /** Topics whose broker refused a request as too large: their size does not grow again. */
+  const refusedTopics = new Set<string>();
+  const growth = config.compression === 'gzip' ? GZIP_BATCH_GROWTH : 1;
+  const grown = (topic: string): void => {
+    const size = batchBytes.get(topic) ?? config.max_batch_bytes;
+    if (!refusedTopics.has(topic)) batchBytes.set(topic, Math.min(size * 2, config.max_batch_bytes * growth));
+  };
 
   async function deadLetter(kind: string, record: unknown, reason: string): Promise<void> {
     await mkdir(deps.deadLetterDir, { recursive: true });
@@ -107,7 +127,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     async add(items: Pending[]): Promise<void> {
       for (const item of items) {
-        if (this.bytes + item.msg.value.length > config.max_batch_bytes) await this.dispatch();
+        if (this.bytes + item.msg.value.length > (batchBytes.get(this.topic) ?? config.max_batch_bytes)) await this.dispatch(true);
         this.items.push(item);
         this.bytes += item.msg.value.length;
       }
@@ -121,8 +141,8 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       await last;
     }
 
-    /** Waits for the request in flight, then sends what was collected meanwhile (not waiting). */
-    private async dispatch(): Promise<void> {
+    /** Waits for the request in flight, then sends what was collected meanwhile (not waiting); `full`: it reached the request size. */
+    private async dispatch(full = false): Promise<void> {
       const collected = this.items;
       this.items = [];
       this.bytes = 0;
@@ -132,7 +152,12 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       // Filtered only now: the request just acknowledged may have dead-lettered a record.
       const items = collected.filter((i) => !this.abandoned.has(i.recordId));
       if (items.length === 0) return;
-      const sending = this.send(items);
+      // Collected while the request before was in flight: cut to the size the broker's answer left.
+      const parts = cut(items, batchBytes.get(this.topic) ?? config.max_batch_bytes);
+      const sending = (async () => {
+        for (const part of parts) await this.send(part);
+        if (full && parts.length === 1) grown(this.topic);
+      })();
       sending.catch(() => {}); // observed by the next dispatch or flush
       this.inflight = sending;
     }
@@ -155,6 +180,10 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
           );
           return;
         }
+        let bytes = 0;
+        for (const i of items) bytes += i.msg.value.length;
+        refusedTopics.add(this.topic);
+        batchBytes.set(this.topic, Math.max(config.max_batch_bytes, Math.floor(bytes / 2)));
         const half = Math.ceil(items.length / 2);
         await this.send(items.slice(0, half));
         await this.send(items.slice(half).filter((i) => !this.abandoned.has(i.recordId)));
@@ -262,6 +291,21 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     }),
   };
   return exporter;
+}
+
+/** Messages in runs of at most `bytes` (a message bigger than that alone). */
+function cut(items: Pending[], bytes: number): Pending[][] {
+  const parts: Pending[][] = [[]];
+  let size = 0;
+  for (const i of items) {
+    if (size + i.msg.value.length > bytes && parts[parts.length - 1].length > 0) {
+      parts.push([]);
+      size = 0;
+    }
+    parts[parts.length - 1].push(i);
+    size += i.msg.value.length;
+  }
+  return parts;
 }
 
 /** The headers of every message of a record (docs/kafka-records.md). */

@@ -731,3 +731,77 @@ describe('trajectory sampling masks in JSON and protobuf', () => {
     }
   });
 });
+
+describe('kafka produce request size', () => {
+  /** A broker whose limit is on the compressed batch: `ratio` of the encoded bytes. */
+  class CompressingBroker extends FakeProducer {
+    sizes: { bytes: number; ok: boolean }[] = [];
+    constructor(
+      private readonly ratio: number,
+      private readonly limit: number,
+    ) {
+      super();
+    }
+    override async send(topic: string, messages: OutMessage[]): Promise<SendResult> {
+      const bytes = messages.reduce((n, m) => n + m.value.length, 0);
+      const ok = bytes * this.ratio <= this.limit;
+      if (topic === 'lightning.transitions') this.sizes.push({ bytes, ok });
+      if (!ok) return { status: 'failure', error: new Error('MESSAGE_TOO_LARGE'), tooLarge: true };
+      return super.send(topic, messages);
+    }
+  }
+  const exporterOn = (producer: Producer, extra: Record<string, unknown>) =>
+    createKafkaExporter(kafkaConfig(extra), {
+      records: 'transitions',
+      producer,
+      logger: silentLogger,
+      metrics: createMetrics(),
+      deadLetterDir: path.join(mkdtempSync(path.join(os.tmpdir(), 'lightning-kafka-')), 'dead-letter'),
+    });
+  const ids = (p: FakeProducer) =>
+    p.sent.filter((s) => s.topic === 'lightning.transitions').flatMap((s) => s.messages.map((m) => JSON.parse(m.value.toString()).transition_id as string));
+
+  it('with gzip, grows a full request after the broker takes it, up to 8x max_batch_bytes, every record in order', async () => {
+    // Compresses 10x, limit 1 MB compressed: 8x of 20 KB never reaches it.
+    const broker = new CompressingBroker(0.1, 1_000_000);
+    const exporter = exporterOn(broker, { max_batch_bytes: 20_000 });
+    const batch = [episode('g', 120, 1000)];
+    await exporter.export(batch);
+    const sizes = broker.sizes.map((s) => s.bytes);
+    expect(broker.sizes.every((s) => s.ok)).toBe(true);
+    const record = Math.max(...broker.sent.flatMap((s) => s.messages.map((m) => m.value.length)));
+    // Each request at most its allowed size (within a record of it): 20 KB, then doubling while full, then 160 KB.
+    let allowed = 20_000;
+    for (const b of sizes.slice(0, -1)) {
+      expect(b).toBeLessThanOrEqual(allowed);
+      expect(b).toBeGreaterThan(allowed - record);
+      allowed = Math.min(allowed * 2, 160_000);
+    }
+    expect(Math.max(...sizes)).toBeGreaterThan(80_000);
+    expect(Math.max(...sizes)).toBeLessThanOrEqual(160_000);
+    expect(ids(broker)).toEqual(batch[0].transitions.map((t) => t.transition_id));
+  });
+
+  it('without compression, keeps max_batch_bytes', async () => {
+    const broker = new CompressingBroker(1, 1_000_000);
+    const exporter = exporterOn(broker, { max_batch_bytes: 20_000, compression: 'none' });
+    await exporter.export([episode('n', 60, 1000)]);
+    expect(Math.max(...broker.sizes.map((s) => s.bytes))).toBeLessThanOrEqual(20_000);
+    expect(broker.sizes.length).toBeGreaterThan(3);
+  });
+
+  it('halves a request the broker refuses as too large and does not grow to that size again', async () => {
+    // Compresses 2x, limit 50 KB compressed: 100 KB encoded is the most a request may hold.
+    const broker = new CompressingBroker(0.5, 50_000);
+    const exporter = exporterOn(broker, { max_batch_bytes: 40_000 });
+    const batch = [episode('h', 150, 1000)];
+    await exporter.export(batch);
+    await exporter.export([episode('h2', 150, 1000)]);
+    const refused = broker.sizes.filter((s) => !s.ok);
+    // 40 KB, 80 KB taken; 160 KB refused once (split in two), and no more growth after it.
+    expect(refused).toHaveLength(1);
+    expect(refused[0].bytes).toBeGreaterThan(100_000);
+    expect(broker.sizes.filter((s) => s.ok).every((s) => s.bytes <= 100_000)).toBe(true);
+    expect(ids(broker)).toEqual([...batch[0].transitions, ...episode('h2', 150, 1000).transitions].map((t) => t.transition_id));
+  });
+});
