@@ -584,36 +584,49 @@ export function countCommas(buf: Buffer, start: number, end: number): number {
   return n;
 }
 
-/** Events up to this size are searched for several keys in one walk over their bytes (`findMembersOfEach`). */
+/** Buffers up to this size are searched for several keys in one walk over their bytes (`findMembersOfEach`). */
 const ONE_WALK_MAX = 4096;
 
+/** Keys ready for one walk, made once per list: by the byte after a name's opening quote, which keys may start there (a bit each). */
+interface WalkKeys {
+  /** The keys it was made for (a list changed since is prepared again). */
+  names: string[];
+  /** null: keys that are not plain. */
+  first: Uint32Array | null;
+  /** Where each key's search has reached (reset on each call). */
+  from: Int32Array;
+}
+const walkKeys = new WeakMap<readonly string[], WalkKeys>();
+
 /**
- * What `findMembers(buf, key)` gives for each of `keys`, in the order of `keys` and then of
- * position, found in one walk over the bytes instead of one `indexOf` pass per key: a streamed
- * answer's events are small and many, and each pass cost a native call or several. Each key keeps
- * its own resume point, as its own search does, so the result is the same for any bytes. Bigger
- * buffers, and keys with a byte that is not printable ASCII or that is a quote or backslash, are
- * searched key by key.
+ * The members `findMembers(buf, key)` finds for each of `keys`, all together: in order of position
+ * when found in one walk over the bytes instead of one `indexOf` pass per key (a streamed answer's
+ * events are small and many, and each pass cost a native call or several), else key by key. Each
+ * key keeps its own resume point, as its own search does, so the members are the same for any
+ * bytes. Bigger buffers, and keys that are not plain (empty, a byte that is not printable ASCII, a
+ * quote or a backslash, more than 30 keys), are searched key by key.
  */
 export function findMembersOfEach(buf: Buffer, keys: readonly string[]): Member[] {
+  let walk = walkKeys.get(keys);
+  if (walk === undefined || !sameKeys(walk.names, keys)) {
+    walk = prepareWalk(keys);
+    walkKeys.set(keys, walk);
+  }
+  const { first, from } = walk;
   const n = buf.length;
-  if (n > ONE_WALK_MAX || !keys.every(isPlainKey)) return keys.flatMap((k) => findMembers(buf, k));
-  const found: Member[][] = keys.map(() => []);
-  const from: number[] = keys.map(() => 0);
-  for (let q = 0; q < n; q++) {
+  if (n > ONE_WALK_MAX || first === null) return keys.flatMap((k) => findMembers(buf, k));
+  from.fill(0);
+  const out: Member[] = [];
+  for (let q = 0; q < n - 1; q++) {
     if (buf[q] !== QUOTE) continue;
+    const maybe = first[buf[q + 1]];
+    if (maybe === 0) continue;
     for (let k = 0; k < keys.length; k++) {
+      if ((maybe & (1 << k)) === 0) continue;
       const key = keys[k];
       const len = key.length;
       // `"key"` at q, not before where this key's search has reached.
-      if (q < from[k] || q + len + 2 > n || buf[q + len + 1] !== QUOTE) continue;
-      let same = true;
-      for (let j = 0; j < len; j++)
-        if (buf[q + 1 + j] !== key.charCodeAt(j)) {
-          same = false;
-          break;
-        }
-      if (!same) continue;
+      if (q < from[k] || q + len + 2 > n || buf[q + len + 1] !== QUOTE || !sameBytes(buf, q + 1, key)) continue;
       from[k] = q + len + 2;
       let b = q - 1;
       while (b >= 0 && buf[b] === BACKSLASH) b--;
@@ -623,19 +636,38 @@ export function findMembersOfEach(buf: Buffer, keys: readonly string[]): Member[
       const valueStart = skipWs(buf, colon + 1, n);
       const stop = shortFlatArrayEnd(buf, valueStart, n) ?? skipValue(buf, valueStart, n);
       if (stop < 0) continue;
-      found[k].push({ nameAt: q, valueStart, valueEnd: stop });
+      out.push({ nameAt: q, valueStart, valueEnd: stop });
       from[k] = stop;
     }
   }
-  return found.length === 1 ? found[0] : found.flat();
+  return out;
 }
 
-function isPlainKey(key: string): boolean {
-  if (key.length === 0) return false;
-  for (let i = 0; i < key.length; i++) {
-    const c = key.charCodeAt(i);
-    if (c < 0x20 || c > 0x7e || c === QUOTE || c === BACKSLASH) return false;
+function prepareWalk(keys: readonly string[]): WalkKeys {
+  const walk: WalkKeys = { names: [...keys], first: null, from: new Int32Array(keys.length) };
+  if (keys.length > 30) return walk;
+  const first = new Uint32Array(256);
+  for (let k = 0; k < keys.length; k++) {
+    const key = keys[k];
+    if (key.length === 0) return walk;
+    for (let i = 0; i < key.length; i++) {
+      const c = key.charCodeAt(i);
+      if (c < 0x20 || c > 0x7e || c === QUOTE || c === BACKSLASH) return walk;
+    }
+    first[key.charCodeAt(0)] |= 1 << k;
   }
+  walk.first = first;
+  return walk;
+}
+
+function sameKeys(a: readonly string[], b: readonly string[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function sameBytes(buf: Buffer, at: number, key: string): boolean {
+  for (let j = 1; j < key.length; j++) if (buf[at + j] !== key.charCodeAt(j)) return false;
   return true;
 }
 

@@ -129,9 +129,13 @@ export class SseTextParser {
     const out: SseEvent[] = [];
     if (text.length === 0) return out;
     const rest = this.lines.scan(text, (start, end) => {
-      this.line.push(text.slice(start, end));
-      const line = this.line.length === 1 ? this.line[0] : this.line.join('');
-      this.line = [];
+      // A line within this text (the usual case) is one slice: no pieces to join.
+      let line = text.slice(start, end);
+      if (this.line.length > 0) {
+        this.line.push(line);
+        line = this.line.join('');
+        this.line = [];
+      }
       this.lineChars = 0;
       this.processLine(line, out);
     });

@@ -86,19 +86,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
   const log = deps.logger.child('exporter.kafka');
   const m = deps.metrics;
   const chunkBytes = Math.max(1024, config.max_message_bytes - RECORD_OVERHEAD);
-  /**
-   * Each topic's produce request size, in encoded bytes: `max_batch_bytes` at first; with gzip it
-   * doubles after every full request the broker took (up to GZIP_BATCH_GROWTH times); when the
-   * broker refuses one as too large it is halved, never below `max_batch_bytes`, and grows no more.
-   */
-  const batchBytes = new Map<string, number>();
-  /** Topics whose broker refused a request as too large: their size does not grow again. */
-  const refusedTopics = new Set<string>();
-  const growth = config.compression === 'gzip' ? GZIP_BATCH_GROWTH : 1;
-  const grown = (topic: string): void => {
-    const size = batchBytes.get(topic) ?? config.max_batch_bytes;
-    if (!refusedTopics.has(topic)) batchBytes.set(topic, Math.min(size * 2, config.max_batch_bytes * growth));
-  };
+  const sizes = new RequestSizes(config.max_batch_bytes, config.compression === 'gzip' ? GZIP_BATCH_GROWTH : 1);
 
   async function deadLetter(kind: string, record: unknown, reason: string): Promise<void> {
     await mkdir(deps.deadLetterDir, { recursive: true });
@@ -127,7 +115,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     async add(items: Pending[]): Promise<void> {
       for (const item of items) {
-        if (this.bytes + item.msg.value.length > (batchBytes.get(this.topic) ?? config.max_batch_bytes)) await this.dispatch(true);
+        if (this.bytes + item.msg.value.length > sizes.of(this.topic)) await this.dispatch(true);
         this.items.push(item);
         this.bytes += item.msg.value.length;
       }
@@ -153,10 +141,10 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       const items = collected.filter((i) => !this.abandoned.has(i.recordId));
       if (items.length === 0) return;
       // Collected while the request before was in flight: cut to the size the broker's answer left.
-      const parts = cut(items, batchBytes.get(this.topic) ?? config.max_batch_bytes);
+      const parts = cut(items, sizes.of(this.topic));
       const sending = (async () => {
         for (const part of parts) await this.send(part);
-        if (full && parts.length === 1) grown(this.topic);
+        if (full && parts.length === 1) sizes.taken(this.topic);
       })();
       sending.catch(() => {}); // observed by the next dispatch or flush
       this.inflight = sending;
@@ -182,8 +170,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
         }
         let bytes = 0;
         for (const i of items) bytes += i.msg.value.length;
-        refusedTopics.add(this.topic);
-        batchBytes.set(this.topic, Math.max(config.max_batch_bytes, Math.floor(bytes / 2)));
+        sizes.refused(this.topic, bytes);
         const half = Math.ceil(items.length / 2);
         await this.send(items.slice(0, half));
         await this.send(items.slice(half).filter((i) => !this.abandoned.has(i.recordId)));
@@ -291,6 +278,37 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
     }),
   };
   return exporter;
+}
+
+/**
+ * Each topic's produce request size, in encoded bytes: `min` at first; it doubles after every full
+ * request the broker took, up to `growth` times `min` (1 without compression: the broker's limit
+ * is then on these bytes); when the broker refuses one as too large it is halved, never below
+ * `min`, and grows no more.
+ */
+class RequestSizes {
+  private readonly size = new Map<string, number>();
+  private readonly stopped = new Set<string>();
+
+  constructor(
+    private readonly min: number,
+    private readonly growth: number,
+  ) {}
+
+  of(topic: string): number {
+    return this.size.get(topic) ?? this.min;
+  }
+
+  /** A full request the broker took. */
+  taken(topic: string): void {
+    if (!this.stopped.has(topic)) this.size.set(topic, Math.min(this.of(topic) * 2, this.min * this.growth));
+  }
+
+  /** A request of `bytes` the broker refused as too large. */
+  refused(topic: string, bytes: number): void {
+    this.stopped.add(topic);
+    this.size.set(topic, Math.max(this.min, Math.floor(bytes / 2)));
+  }
 }
 
 /** Messages in runs of at most `bytes` (a message bigger than that alone). */

@@ -62,9 +62,10 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
   let promptTokenIds: TokenIds | null = null;
   for (const chunk of chunks) {
     if (!isObject(chunk)) continue;
-    for (const [k, v] of Object.entries(chunk)) {
+    // Keys, not entries: no pair array per member of every chunk.
+    for (const k of Object.keys(chunk)) {
       if (k === 'choices' || k === 'usage' || k === 'prompt_token_ids') continue;
-      if (!(k in top)) top[k] = v;
+      if (!(k in top)) top[k] = chunk[k];
     }
     if (chunk.usage !== undefined && chunk.usage !== null) usage = chunk.usage;
     if (promptTokenIds === null) promptTokenIds = intArray(chunk.prompt_token_ids);
@@ -111,12 +112,14 @@ function mergeChoiceDelta(acc: ChoiceAcc, c: Json): void {
   const pids = intArray(c.prompt_token_ids);
   if (pids && acc.promptTokenIds === null) acc.promptTokenIds = pids;
   if (isObject(c.logprobs) && Array.isArray(c.logprobs.content)) appendTo((acc.logprobs ??= []), c.logprobs.content);
-  for (const [k, v] of Object.entries(c)) {
+  for (const k of Object.keys(c)) {
     if (MERGED_MEMBERS.has(k)) continue;
+    const v = c[k];
     if (v !== null && v !== undefined) acc.extra[k] = v;
   }
   const delta = isObject(c.delta) ? c.delta : {};
-  for (const [k, v] of Object.entries(delta)) {
+  for (const k of Object.keys(delta)) {
+    const v = delta[k];
     if (k === 'tool_calls') {
       if (Array.isArray(v)) for (const tc of v) if (isObject(tc)) mergeToolCall(acc.toolCalls, tc);
     } else if (typeof v === 'string' && typeof acc.message[k] === 'string' && k !== 'role') {

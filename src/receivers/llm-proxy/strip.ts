@@ -1,5 +1,5 @@
 import { BROUGHT } from '../../formats/engines';
-import { findMembers } from '../../formats/json-scan';
+import { findMembersOfEach } from '../../formats/json-scan';
 import { SseEventFramer } from '../../formats/sse';
 
 /** The answer's members the agent did not ask for, given the fields the sidecar added for it (what each brings: src/formats/engines). */
@@ -10,28 +10,75 @@ export function broughtMembers(injected: readonly string[]): string[] {
 /**
  * The bytes with each named member's value replaced by `null` (what the server answers when the
  * field was not asked for); every other byte stays. Works on JSON and on SSE event text alike.
+ * Written into one new buffer (or `buf` itself when there is nothing to replace).
  */
 export function nullMembers(buf: Buffer, members: readonly string[]): Buffer {
-  const parts = nullMemberParts(buf, members);
-  return parts.length === 1 ? parts[0] : Buffer.concat(parts);
+  const cuts = nullCuts(buf, members);
+  if (cuts.length === 0) return buf;
+  let size = buf.length;
+  for (let k = 0; k < cuts.length; k += 2) size -= cuts[k + 1] - cuts[k] - 4;
+  const out = Buffer.allocUnsafe(size);
+  let w = 0;
+  let at = 0;
+  for (let k = 0; k < cuts.length; k += 2) {
+    w += buf.copy(out, w, at, cuts[k]);
+    out[w++] = 0x6e;
+    out[w++] = 0x75;
+    out[w++] = 0x6c;
+    out[w++] = 0x6c;
+    at = cuts[k + 1];
+  }
+  buf.copy(out, w, at);
+  return out;
 }
 
 /** The same bytes as pieces of `buf` and `null`s, for writing without a copy into one buffer. */
 export function nullMemberParts(buf: Buffer, members: readonly string[]): Buffer[] {
-  const cuts: [number, number][] = [];
-  for (const m of members)
-    for (const f of findMembers(buf, m)) if (!(buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4)) cuts.push([f.valueStart, f.valueEnd]);
+  const cuts = nullCuts(buf, members);
   if (cuts.length === 0) return [buf];
-  cuts.sort((a, b) => a[0] - b[0]);
   const parts: Buffer[] = [];
   let at = 0;
-  for (const [s, e] of cuts) {
-    if (s < at) continue;
-    parts.push(buf.subarray(at, s), NULL);
-    at = e;
+  for (let k = 0; k < cuts.length; k += 2) {
+    parts.push(buf.subarray(at, cuts[k]), NULL);
+    at = cuts[k + 1];
   }
   parts.push(buf.subarray(at));
   return parts;
+}
+
+/**
+ * The value ranges to replace, as `[start, end, start, end, ..]` in order: every member's value
+ * that is not already `null`, but those inside one already replaced.
+ */
+function nullCuts(buf: Buffer, members: readonly string[]): number[] {
+  const found = findMembersOfEach(buf, members);
+  const cuts: number[] = [];
+  let sorted = true;
+  for (const f of found) {
+    if (buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4) continue;
+    if (cuts.length > 0 && f.valueStart < cuts[cuts.length - 2]) sorted = false;
+    cuts.push(f.valueStart, f.valueEnd);
+  }
+  if (cuts.length === 0) return cuts;
+  const out: number[] = [];
+  let at = 0;
+  if (sorted) {
+    for (let k = 0; k < cuts.length; k += 2) {
+      if (cuts[k] < at) continue;
+      out.push(cuts[k], cuts[k + 1]);
+      at = cuts[k + 1];
+    }
+    return out;
+  }
+  const pairs: [number, number][] = [];
+  for (let k = 0; k < cuts.length; k += 2) pairs.push([cuts[k], cuts[k + 1]]);
+  pairs.sort((a, b) => a[0] - b[0]);
+  for (const [s, e] of pairs) {
+    if (s < at) continue;
+    out.push(s, e);
+    at = e;
+  }
+  return out;
 }
 
 const NULL = Buffer.from('null');
@@ -58,8 +105,11 @@ export class SseStripper {
       return [];
     }
     const end = ends[ends.length - 1];
-    const event = this.held.length === 0 ? chunk.subarray(0, end) : Buffer.concat([...this.held, chunk.subarray(0, end)]);
-    this.held = end < chunk.length ? [chunk.subarray(end)] : [];
+    // One read that is one or more whole events (the usual case) is used as it is: no view of it.
+    const whole = end === chunk.length ? chunk : chunk.subarray(0, end);
+    const event = this.held.length === 0 ? whole : Buffer.concat([...this.held, whole]);
+    if (end < chunk.length) this.held = [chunk.subarray(end)];
+    else if (this.held.length > 0) this.held = [];
     return [nullMembers(event, this.members)];
   }
 

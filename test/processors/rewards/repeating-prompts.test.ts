@@ -57,7 +57,9 @@ function both(turns: Turn[]): { journaled: Trajectory[]; inline: Trajectory[]; u
     return callRecord('r', seq, 1000 + seq * 10, {
       promptTokenIds: prompt,
       request: { model: 'm', messages: [{ role: 'user', content: 'hi' }] },
-      choices: [{ index: 0, finishReason: 'stop', responseTokenIds: t.answer, responseLogprobs: t.answer.map((id) => -id / 1e6), promptTokenIds: null, toolCalls: [] }],
+      choices: [
+        { index: 0, finishReason: 'stop', responseTokenIds: t.answer, responseLogprobs: t.answer.map((id) => -id / 1e6), promptTokenIds: null, toolCalls: [] },
+      ],
     });
   });
   const read = (offsets: readonly number[]) => Buffer.concat(offsets.map((o) => bodies.get(o)!));
