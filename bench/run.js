@@ -858,7 +858,7 @@ const hardStop = setTimeout(
     log('bench: over its time budget; stopping');
     cleanup().then(() => process.exit(1));
   },
-  QUICK ? 120_000 : 900_000,
+  QUICK ? 180_000 : 1_800_000,
 );
 hardStop.unref();
 

@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { deflateRawSync } from 'node:zlib';
 import { appendFile, mkdir } from 'node:fs/promises';
 import { imagePath } from '../../formats/images';
 import path from 'node:path';
@@ -26,6 +27,8 @@ const RECORD_OVERHEAD = 1024;
  * in fewer, larger requests.
  */
 export const GZIP_BATCH_GROWTH = 8;
+/** How much of a request's records is compressed to estimate how well it compresses. */
+const SAMPLE_BYTES = 128 * 1024;
 
 export class ExportError extends Error {
   constructor(
@@ -103,6 +106,8 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
   class Batcher {
     private items: Pending[] = [];
     private bytes = 0;
+    /** This request's size: `max_batch_bytes` until it is full, then as far as its records are estimated to compress within it. */
+    private limit = config.max_batch_bytes;
     /** The produce request in flight, if any. */
     private inflight: Promise<void> | null = null;
     /** Records that were dead-lettered part way: their remaining chunks are not sent. */
@@ -115,7 +120,8 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 
     async add(items: Pending[]): Promise<void> {
       for (const item of items) {
-        if (this.bytes + item.msg.value.length > sizes.of(this.topic)) await this.dispatch(true);
+        if (this.bytes + item.msg.value.length > this.limit && this.limit === config.max_batch_bytes) this.limit = sizes.of(this.topic, this.items);
+        if (this.bytes + item.msg.value.length > this.limit) await this.dispatch();
         this.items.push(item);
         this.bytes += item.msg.value.length;
       }
@@ -129,23 +135,19 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
       await last;
     }
 
-    /** Waits for the request in flight, then sends what was collected meanwhile (not waiting); `full`: it reached the request size. */
-    private async dispatch(full = false): Promise<void> {
+    /** Waits for the request in flight, then sends what was collected meanwhile (not waiting). */
+    private async dispatch(): Promise<void> {
       const collected = this.items;
       this.items = [];
       this.bytes = 0;
+      this.limit = config.max_batch_bytes;
       const previous = this.inflight;
       this.inflight = null;
       await previous;
       // Filtered only now: the request just acknowledged may have dead-lettered a record.
       const items = collected.filter((i) => !this.abandoned.has(i.recordId));
       if (items.length === 0) return;
-      // Collected while the request before was in flight: cut to the size the broker's answer left.
-      const parts = cut(items, sizes.of(this.topic));
-      const sending = (async () => {
-        for (const part of parts) await this.send(part);
-        if (full && parts.length === 1) sizes.taken(this.topic);
-      })();
+      const sending = this.send(items);
       sending.catch(() => {}); // observed by the next dispatch or flush
       this.inflight = sending;
     }
@@ -168,9 +170,7 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
           );
           return;
         }
-        let bytes = 0;
-        for (const i of items) bytes += i.msg.value.length;
-        sizes.refused(this.topic, bytes);
+        sizes.refused(this.topic);
         const half = Math.ceil(items.length / 2);
         await this.send(items.slice(0, half));
         await this.send(items.slice(half).filter((i) => !this.abandoned.has(i.recordId)));
@@ -281,13 +281,13 @@ export function createKafkaExporter(config: KafkaExporterConfig, deps: KafkaExpo
 }
 
 /**
- * Each topic's produce request size, in encoded bytes: `min` at first; it doubles after every full
- * request the broker took, up to `growth` times `min` (1 without compression: the broker's limit
- * is then on these bytes); when the broker refuses one as too large it is halved, never below
- * `min`, and grows no more.
+ * How big a produce request may grow, in encoded bytes: `min` (`max_batch_bytes`), or with gzip,
+ * once a request holds that much, as much as its records are estimated to compress within `min`
+ * (a sample of them compressed at level 1, which compresses less than the producer's gzip, with a
+ * tenth to spare), up to `growth` times `min`. A topic whose broker refused a request as too large
+ * stays at `min` from then on.
  */
 class RequestSizes {
-  private readonly size = new Map<string, number>();
   private readonly stopped = new Set<string>();
 
   constructor(
@@ -295,35 +295,22 @@ class RequestSizes {
     private readonly growth: number,
   ) {}
 
-  of(topic: string): number {
-    return this.size.get(topic) ?? this.min;
-  }
-
-  /** A full request the broker took. */
-  taken(topic: string): void {
-    if (!this.stopped.has(topic)) this.size.set(topic, Math.min(this.of(topic) * 2, this.min * this.growth));
-  }
-
-  /** A request of `bytes` the broker refused as too large. */
-  refused(topic: string, bytes: number): void {
-    this.stopped.add(topic);
-    this.size.set(topic, Math.max(this.min, Math.floor(bytes / 2)));
-  }
-}
-
-/** Messages in runs of at most `bytes` (a message bigger than that alone). */
-function cut(items: Pending[], bytes: number): Pending[][] {
-  const parts: Pending[][] = [[]];
-  let size = 0;
-  for (const i of items) {
-    if (size + i.msg.value.length > bytes && parts[parts.length - 1].length > 0) {
-      parts.push([]);
-      size = 0;
+  of(topic: string, items: readonly Pending[]): number {
+    if (this.growth <= 1 || this.stopped.has(topic) || items.length === 0) return this.min;
+    const sample: Buffer[] = [];
+    let size = 0;
+    for (let i = items.length - 1; i >= 0 && size < SAMPLE_BYTES; i--) {
+      sample.push(items[i].msg.value);
+      size += items[i].msg.value.length;
     }
-    parts[parts.length - 1].push(i);
-    size += i.msg.value.length;
+    const ratio = deflateRawSync(Buffer.concat(sample), { level: 1 }).length / Math.max(1, size);
+    return Math.max(this.min, Math.min(this.min * this.growth, Math.floor((0.9 * this.min) / Math.max(ratio, 1e-3))));
   }
-  return parts;
+
+  /** The broker refused one of `topic`'s requests as too large. */
+  refused(topic: string): void {
+    this.stopped.add(topic);
+  }
 }
 
 /** The headers of every message of a record (docs/kafka-records.md). */
