@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { QWEN_VL_IMAGE_TOKEN_ID } from '../model/records';
 
 /** `host:port`, the form every listener address takes (port 0 = any free port). */
 export const address = z.string().superRefine((v, ctx) => {
@@ -302,7 +303,7 @@ export const policySchema = z
 export const imagesSchema = z
   .object({
     /** `<|image_pad|>`: 151655 on Qwen2-VL, Qwen2.5-VL and Qwen3-VL; 248056 on Qwen3.5 (read `image_token_id` in the model's config.json). */
-    image_token_id: z.number().int().min(0).default(151655),
+    image_token_id: z.number().int().min(0).default(QWEN_VL_IMAGE_TOKEN_ID),
     /** The processor's `smart_resize` settings: factor 28 (Qwen2.5-VL) or 32 (Qwen3-VL), and its pixel limits. */
     processor: z.object({ factor: positiveInt, min_pixels: positiveInt, max_pixels: positiveInt }).strict().optional(),
   })

@@ -562,6 +562,9 @@ export interface ImageProcessorJson {
 }
 
 /** A trajectory's images as built (before the bytes are stored). */
+/** The image placeholder (`<|image_pad|>`) of Qwen2-VL, Qwen2.5-VL and Qwen3-VL: `processors.images.image_token_id`'s default. */
+export const QWEN_VL_IMAGE_TOKEN_ID = 151655;
+
 export interface TrajectoryImages {
   images: TrajectoryImage[];
   complete: boolean;

@@ -1,5 +1,13 @@
 import type { AirConfig, CaptureConfig, CreditConfig, EpisodesConfig, ImagesConfig, RoutedExpertsConfig, SamplingConfig } from '../../config/schema';
-import type { AgentSpanRecord, CallRecord, ClosedEpisode, EpisodeStatus, PipelineRecord, ToolSpanRecord } from '../../model/records';
+import {
+  QWEN_VL_IMAGE_TOKEN_ID,
+  type AgentSpanRecord,
+  type CallRecord,
+  type ClosedEpisode,
+  type EpisodeStatus,
+  type PipelineRecord,
+  type ToolSpanRecord,
+} from '../../model/records';
 import { globToRegExp } from '../air/glob';
 import { compileRules } from '../air/rules';
 import type { BodyReader } from '../../formats/extract';
@@ -393,12 +401,16 @@ export class EpisodeAssembler {
   }
 }
 
-/** An episode's key: its rollout and attempt. */
+/** How images are found in calls, from `processors.images`. */
 function imageOptions(c: ImagesConfig | undefined): ImageOptions {
   const p = c?.processor;
-  return { imageTokenId: c?.image_token_id ?? 151655, processor: p ? { factor: p.factor, minPixels: p.min_pixels, maxPixels: p.max_pixels } : null };
+  return {
+    imageTokenId: c?.image_token_id ?? QWEN_VL_IMAGE_TOKEN_ID,
+    processor: p ? { factor: p.factor, minPixels: p.min_pixels, maxPixels: p.max_pixels } : null,
+  };
 }
 
+/** An episode's key: its rollout and attempt. */
 export function keyOf(rolloutId: string, attemptId: string): string {
   return `${rolloutId}\u0000${attemptId}`;
 }

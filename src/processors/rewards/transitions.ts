@@ -13,6 +13,7 @@ import type {
   TransitionRecord,
   TransitionToolCall,
 } from '../../model/records';
+import { QWEN_VL_IMAGE_TOKEN_ID } from '../../model/records';
 import { concatPrefixEnd, countCommas, looksLikeIntArray, looksLikeIntArrayRest } from '../../formats/json-scan';
 import { matchesAny } from '../air/glob';
 import type { ToolFacts } from '../air/rules';
@@ -112,9 +113,10 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     all.push(f);
     // A prompt that repeats the previous call's prompt and answer byte for byte (an agent's
     // growing context): only what it adds is read from here on (validity, length, placeholders).
-    const repeat: Repeat | null = captured(f.correlation.agentName, options) ? repeatedPrefix(f, responseBytes, previous) : null;
+    const kept = captured(f.correlation.agentName, options);
+    const repeat: Repeat | null = kept ? repeatedPrefix(f, responseBytes, previous) : null;
     dropInvalidRanges(f, responseBytes, repeat);
-    if (!captured(f.correlation.agentName, options)) continue;
+    if (!kept) continue;
     const first = f.choices[0];
     const prompt = first?.promptTokenIds ?? f.promptTokenIds;
     const current: Ids = { body: responseBytes, prompt, response: first?.responseTokenIds ?? null };
@@ -330,11 +332,10 @@ function repeatedPrefix(f: CallFacts, body: Buffer | null, previous: Previous | 
   return typeof at === 'number' ? { range: prompt, at } : null;
 }
 
-/** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
 /** The token routes token-in calls: their upstream request holds ids, the agent's request the images. */
 const TOKEN_ROUTES = new Set(['completions', 'generate', 'sglang.generate']);
 
-const DEFAULT_IMAGES: ImageOptions = { imageTokenId: 151655, processor: null };
+const DEFAULT_IMAGES: ImageOptions = { imageTokenId: QWEN_VL_IMAGE_TOKEN_ID, processor: null };
 
 /**
  * The images of a trajectory whose last call is `call` (docs/images.md): its request's image parts
@@ -406,6 +407,7 @@ function unreadable(why: string, o: ImageOptions): TrajectoryImages {
   return { images: [], complete: false, error: `unreadable_request: ${why}`, processor: { image_token_id: o.imageTokenId } };
 }
 
+/** A call's request as parsed JSON (only the tool-result join asks, for spans nothing else joined). */
 function parsedRequest(call: CallFacts, read: BodyReader): unknown {
   const r = call.request as RawBody | null;
   if (r === null || typeof r !== 'object' || r.raw !== 'journal') return call.request;

@@ -52,31 +52,24 @@ export function nullMemberParts(buf: Buffer, members: readonly string[]): Buffer
  */
 function nullCuts(buf: Buffer, members: readonly string[]): number[] {
   const found = findMembersOfEach(buf, members);
-  const cuts: number[] = [];
+  let cuts: number[] = [];
   let sorted = true;
   for (const f of found) {
     if (buf[f.valueStart] === 0x6e && f.valueEnd - f.valueStart === 4) continue;
     if (cuts.length > 0 && f.valueStart < cuts[cuts.length - 2]) sorted = false;
     cuts.push(f.valueStart, f.valueEnd);
   }
-  if (cuts.length === 0) return cuts;
+  if (!sorted) {
+    const pairs: [number, number][] = [];
+    for (let k = 0; k < cuts.length; k += 2) pairs.push([cuts[k], cuts[k + 1]]);
+    cuts = pairs.sort((x, y) => x[0] - y[0]).flat();
+  }
   const out: number[] = [];
   let at = 0;
-  if (sorted) {
-    for (let k = 0; k < cuts.length; k += 2) {
-      if (cuts[k] < at) continue;
-      out.push(cuts[k], cuts[k + 1]);
-      at = cuts[k + 1];
-    }
-    return out;
-  }
-  const pairs: [number, number][] = [];
-  for (let k = 0; k < cuts.length; k += 2) pairs.push([cuts[k], cuts[k + 1]]);
-  pairs.sort((a, b) => a[0] - b[0]);
-  for (const [s, e] of pairs) {
-    if (s < at) continue;
-    out.push(s, e);
-    at = e;
+  for (let k = 0; k < cuts.length; k += 2) {
+    if (cuts[k] < at) continue;
+    out.push(cuts[k], cuts[k + 1]);
+    at = cuts[k + 1];
   }
   return out;
 }

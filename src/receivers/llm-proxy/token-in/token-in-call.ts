@@ -12,6 +12,7 @@ import type { LocalRendering } from './local-rendering';
 import type { ReasoningStream, ToolStream } from './parser-kit';
 import { PROBE_BODY, type GenerateRoute } from './generate-route';
 import type { Json } from '../../../formats/json';
+import { QWEN_VL_IMAGE_TOKEN_ID } from '../../../model/records';
 import { answerUsage, attemptAnswer, mergeAttempts, resumedRequest, type TokenInRoute } from './resume';
 import { journaledFeatures, placeFeatures, readRender } from './image-features';
 import { completionsBody, generateBody, renderBody, tokenizeBody, VLLM_GENERATE_PATH, VLLM_RENDER_PATH, type TokenInRequest } from './request';
@@ -192,7 +193,7 @@ export async function serveTokenIn(engine: Engine, call: Call, body: Buffer, r: 
     ({ prompt, how } = splice(state, r, rendered.tokens, digest));
     const found = 'features' in rendered ? (rendered.features as Json | null) : null;
     if (found !== null) {
-      features = placeFeatures(prompt, found, deps.imageTokenId ?? 151655);
+      features = placeFeatures(prompt, found, deps.imageTokenId ?? QWEN_VL_IMAGE_TOKEN_ID);
       if (features === null) return deps.fallback('images_layout');
     }
   }
