@@ -168,7 +168,9 @@ export class ExportQueue {
       }
       const marker: EpisodeClosedMarker = { type: 'episode_closed', rolloutId, attemptId, status: c.status, at: c.facts.endedAt };
       try {
-        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true);
+        // Lazy: the marker goes with the journal's next write (a call's, within LAZY_MS at most),
+        // not with a write of its own; the export waits for it (`durable`) and lingers as long.
+        const { offset, durable } = journal.append(Buffer.from(JSON.stringify(marker)), true, true);
         this.add(c, offset, durable);
       } catch (err) {
         // The journal refuses (full/closed): export anyway; a replay may close this episode again.

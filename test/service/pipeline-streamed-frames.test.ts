@@ -86,3 +86,44 @@ describe('streamed answers in the journal', () => {
     await p.shutdown();
   });
 });
+
+describe('a request sent in pieces (fields added between the agent’s bytes)', () => {
+  const pieces = [Buffer.from('{'), Buffer.from('"return_token_ids":true,"logprobs":true,'), Buffer.alloc(0), Buffer.from('"model":"m","messages":[]}')];
+  const self: Correlation = { rolloutId: 'call-y', attemptId: '0', groupId: null, agentName: null, source: 'self' };
+
+  it.each([
+    ['a call that names no rollout', self],
+    ['a rollout call (compared with its base)', { rolloutId: 'r3', attemptId: '0', groupId: null, agentName: null, source: 'header' } as Correlation],
+  ])('%s: one body frame for the pieces of a write, the same bytes read back', async (_name, correlation) => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-request-frames-'));
+    const p = start(dir);
+    await p.start();
+    const c = new CallCapture('chat.completions', correlation, 0, null, null, Date.now(), 1 << 20, p.capture);
+    c.requestParts(pieces);
+    c.responseStatus = 200;
+    c.response(Buffer.from('{"choices":[]}'));
+    const record = c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0);
+    p.capture.callEnded(record);
+    expect(record.bodies!.request).toHaveLength(1);
+    expect(p.capture.read(record.bodies!.request).equals(Buffer.concat(pieces))).toBe(true);
+    expect(record.truncated).toBe(false);
+    await p.shutdown();
+  });
+
+  it('the capture cap keeps the whole pieces that fit, and marks the record cut', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lightning-request-frames-'));
+    const p = start(dir);
+    await p.start();
+    // Room for the first two pieces (41 bytes), not the third.
+    const c = new CallCapture('chat.completions', self, 0, null, null, Date.now(), 45, p.capture);
+    c.requestParts(pieces);
+    c.responseStatus = 200;
+    c.response(Buffer.from('{}'));
+    const record = c.finish({ status: 'ok', error: null, endedAt: Date.now(), endedMono: performance.now() }, 0);
+    p.capture.callEnded(record);
+    expect(p.capture.read(record.bodies!.request).toString()).toBe('{"return_token_ids":true,"logprobs":true,');
+    expect(record.truncated).toBe(true);
+    expect(record.bodies!.response).toHaveLength(0);
+    await p.shutdown();
+  });
+});

@@ -219,7 +219,9 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     logprobsMode: options.logprobsMode ?? null,
   });
   const bySeq = new Map(calls.map((c) => [c.seq, c]));
-  for (const t of trajectories) t.images = imagesOf(bySeq.get(t.last.seq), withPlaceholders.has(t.last.seq), t.last.prompt_token_ids, read, options.images);
+  // The calls' bodies are done with: a request is read into a scratch buffer (a big one, into fresh memory, costs a page fault a page).
+  for (const t of trajectories)
+    t.images = imagesOf(bySeq.get(t.last.seq), withPlaceholders.has(t.last.seq), t.last.prompt_token_ids, read, options.images, options.scratch?.[0]);
   const unmerged = plan.unmerged.flatMap((u) => {
     const ids =
       u.choice === null ? transitions.filter((t) => t.seq === u.seq).map((t) => t.transition_id) : [bySeqChoice.get(`${u.seq}.${u.choice}`)!.transition_id];
@@ -337,6 +339,18 @@ const TOKEN_ROUTES = new Set(['completions', 'generate', 'sglang.generate']);
 
 const DEFAULT_IMAGES: ImageOptions = { imageTokenId: QWEN_VL_IMAGE_TOKEN_ID, processor: null };
 
+const IMAGE_NAME = Buffer.from('"image');
+
+/** Whether a request's bytes name `"image_url"` or `"image"` (one pass for both: they begin alike). */
+export function namesImage(bytes: Buffer): boolean {
+  for (let i = bytes.indexOf(IMAGE_NAME); i >= 0; i = bytes.indexOf(IMAGE_NAME, i + 1)) {
+    const at = i + IMAGE_NAME.length;
+    if (bytes[at] === 0x22) return true;
+    if (bytes[at] === 0x5f && bytes[at + 1] === 0x75 && bytes[at + 2] === 0x72 && bytes[at + 3] === 0x6c && bytes[at + 4] === 0x22) return true;
+  }
+  return false;
+}
+
 /**
  * The images of a trajectory whose last call is `call` (docs/images.md): its request's image parts
  * and its prompt's placeholder runs. A request that names no image is not parsed, unless its
@@ -348,6 +362,7 @@ function imagesOf(
   prompt: TokenIds | null,
   read: BodyReader,
   o: ImageOptions = DEFAULT_IMAGES,
+  scratch?: Buffer,
 ): TrajectoryImages | null {
   if (!call) return null;
   // The chat request the images are in: as the model server got it (a translated call's record
@@ -360,11 +375,11 @@ function imagesOf(
   if (journaled) {
     let bytes: Buffer;
     try {
-      bytes = read(offsets ?? r!.offsets);
+      bytes = read(offsets ?? r!.offsets, scratch);
     } catch (err) {
       return placeholders ? unreadable(`the request cannot be read: ${(err as Error).message}`, o) : null;
     }
-    if (!placeholders && !bytes.includes('"image_url"') && !bytes.includes('"image"')) return null;
+    if (!placeholders && !namesImage(bytes)) return null;
     try {
       request = JSON.parse(bytes.toString('utf8'));
     } catch {

@@ -83,6 +83,21 @@ export class CallCapture {
     this.keep(chunk, 'request', this.requestFrames);
   }
 
+  /**
+   * Pieces of the request sent in one write (the agent's bytes with fields added between them):
+   * one body frame for all, not one a piece. Empty pieces are left out.
+   */
+  requestParts(parts: readonly Buffer[]): void {
+    let n = 0;
+    for (const p of parts) if (p.length > 0) n++;
+    if (n === 0) return;
+    if (n === 1) {
+      for (const p of parts) if (p.length > 0) this.request(p);
+      return;
+    }
+    this.keepParts('request', n === parts.length ? parts : parts.filter((p) => p.length > 0), this.requestFrames);
+  }
+
   /** Bytes the model server answered. */
   response(chunk: Buffer): void {
     this.chunks++;
@@ -122,7 +137,7 @@ export class CallCapture {
       const parts = this.streaming;
       this.streaming = [];
       this.streamingBytes = 0;
-      this.keepParts(parts, this.responseFrames);
+      this.keepParts('response', parts, this.responseFrames);
     }
     if (this.begin() === null || this.truncated) return;
     let kept = false;
@@ -156,22 +171,22 @@ export class CallCapture {
     this.give(kind, chunk, chunk.length, frames);
   }
 
-  /** Streamed response chunks handed to the sink together; cut short at the capture cap like `keep`. */
-  private keepParts(parts: Buffer[], frames: number[]): void {
+  /** Pieces handed to the sink together (streamed response chunks, a request's pieces); cut short at the capture cap like `keep`. */
+  private keepParts(kind: 'request' | 'response', parts: readonly Buffer[], frames: number[]): void {
     if (this.begin() === null || this.truncated) return;
     let n = 0;
     let bytes = 0;
     while (n < parts.length && this.captured + bytes + parts[n].length <= this.maxCaptureBytes) bytes += parts[n++].length;
-    if (n > 0 && !this.give('response', n === parts.length ? parts : parts.slice(0, n), bytes, frames)) return;
+    if (n > 0 && !this.give(kind, n === parts.length ? parts : parts.slice(0, n), bytes, frames)) return;
     if (n < parts.length) {
-      this.flush('response');
+      this.flush(kind);
       this.truncated = true;
       this.capped = true;
     }
   }
 
   /** Hands bytes within the cap to the sink; false (the record truncated) when it does not take them. */
-  private give(kind: BodyKind, bytes: Buffer | Buffer[], length: number, frames: number[]): boolean {
+  private give(kind: BodyKind, bytes: Buffer | readonly Buffer[], length: number, frames: number[]): boolean {
     this.captured += length;
     let kept = false;
     try {

@@ -163,7 +163,7 @@ class PassThrough {
         req.pause();
         r!.once('drain', () => req.resume());
       }
-      if (capture) for (const part of parts) if (part.length > 0) capture.request(part);
+      capture?.requestParts(parts);
     };
     req.on('data', (chunk: Buffer) => {
       if (this.rejected) return;
