@@ -28,12 +28,21 @@ export interface Decoded {
   rejectReason: string | null;
 }
 
-/** Decodes a protobuf ExportTraceServiceRequest. Throws DecodeError for bytes that are not one. */
+let requestType: protobuf.Type | null = null;
+
+/**
+ * Decodes a protobuf ExportTraceServiceRequest. Throws DecodeError for bytes that are not one.
+ * The decoded message is read as it is, not through `toObject` (a second copy of every span, and
+ * each fixed64 time turned into a decimal string by long.js's division): a field the bytes did
+ * not set reads as its default, which normalizes as an absent one does; an AnyValue's kind is the
+ * member the bytes set (`hasOwnProperty`); times and int64s are converted from their two 32-bit
+ * halves.
+ */
 export function decodeProtobuf(bytes: Uint8Array): Decoded {
   let obj: Record<string, unknown>;
   try {
-    const t = type('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
-    obj = t.toObject(t.decode(bytes), { longs: String, enums: Number, defaults: false, arrays: true });
+    requestType ??= type('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
+    obj = requestType.decode(bytes);
   } catch (err) {
     throw new DecodeError(`not an ExportTraceServiceRequest: ${(err as Error).message}`);
   }
@@ -89,8 +98,11 @@ function message(v: unknown, where: string): Obj {
   return v as Obj;
 }
 
-/** Runs the normalization; nesting deep enough to exhaust the stack is an undecodable request too. */
-function guarded(req: Obj, json: boolean): Decoded {
+/**
+ * Runs the normalization (of a decoded protobuf message, a `toObject` of one, or OTLP/JSON); nesting
+ * deep enough to exhaust the stack is an undecodable request too.
+ */
+export function guarded(req: Obj, json: boolean): Decoded {
   try {
     return normalize(req, json);
   } catch (err) {
@@ -165,11 +177,23 @@ function intOf(v: unknown): number {
   return Number.isInteger(n) ? n : 0;
 }
 
-/** fixed64 nanoseconds as a decimal string (JSON may send a number or a string). */
+/** fixed64 nanoseconds as a decimal string (JSON may send a number or a string; protobuf gives a Long). */
 function nanos(v: unknown): string {
   if (typeof v === 'string' && /^\d+$/.test(v)) return v.replace(/^0+(?=\d)/, '');
   if (typeof v === 'number' && Number.isFinite(v) && v >= 0) return BigInt(Math.trunc(v)).toString();
-  return '0';
+  const big = longOf(v, false);
+  return big === null ? '0' : big.toString();
+}
+
+/** A 64-bit integer decoded as a Long (`{ low, high }`, two 32-bit halves), as a bigint; null for anything else. */
+function longOf(v: unknown, signed: boolean): bigint | null {
+  if (typeof v !== 'object' || v === null) return null;
+  const { low, high } = v as { low?: unknown; high?: unknown };
+  if (typeof low !== 'number' || typeof high !== 'number') return null;
+  // Below 2^53 the halves add up exactly as numbers (most times and counts are far below it).
+  if (high >= 0 && high < 0x200000) return BigInt(high * 0x100000000 + (low >>> 0));
+  const u = (BigInt(high >>> 0) << 32n) | BigInt(low >>> 0);
+  return signed ? BigInt.asIntN(64, u) : u;
 }
 
 /** Ids: raw bytes in protobuf, case-insensitive hex in OTLP/JSON. Returned lower-case hex; null when malformed. */
@@ -183,7 +207,8 @@ function id(v: unknown, json: boolean): string | null {
 function attributes(v: unknown, json: boolean): Attributes {
   const out: Attributes = {};
   for (const kv of list(v, 'attributes')) {
-    const key = kv.key;
+    // A decoded message's unset key reads as '' (its default); absent, it is left out, as in JSON.
+    const key = json || Object.prototype.hasOwnProperty.call(kv, 'key') ? kv.key : undefined;
     if (typeof key !== 'string') continue;
     out[key] = anyValue(kv.value, json);
   }
@@ -193,7 +218,8 @@ function attributes(v: unknown, json: boolean): Attributes {
 function anyValue(v: unknown, json: boolean): AttributeValue {
   if (v === undefined || v === null) return null;
   const o = message(v, 'AnyValue');
-  const get = (k: string) => field(o, k, json);
+  // A decoded protobuf message has every member (unset ones read as their defaults): the kind is the one the bytes set.
+  const get = json ? (k: string) => field(o, k, true) : (k: string) => (Object.prototype.hasOwnProperty.call(o, k) ? o[k] : undefined);
   if (get('string_value') !== undefined) return strOf(get('string_value'));
   if (get('bool_value') !== undefined) return get('bool_value') === true;
   if (get('int_value') !== undefined) return int64(get('int_value'));
@@ -213,6 +239,8 @@ function anyValue(v: unknown, json: boolean): AttributeValue {
 
 /** int64: a number when it is a safe integer, else its decimal string. */
 function int64(v: unknown): number | string | null {
+  const big = longOf(v, true);
+  if (big !== null) return big >= BigInt(Number.MIN_SAFE_INTEGER) && big <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(big) : big.toString();
   const s = typeof v === 'number' ? (Number.isInteger(v) ? String(v) : null) : typeof v === 'string' && /^-?\d+$/.test(v) ? v : null;
   if (s === null) return null;
   const n = Number(s);
