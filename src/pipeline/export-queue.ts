@@ -627,6 +627,9 @@ export class ExportQueue {
     while (this.length > 0) {
       this.promote(2 * EXPORT_BATCH);
       const batch = this.queue.slice(0, EXPORT_BATCH);
+      // Close markers are lazy: what is still queued is written at the end of this turn, not when
+      // the lazy timer (unref'd: at shutdown nothing else may keep the process up) comes.
+      this.ctx.journal.writeSoon();
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       this.exporting = batch.length;
       // Its episodes are built one a turn of the event loop, as the next batch's are: calls that
