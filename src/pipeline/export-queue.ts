@@ -632,9 +632,6 @@ export class ExportQueue {
       this.ctx.journal.writeSoon();
       await Promise.all(batch.map((q) => q.durable.catch(() => {})));
       this.exporting = batch.length;
-      // Its episodes are built one a turn of the event loop, as the next batch's are: calls that
-      // arrive meanwhile are served between them, not after the whole batch.
-      await this.buildAhead(batch);
       const stall = this.ahead
         ? setTimeout(() => {
             this.stalled = true;
@@ -701,7 +698,6 @@ export class ExportQueue {
   private async buildAhead(next: Queued[]): Promise<void> {
     for (const q of next) {
       if (this.stopping) return;
-      if (q.built !== null || q.quarantined || !q.close || q.encoded) continue;
       this.built(q);
       await new Promise((r) => setImmediate(r));
     }
