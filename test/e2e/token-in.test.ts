@@ -227,8 +227,10 @@ describe('token-in through a real chat template', () => {
   }, 60_000);
 
   it('a completions call left unanswered is a 504 to the agent, not sent again as chat', async () => {
+    // Room for /tokenize and the route probe on a loaded CI machine (at 300 ms a slow /tokenize fell
+    // back to chat, which the assertion below caught as a different route): only the hang times out.
     const quick = await startSidecar(server.url, {
-      receivers: { llm_proxy: { upstream_flavor: 'vllm', upstream_timeout_ms: 300, token_in: { enabled: true } } },
+      receivers: { llm_proxy: { upstream_flavor: 'vllm', upstream_timeout_ms: 2000, token_in: { enabled: true } } },
     });
     try {
       const before = server.requests.length;
