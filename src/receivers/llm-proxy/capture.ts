@@ -91,10 +91,7 @@ export class CallCapture {
     let n = 0;
     for (const p of parts) if (p.length > 0) n++;
     if (n === 0) return;
-    if (n === 1) {
-      for (const p of parts) if (p.length > 0) this.request(p);
-      return;
-    }
+    if (n === 1) return this.request(parts.find((p) => p.length > 0)!);
     this.keepParts('request', n === parts.length ? parts : parts.filter((p) => p.length > 0), this.requestFrames);
   }
 

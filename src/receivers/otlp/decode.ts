@@ -35,7 +35,7 @@ let requestType: protobuf.Type | null = null;
  * The decoded message is read as it is, not through `toObject` (a second copy of every span, and
  * each fixed64 time turned into a decimal string by long.js's division): a field the bytes did
  * not set reads as its default, which normalizes as an absent one does; an AnyValue's kind is the
- * member the bytes set (`hasOwnProperty`); times and int64s are converted from their two 32-bit
+ * member the bytes set (`Object.hasOwn`); times and int64s are converted from their two 32-bit
  * halves.
  */
 export function decodeProtobuf(bytes: Uint8Array): Decoded {
@@ -208,7 +208,7 @@ function attributes(v: unknown, json: boolean): Attributes {
   const out: Attributes = {};
   for (const kv of list(v, 'attributes')) {
     // A decoded message's unset key reads as '' (its default); absent, it is left out, as in JSON.
-    const key = json || Object.prototype.hasOwnProperty.call(kv, 'key') ? kv.key : undefined;
+    const key = json || Object.hasOwn(kv, 'key') ? kv.key : undefined;
     if (typeof key !== 'string') continue;
     out[key] = anyValue(kv.value, json);
   }
@@ -219,7 +219,7 @@ function anyValue(v: unknown, json: boolean): AttributeValue {
   if (v === undefined || v === null) return null;
   const o = message(v, 'AnyValue');
   // A decoded protobuf message has every member (unset ones read as their defaults): the kind is the one the bytes set.
-  const get = json ? (k: string) => field(o, k, true) : (k: string) => (Object.prototype.hasOwnProperty.call(o, k) ? o[k] : undefined);
+  const get = json ? (k: string) => field(o, k, true) : (k: string) => (Object.hasOwn(o, k) ? o[k] : undefined);
   if (get('string_value') !== undefined) return strOf(get('string_value'));
   if (get('bool_value') !== undefined) return get('bool_value') === true;
   if (get('int_value') !== undefined) return int64(get('int_value'));
@@ -237,10 +237,13 @@ function anyValue(v: unknown, json: boolean): AttributeValue {
   return null;
 }
 
+const MIN_SAFE = BigInt(Number.MIN_SAFE_INTEGER);
+const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
+
 /** int64: a number when it is a safe integer, else its decimal string. */
 function int64(v: unknown): number | string | null {
   const big = longOf(v, true);
-  if (big !== null) return big >= BigInt(Number.MIN_SAFE_INTEGER) && big <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(big) : big.toString();
+  if (big !== null) return big >= MIN_SAFE && big <= MAX_SAFE ? Number(big) : big.toString();
   const s = typeof v === 'number' ? (Number.isInteger(v) ? String(v) : null) : typeof v === 'string' && /^-?\d+$/.test(v) ? v : null;
   if (s === null) return null;
   const n = Number(s);
