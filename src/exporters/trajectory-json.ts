@@ -9,12 +9,49 @@ function zeroRun(n: number): Buffer {
   return zeros.subarray(0, 2 * n - 1);
 }
 
+/** Bytes to be written as their base64 text (a routing's values). */
+class Base64Of {
+  constructor(readonly bytes: Buffer) {}
+
+  get length(): number {
+    return 4 * Math.ceil(this.bytes.length / 3);
+  }
+}
+
 /**
  * A trajectory's JSON as pieces: the small fields through JSON.stringify, `token_ids` copied from
  * the last call's journaled bytes (its prompt ids, then its answer's), `loss_mask` and `logprobs`
  * written from the turns. Key order is the contract's (docs/output-contract.md).
  */
 export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord, bulk = true): (string | Buffer)[] {
+  const out: (string | Buffer)[] = [];
+  for (const p of pieces(writer, t, bulk)) {
+    if (!(p instanceof Base64Of)) out.push(p);
+    // A few tens of KiB at a time (32k positions × 48 × 8 are 16 MiB of base64), never one string.
+    else for (let i = 0; i < p.bytes.length; i += BASE64_STEP) out.push(Buffer.from(p.bytes.toString('base64', i, i + BASE64_STEP), 'latin1'));
+  }
+  return out;
+}
+
+/** The trajectory's JSON bytes in one buffer, written into it piece by piece (no buffer per piece). */
+export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): Buffer {
+  const parts = pieces(writer, t, true);
+  let size = 0;
+  for (const p of parts) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
+  const out = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (const p of parts) {
+    if (typeof p === 'string') at += out.write(p, at);
+    else if (p instanceof Base64Of)
+      for (let i = 0; i < p.bytes.length; i += BASE64_STEP) at += out.write(p.bytes.toString('base64', i, i + BASE64_STEP), at, 'latin1');
+    else at += p.copy(out, at);
+  }
+  if (at !== size) throw new Error(`trajectory ${t.trajectory_id}: JSON of ${at} bytes where ${size} were counted`);
+  return out;
+}
+
+/** The pieces both writers take, the routing values still bytes (`Base64Of`). */
+function pieces(writer: TransitionWriter, t: TrajectoryRecord, bulk: boolean): (string | Buffer | Base64Of)[] {
   const {
     last,
     length: _length,
@@ -34,7 +71,7 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
     ended_at,
     ...head
   } = t;
-  const parts: (string | Buffer)[] = [];
+  const parts: (string | Buffer | Base64Of)[] = [];
   const headText = JSON.stringify(head);
   parts.push(headText.slice(0, -1), ',"token_ids":');
   const prompt = writer.idsBytes(last, last.prompt_token_ids);
@@ -68,10 +105,8 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
   // Without `bulk` (the viewer): routing rows and mask ids are left out, their coverage kept.
   if (routing !== null && !bulk) parts.push(`,"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
   if (routing !== null && bulk) {
-    // The values' base64 is written a few MiB at a time (32k positions × 48 × 8 is 16 MiB of it), never held as one string.
-    const bytes = routingBytes(routing);
     parts.push(`,"routed_experts":{"dtype":"${dtypeOf(routing.data)}","shape":[${routing.rows},${routing.layers},${routing.topK}],"data":"`);
-    for (let i = 0; i < bytes.length; i += BASE64_STEP) parts.push(Buffer.from(bytes.subarray(i, i + BASE64_STEP).toString('base64'), 'latin1'));
+    parts.push(new Base64Of(routingBytes(routing)));
     parts.push(`","missing":${JSON.stringify(routing.missing)}},"routing_coverage":${routing.coverage},"routing_complete":${routing.complete}`);
   }
   if (weightVersions !== null) parts.push(',"weight_versions":', JSON.stringify(weightVersions));
@@ -90,11 +125,6 @@ export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecor
   const tail = JSON.stringify({ turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at });
   parts.push(',', tail.slice(1));
   return parts;
-}
-
-/** The trajectory's JSON bytes in one buffer. */
-export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): Buffer {
-  return Buffer.concat(trajectoryJsonParts(writer, t).map((p) => (typeof p === 'string' ? Buffer.from(p) : p)));
 }
 
 /**
@@ -166,8 +196,12 @@ export function routingBytes(r: TrajectoryRouting): Buffer {
   return Buffer.from(r.data.buffer, r.data.byteOffset, r.data.byteLength);
 }
 
-/** Bytes of routing turned into base64 at a time: a multiple of 3, so the pieces join into one base64 text. */
-const BASE64_STEP = 3 << 20;
+/**
+ * Bytes of routing turned into base64 at a time: a multiple of 3, so the pieces join into one
+ * base64 text; 64 KiB of text, small enough for V8's young generation (strings of MiBs go to its
+ * large-object space, freed only by a full collection).
+ */
+const BASE64_STEP = 3 << 14;
 
 /** `[…]` as `[…` (the closing bracket and any white space before it dropped). */
 function trimEnd(array: Buffer): Buffer {

@@ -1,5 +1,5 @@
 import type { RawBody, TokenIds, Transition, TransitionRecord } from '../model/records';
-import { decode, type BodyReader } from '../formats/extract';
+import { decode, isIdentity, type BodyReader } from '../formats/extract';
 import { isJson, readIntArray } from '../formats/json-scan';
 
 /**
@@ -36,10 +36,19 @@ export class TransitionWriter {
   }
 
   private read(offsets: readonly number[]): Buffer {
-    const room = this.arena && this.used < this.arena.length ? this.arena.subarray(this.used) : undefined;
-    const bytes = this.reader(offsets, room);
-    if (room && bytes.buffer === room.buffer && bytes.byteOffset === room.byteOffset) this.used += bytes.length;
+    const bytes = this.reader(offsets, this.room());
+    this.claim(bytes);
     return bytes;
+  }
+
+  /** The arena's free part, if any. */
+  private room(): Buffer | undefined {
+    return this.arena && this.used < this.arena.length ? this.arena.subarray(this.used) : undefined;
+  }
+
+  /** Bytes just read: the arena's, when they were read into its free part. */
+  private claim(bytes: Buffer): void {
+    if (this.arena && bytes.buffer === this.arena.buffer && bytes.byteOffset === this.arena.byteOffset + this.used) this.used += bytes.length;
   }
 
   /**
@@ -122,8 +131,8 @@ export class TransitionWriter {
   ids(t: TransitionRecord, ids: TokenIds | null): number[] | null {
     if (ids === null) return null;
     if (Array.isArray(ids)) return ids;
-    const r = this.response(t);
-    const a = r ? readIntArray(r, ids.start, ids.end) : null;
+    const bytes = this.idsBytes(t, ids);
+    const a = bytes ? readIntArray(bytes, 0, bytes.length) : null;
     return a ? Array.from(a) : null;
   }
 
@@ -131,6 +140,18 @@ export class TransitionWriter {
   idsBytes(t: TransitionRecord, ids: TokenIds | null): Buffer | null {
     if (ids === null) return null;
     if (Array.isArray(ids)) return Buffer.from(JSON.stringify(ids));
+    // Only the array's bytes, when the response is not read already and needs no decoding: a
+    // trajectory needs the ids, not the rest (an answer with MoE routing is mostly routing).
+    const range = this.reader.range;
+    if (range && t.source && this.cachedSource !== t.source && isIdentity(t.source.encoding)) {
+      try {
+        const bytes = range(t.source.response, ids.start, ids.end, this.room());
+        this.claim(bytes);
+        return bytes.length === ids.end - ids.start ? bytes : null;
+      } catch {
+        return null;
+      }
+    }
     const r = this.response(t);
     return r ? r.subarray(ids.start, ids.end) : null;
   }

@@ -7,9 +7,12 @@ import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, to
 
 /**
  * Reads the bytes of journaled body frames, in order; into `scratch` when it is given and big
- * enough (the bytes are then valid only until the scratch buffer is reused).
+ * enough (the bytes are then valid only until the scratch buffer is reused). `range`, where the
+ * reader has it, reads only bytes `[start, end)` of that body.
  */
-export type BodyReader = (offsets: readonly number[], scratch?: Buffer) => Buffer;
+export type BodyReader = ((offsets: readonly number[], scratch?: Buffer) => Buffer) & {
+  range?: (offsets: readonly number[], start: number, end: number, scratch?: Buffer) => Buffer;
+};
 
 /** A call with its facts extracted; bodies stay in the journal (`RawBody`) where they can. */
 export interface CallFacts extends CallRecord {
@@ -313,11 +316,17 @@ export function resolveIds(ids: TokenIds | null, response: Buffer | null): Array
   return readIntArray(response, ids.start, ids.end);
 }
 
+/** A body that is its bytes as sent: no content-encoding. */
+export function isIdentity(encoding: string | null | undefined): boolean {
+  const enc = (encoding ?? 'identity').trim().toLowerCase();
+  return enc === 'identity' || enc === '';
+}
+
 /** Undoes a response `content-encoding` (the agent got the encoded bytes; the journal keeps them). */
 export function decode(bytes: Buffer, encoding: string | null | undefined): Buffer | null {
-  const enc = (encoding ?? 'identity').trim().toLowerCase();
+  if (isIdentity(encoding)) return bytes;
+  const enc = (encoding ?? '').trim().toLowerCase();
   try {
-    if (enc === 'identity' || enc === '') return bytes;
     if (enc === 'gzip' || enc === 'x-gzip') return gunzipSync(bytes, { maxOutputLength: MAX_DECODED });
     if (enc === 'deflate') return inflateSync(bytes, { maxOutputLength: MAX_DECODED });
     if (enc === 'br') return brotliDecompressSync(bytes, { maxOutputLength: MAX_DECODED });

@@ -295,8 +295,12 @@ function arrayOf(dtype: RoutingDtype, length: number): RoutingArray {
   }
 }
 
-/** Base64 characters decoded at a time (a multiple of 4): no string of the whole value is made. */
-const BASE64_CHUNK = 4 << 20;
+/**
+ * Base64 characters decoded at a time (a multiple of 4): no string of the whole value is made, and
+ * each is small enough for V8's young generation (strings of MiBs go to its large-object space,
+ * freed only by a full collection).
+ */
+const BASE64_CHUNK = 64 << 10;
 
 /**
  * The bytes a JSON string of base64 at `[start, end)` of `json` (quotes included) stands for,

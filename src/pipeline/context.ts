@@ -1,6 +1,7 @@
 import { appendFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 import type { Config } from '../config/schema';
+import type { BodyReader } from '../formats/extract';
 import { Journal } from '../journal/journal';
 import { EpisodeAssembler } from '../processors/episodes/assembler';
 import { LimitedWarnings, type Logger } from '../telemetry/logger';
@@ -59,7 +60,9 @@ export function createContext(config: PipelineConfig, deps: ContextDeps): Contex
     log.child('journal'),
   );
   m.journalHighWatermark.set(Math.floor(j.max_bytes * j.high_watermark));
-  const read = (offsets: readonly number[], scratch?: Buffer) => journal.readBodies(offsets, scratch);
+  const read: BodyReader = Object.assign((offsets: readonly number[], scratch?: Buffer) => journal.readBodies(offsets, scratch), {
+    range: (offsets: readonly number[], start: number, end: number, scratch?: Buffer) => journal.readBodyRange(offsets, start, end, scratch),
+  });
   const assembler = new EpisodeAssembler({
     episodes: config.processors.episodes,
     credit: config.processors.credit,

@@ -217,7 +217,8 @@ describe('journal body frames', () => {
     const mine: number[] = [];
     const expected: Buffer[] = [];
     for (let i = 0; i < 60; i++) {
-      const chunk = Buffer.from(`data: {"i":${i}}\n\n`);
+      // One frame bigger than those kept in memory: read from the file at the range's position.
+      const chunk = i === 30 ? Buffer.alloc(100_000, 'z') : Buffer.from(`data: {"i":${i}}\n\n`);
       expected.push(chunk);
       mine.push(j.appendBody(a, 'response', chunk));
       // Another call's frames in between: small ones, and now and then one bigger than a run's gap.
@@ -228,6 +229,20 @@ describe('journal body frames', () => {
     expect(j.readBodies(mine).toString()).toBe(Buffer.concat(expected).toString());
     expect(j.readBodies(mine, Buffer.alloc(4096)).toString()).toBe(Buffer.concat(expected).toString());
     expect(j.readBodies([mine[3], mine[40]]).toString()).toBe(expected[3].toString() + expected[40].toString());
+    // Ranges: in one frame, across small frames, into, across and out of the big one, to the end.
+    const whole = Buffer.concat(expected);
+    const big = expected.slice(0, 30).reduce((n, c) => n + c.length, 0);
+    for (const [a, b] of [
+      [3, 9],
+      [5, 400],
+      [big - 7, big + 5],
+      [big + 10, big + 20],
+      [big + 99_990, big + 100_030],
+      [big - 100, whole.length + 50],
+    ]) {
+      expect(j.readBodyRange(mine, a, b).toString()).toBe(whole.subarray(a, b).toString());
+      expect(j.readBodyRange(mine, a, b, Buffer.alloc(200_000)).toString()).toBe(whole.subarray(a, b).toString());
+    }
     await j.close();
   });
 

@@ -79,14 +79,39 @@ describe('bodies that repeat the previous call of their rollout', () => {
       sent.push([w.frames, body]);
       messages.push({ role: 'assistant', content: text(random, 300) });
     }
+    /**
+     * A range of a body reads as those bytes of it, from memory and (after a restart) from the
+     * files, wherever it starts and ends: in a frame, on a frame's edge, past the body's end.
+     */
+    const checkRanges = (journal: Journal): void => {
+      for (const [frames, body] of sent) {
+        const ranges: [number, number][] = [
+          [0, body.length],
+          [0, 0],
+          [body.length - 1, body.length + 10],
+          [body.length, body.length + 1],
+        ];
+        for (let k = 0; k < 12; k++) {
+          const a = Math.floor(random() * body.length);
+          ranges.push([a, a + Math.floor(random() * (body.length - a + 1))]);
+        }
+        for (const [a, b] of ranges) {
+          const got = journal.readBodyRange(frames, a, b);
+          if (!got.equals(body.subarray(a, b))) throw new Error(`range [${a}, ${b}) of a ${body.length}-byte body: ${got.length} bytes, not its own`);
+          expect(journal.readBodyRange(frames, a, b, Buffer.alloc(body.length)).equals(got)).toBe(true);
+        }
+      }
+    };
     j.flushNow();
     for (const [frames, body] of sent) expect(j.readBodies(frames).equals(body)).toBe(true);
+    checkRanges(j);
     // Each request repeats the one before, so the journal holds a small part of what was sent.
     expect(journalBytes(dir)).toBeLessThan(total * 0.4);
     await j.close();
     // After a restart the reference frames are read from the segment files.
     const again = await open(dir);
     for (const [frames, body] of sent) expect(again.readBodies(frames).equals(body)).toBe(true);
+    checkRanges(again);
     await again.close();
   });
 

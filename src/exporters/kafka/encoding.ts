@@ -3,17 +3,18 @@ import protobuf from 'protobufjs';
 import type { PromptIdsDelta } from '../../model/prompt-delta';
 import type {
   EpisodeSummary,
-  RoutedExpertsJson,
   RoutingDtype,
   SamplingParams,
   Trajectory,
   TrajectoryRecord,
+  TrajectoryRouting,
   Transition,
   TransitionRecord,
   WeightVersionSpan,
 } from '../../model/records';
+import { dtypeOf } from '../../formats/routed-experts';
 import { TransitionWriter } from '../transition-json';
-import { materializeTrajectory, trajectoryJson } from '../trajectory-json';
+import { materializeTrajectory, routingBytes, trajectoryJson } from '../trajectory-json';
 
 export type Encoding = 'json' | 'protobuf';
 
@@ -157,12 +158,13 @@ export function decodeEpisode(bytes: Buffer, encoding: Encoding): EpisodeSummary
  */
 export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer: TransitionWriter): Buffer {
   if (encoding === 'json') return trajectoryJson(writer, t);
-  const x = materializeTrajectory(writer, t);
+  // The routing's bytes go in as they are, not through base64 and back.
+  const x = materializeTrajectory(writer, t, false);
   const msg = {
     ...dropNulls(x),
     logprobs: x.logprobs ?? [],
     has_logprobs: x.logprobs !== null,
-    routed_experts: x.routed_experts === undefined ? undefined : routedExpertsMessage(x.routed_experts),
+    ...(t.routing === null ? {} : routedExpertsMessage(t.routing)),
     weight_versions: x.weight_versions ?? [],
     has_weight_versions: x.weight_versions !== undefined,
     sampling_mask: x.sampling_mask === undefined ? undefined : { ...x.sampling_mask, missing: x.sampling_mask.missing.map(([start, end]) => ({ start, end })) },
@@ -248,9 +250,20 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
 }
 
 /** `routed_experts` as its message: the shape as three sizes, the base64 values as raw bytes, `missing` as ranges. */
-function routedExpertsMessage(r: RoutedExpertsJson): Record<string, unknown> {
-  const [rows, layers, top_k] = r.shape;
-  return { dtype: r.dtype, rows, layers, top_k, data: Buffer.from(r.data, 'base64'), missing: r.missing.map(([start, end]) => ({ start, end })) };
+/** A trajectory's three routing fields as the message's. */
+function routedExpertsMessage(r: TrajectoryRouting): Record<string, unknown> {
+  return {
+    routed_experts: {
+      dtype: dtypeOf(r.data),
+      rows: r.rows,
+      layers: r.layers,
+      top_k: r.topK,
+      data: routingBytes(r),
+      missing: r.missing.map(([start, end]) => ({ start, end })),
+    },
+    routing_coverage: r.coverage,
+    routing_complete: r.complete,
+  };
 }
 
 /** The three routing fields of a decoded trajectory message in their JSON shape; none when it has no routing. */

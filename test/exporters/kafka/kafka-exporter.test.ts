@@ -5,7 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { decodeEpisode, decodeTrajectory, decodeTransition, encodeEpisode, encodeTrajectory, encodeTransition } from '../../../src/exporters/kafka/encoding';
 import { TransitionWriter } from '../../../src/exporters/transition-json';
-import { materializeTrajectory } from '../../../src/exporters/trajectory-json';
+import { materializeTrajectory, trajectoryJsonParts } from '../../../src/exporters/trajectory-json';
 import { createKafkaExporter, ExportError } from '../../../src/exporters/kafka/kafka-exporter';
 import { classify } from '../../../src/exporters/kafka/kafkajs-producer';
 import type { OutMessage, Producer, SendResult } from '../../../src/exporters/kafka/producer';
@@ -461,6 +461,21 @@ describe('trajectory routing (routed experts) in JSON and protobuf', () => {
     expect(bytes.includes(Buffer.from(Buffer.from(data).toString('base64')))).toBe(false);
     const back = decodeTrajectory(bytes, 'protobuf');
     expect([back.routed_experts!.missing, back.routing_coverage, back.routing_complete]).toEqual([[], 0.5, true]);
+  });
+
+  it('writes routing of many base64 pieces (half a MiB, not a multiple of 3 bytes) as the same values in every writer', () => {
+    const data = new Int32Array(307 * 61 * 7);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 2654435761) % 70001;
+    const bytes = Buffer.from(data.buffer);
+    expect(bytes.length % 3).not.toBe(0);
+    const t = routed({ rows: 307, layers: 61, topK: 7, data, missing: [], coverage: 1, complete: true, problems: [] });
+    const json = encodeTrajectory(t, 'json', writer);
+    // The file writer's pieces are the same bytes as the one buffer Kafka's JSON is written into.
+    expect(Buffer.concat(trajectoryJsonParts(writer, t).map((p) => (typeof p === 'string' ? Buffer.from(p) : p))).equals(json)).toBe(true);
+    const fromJson = decodeTrajectory(json, 'json');
+    expect(Buffer.from(fromJson.routed_experts!.data, 'base64').equals(bytes)).toBe(true);
+    expect(fromJson.routed_experts!.shape).toEqual([307, 61, 7]);
+    expect(decodeTrajectory(encodeTrajectory(t, 'protobuf', writer), 'protobuf')).toEqual(fromJson);
   });
 
   it('keeps an empty routing (no layers: none of it could be read) as it is, rows and all', () => {
