@@ -264,7 +264,7 @@ export function errorMessage(line: string): string | null {
 }
 
 /** The sidecar from dist/, its output passed through as it comes and its error lines kept. */
-function startSidecar(env: NodeJS.ProcessEnv): { exited: () => boolean; stop: () => Promise<SidecarRun> } {
+function startSidecar(env: NodeJS.ProcessEnv): { exited: () => boolean; errored: () => boolean; stop: () => Promise<SidecarRun> } {
   const child: ChildProcess = spawn(process.execPath, [path.join(ROOT, 'dist/main.js'), 'run'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   const run: SidecarRun = { stopped: false, killed: false, code: null, signal: null, errors: [] };
   for (const [from, to] of [
@@ -288,6 +288,7 @@ function startSidecar(env: NodeJS.ProcessEnv): { exited: () => boolean; stop: ()
   );
   return {
     exited: () => closed,
+    errored: () => run.errors.length > 0,
     async stop() {
       if (!closed) {
         run.stopped = true;
@@ -416,8 +417,10 @@ async function main(argv: string[]): Promise<void> {
       if (res.status !== 202) throw new Error(`demo: reward was not accepted (${res.status})`);
     }
 
-    if (broker) await readGroupFromKafka(broker, python!, dataDir, group, model.responses);
-    else await showFiles(dataDir, group, before, python);
+    // Waiting on is pointless once the sidecar logged an error (the demo fails on it anyway).
+    const stopWaiting = sidecar.errored;
+    if (broker) await readGroupFromKafka(broker, python!, dataDir, group, model.responses, stopWaiting);
+    else await showFiles(dataDir, group, before, python, stopWaiting);
     printOwnSetup(kafka);
   } catch (err) {
     failure = err instanceof Error ? err.message : String(err);
@@ -434,8 +437,9 @@ async function main(argv: string[]): Promise<void> {
 }
 
 /** The file exporter's output for this group, and the Python client's group read from those files. */
-async function showFiles(dataDir: string, group: string, before: Set<string>, python: string | null): Promise<void> {
+async function showFiles(dataDir: string, group: string, before: Set<string>, python: string | null, stopWaiting: () => boolean): Promise<void> {
   const episodes = await waitFor('3 closed episodes', () => {
+    if (stopWaiting()) throw new Error('demo: the sidecar logged an error while the demo waited for 3 closed episodes');
     const eps = readNdjson<EpisodeSummary>(path.join(dataDir, 'episodes')).filter((e) => e.group_id === group);
     return eps.length >= 3 ? eps : null;
   });
@@ -525,10 +529,18 @@ async function showFiles(dataDir: string, group: string, before: Set<string>, py
  * The Python client reads the group from the test broker (gone when the demo ends, so its command
  * is not printed); its rows' ids are checked against the model server's answers.
  */
-async function readGroupFromKafka(broker: KafkaTestBroker, python: string, dataDir: string, group: string, answers: Buffer[]): Promise<void> {
-  await waitFor('3 episodes in Kafka', () =>
-    broker.records('lightning.episodes').filter((r) => r.value?.toString().includes(group)).length >= 3 ? true : null,
-  );
+async function readGroupFromKafka(
+  broker: KafkaTestBroker,
+  python: string,
+  dataDir: string,
+  group: string,
+  answers: Buffer[],
+  stopWaiting: () => boolean,
+): Promise<void> {
+  await waitFor('3 episodes in Kafka', () => {
+    if (stopWaiting()) throw new Error('demo: the sidecar logged an error while the demo waited for 3 episodes in Kafka');
+    return broker.records('lightning.episodes').filter((r) => r.value?.toString().includes(group)).length >= 3 ? true : null;
+  });
   const out = path.join(dataDir, 'groups.jsonl');
   const r = await sh(
     pythonClient(python, ['groups', '--brokers', broker.brokers.join(','), '--group-size', '3', '--out', shown(out), '--max-groups', '1']),
