@@ -1,6 +1,6 @@
 import { dtypeOf } from '../formats/routed-experts';
 import type { RoutedExpertsJson, Trajectory, TrajectoryImages, TrajectoryRecord, TrajectoryRouting, TrajectorySamplingMask } from '../model/records';
-import type { TransitionWriter } from './transition-json';
+import { joinPieces, type JsonPiece, type TransitionWriter } from './transition-json';
 
 /** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
 let zeros = Buffer.alloc(0);
@@ -9,12 +9,25 @@ function zeroRun(n: number): Buffer {
   return zeros.subarray(0, 2 * n - 1);
 }
 
-/** Bytes to be written as their base64 text (a routing's values). */
-class Base64Of {
-  constructor(readonly bytes: Buffer) {}
+/** Bytes to be written as their base64 text (a routing's values), a few tens of KiB at a time, never one string. */
+class Base64Of implements JsonPiece {
+  constructor(private readonly bytes: Buffer) {}
 
   get length(): number {
     return 4 * Math.ceil(this.bytes.length / 3);
+  }
+
+  copy(out: Buffer, at: number): number {
+    let written = 0;
+    for (let i = 0; i < this.bytes.length; i += BASE64_STEP) written += out.write(this.bytes.toString('base64', i, i + BASE64_STEP), at + written, 'latin1');
+    return written;
+  }
+
+  /** The text as buffers of its own (32k positions × 48 × 8 are 16 MiB of base64). */
+  buffers(): Buffer[] {
+    const out: Buffer[] = [];
+    for (let i = 0; i < this.bytes.length; i += BASE64_STEP) out.push(Buffer.from(this.bytes.toString('base64', i, i + BASE64_STEP), 'latin1'));
+    return out;
   }
 }
 
@@ -24,30 +37,12 @@ class Base64Of {
  * written from the turns. Key order is the contract's (docs/output-contract.md).
  */
 export function trajectoryJsonParts(writer: TransitionWriter, t: TrajectoryRecord, bulk = true): (string | Buffer)[] {
-  const out: (string | Buffer)[] = [];
-  for (const p of pieces(writer, t, bulk)) {
-    if (!(p instanceof Base64Of)) out.push(p);
-    // A few tens of KiB at a time (32k positions × 48 × 8 are 16 MiB of base64), never one string.
-    else for (let i = 0; i < p.bytes.length; i += BASE64_STEP) out.push(Buffer.from(p.bytes.toString('base64', i, i + BASE64_STEP), 'latin1'));
-  }
-  return out;
+  return pieces(writer, t, bulk).flatMap((p) => (p instanceof Base64Of ? p.buffers() : [p]));
 }
 
 /** The trajectory's JSON bytes in one buffer, written into it piece by piece (no buffer per piece). */
 export function trajectoryJson(writer: TransitionWriter, t: TrajectoryRecord): Buffer {
-  const parts = pieces(writer, t, true);
-  let size = 0;
-  for (const p of parts) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
-  const out = Buffer.allocUnsafe(size);
-  let at = 0;
-  for (const p of parts) {
-    if (typeof p === 'string') at += out.write(p, at);
-    else if (p instanceof Base64Of)
-      for (let i = 0; i < p.bytes.length; i += BASE64_STEP) at += out.write(p.bytes.toString('base64', i, i + BASE64_STEP), at, 'latin1');
-    else at += p.copy(out, at);
-  }
-  if (at !== size) throw new Error(`trajectory ${t.trajectory_id}: JSON of ${at} bytes where ${size} were counted`);
-  return out;
+  return joinPieces(pieces(writer, t, true));
 }
 
 /** The pieces both writers take, the routing values still bytes (`Base64Of`). */

@@ -58,19 +58,7 @@ export class TransitionWriter {
    * buffer per piece.
    */
   json(t: TransitionRecord, extra?: Record<string, unknown>, tail?: readonly Buffer[]): Buffer {
-    const pieces = this.pieces(t, extra, tail);
-    let size = 0;
-    for (const p of pieces) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
-    const out = Buffer.allocUnsafe(size);
-    let at = 0;
-    for (const p of pieces) {
-      if (typeof p === 'string') at += out.write(p, at);
-      else {
-        out.set(p, at);
-        at += p.length;
-      }
-    }
-    return out;
+    return joinPieces(this.pieces(t, extra, tail));
   }
 
   /** The same bytes as pieces, for writers that take a list of buffers (no copy into one). */
@@ -210,6 +198,24 @@ export class TransitionWriter {
     }
     return this.cachedResponse;
   }
+}
+
+/** Bytes a piece of JSON is copied from: a Buffer, or what writes its bytes as it is copied. */
+export interface JsonPiece {
+  readonly length: number;
+  /** Writes the piece's `length` bytes into `out` at `at`; returns how many it wrote. */
+  copy(out: Buffer, at: number): number;
+}
+
+/** JSON pieces (text, or bytes as they are) in one buffer: sized first, then written into it. */
+export function joinPieces(pieces: readonly (string | JsonPiece)[]): Buffer {
+  let size = 0;
+  for (const p of pieces) size += typeof p === 'string' ? Buffer.byteLength(p) : p.length;
+  const out = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (const p of pieces) at += typeof p === 'string' ? out.write(p, at) : p.copy(out, at);
+  if (at !== size) throw new Error(`JSON of ${at} bytes where ${size} were counted`);
+  return out;
 }
 
 /** `"key":` for the transition's keys, made once each. */

@@ -249,8 +249,10 @@ export function decodeTrajectory(bytes: Buffer, encoding: Encoding): Trajectory 
   } as Trajectory;
 }
 
-/** `routed_experts` as its message: the shape as three sizes, the base64 values as raw bytes, `missing` as ranges. */
-/** A trajectory's three routing fields as the message's. */
+/**
+ * A trajectory's three routing fields as the message's: `routed_experts` with the shape as three
+ * sizes, the values as their raw bytes, `missing` as ranges.
+ */
 function routedExpertsMessage(r: TrajectoryRouting): Record<string, unknown> {
   return {
     routed_experts: {
