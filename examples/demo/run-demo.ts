@@ -180,9 +180,11 @@ async function pickPort(preferred: number): Promise<number> {
   });
 }
 
-async function waitFor<T>(what: string, fn: () => T | null | Promise<T | null>, timeoutMs = 15_000): Promise<T> {
+/** `fn`'s first value that is not null; stops at once when `stopWaiting` says the sidecar logged an error. */
+async function waitFor<T>(what: string, fn: () => T | null | Promise<T | null>, stopWaiting?: () => boolean, timeoutMs = 15_000): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
+    if (stopWaiting?.()) throw new Error(`demo: the sidecar logged an error while the demo waited for ${what}`);
     const v = await fn();
     if (v !== null) return v;
     if (Date.now() > until) throw new Error(`demo: timed out waiting for ${what}`);
@@ -438,11 +440,14 @@ async function main(argv: string[]): Promise<void> {
 
 /** The file exporter's output for this group, and the Python client's group read from those files. */
 async function showFiles(dataDir: string, group: string, before: Set<string>, python: string | null, stopWaiting: () => boolean): Promise<void> {
-  const episodes = await waitFor('3 closed episodes', () => {
-    if (stopWaiting()) throw new Error('demo: the sidecar logged an error while the demo waited for 3 closed episodes');
-    const eps = readNdjson<EpisodeSummary>(path.join(dataDir, 'episodes')).filter((e) => e.group_id === group);
-    return eps.length >= 3 ? eps : null;
-  });
+  const episodes = await waitFor(
+    '3 closed episodes',
+    () => {
+      const eps = readNdjson<EpisodeSummary>(path.join(dataDir, 'episodes')).filter((e) => e.group_id === group);
+      return eps.length >= 3 ? eps : null;
+    },
+    stopWaiting,
+  );
   const trajectories = readNdjson<Trajectory>(path.join(dataDir, 'trajectories')).filter((t) => !before.has(t.trajectory_id) && t.group_id === group);
   const short = (id: string) => id.replace(`${group}-`, '…-');
   console.log(`\n${trajectories.length} trajectories in ${episodes.length} episodes, one row per call:\n`);
@@ -537,10 +542,11 @@ async function readGroupFromKafka(
   answers: Buffer[],
   stopWaiting: () => boolean,
 ): Promise<void> {
-  await waitFor('3 episodes in Kafka', () => {
-    if (stopWaiting()) throw new Error('demo: the sidecar logged an error while the demo waited for 3 episodes in Kafka');
-    return broker.records('lightning.episodes').filter((r) => r.value?.toString().includes(group)).length >= 3 ? true : null;
-  });
+  await waitFor(
+    '3 episodes in Kafka',
+    () => (broker.records('lightning.episodes').filter((r) => r.value?.toString().includes(group)).length >= 3 ? true : null),
+    stopWaiting,
+  );
   const out = path.join(dataDir, 'groups.jsonl');
   const r = await sh(
     pythonClient(python, ['groups', '--brokers', broker.brokers.join(','), '--group-size', '3', '--out', shown(out), '--max-groups', '1']),
