@@ -1,6 +1,7 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import type { Attributes, AttributeValue, Span, SpanEvent, SpanLink } from '../../model/span';
+import { decodeTraceRequest, WireError } from './trace-wire';
 
 let root: protobuf.Root | null = null;
 
@@ -28,25 +29,18 @@ export interface Decoded {
   rejectReason: string | null;
 }
 
-let requestType: protobuf.Type | null = null;
-
 /**
- * Decodes a protobuf ExportTraceServiceRequest. Throws DecodeError for bytes that are not one.
- * The decoded message is read as it is, not through `toObject` (a second copy of every span, and
- * each fixed64 time turned into a decimal string by long.js's division): a field the bytes did
- * not set reads as its default, which normalizes as an absent one does; an AnyValue's kind is the
- * member the bytes set (`Object.hasOwn`); times and int64s are converted from their two 32-bit
- * halves.
+ * Decodes a protobuf ExportTraceServiceRequest straight from its bytes (`trace-wire.ts`). Throws
+ * DecodeError for bytes that are not one.
  */
 export function decodeProtobuf(bytes: Uint8Array): Decoded {
-  let obj: Record<string, unknown>;
   try {
-    requestType ??= type('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
-    obj = requestType.decode(bytes);
+    return decodeTraceRequest(bytes);
   } catch (err) {
-    throw new DecodeError(`not an ExportTraceServiceRequest: ${(err as Error).message}`);
+    if (err instanceof WireError) throw new DecodeError(`not an ExportTraceServiceRequest: ${err.message}`);
+    if (err instanceof RangeError) throw new DecodeError('request nested too deeply');
+    throw err;
   }
-  return guarded(obj, false);
 }
 
 /** Decodes OTLP/JSON: lowerCamelCase keys, hex ids, integer enums, int64 as string or number; unknown fields ignored. */
@@ -99,8 +93,9 @@ function message(v: unknown, where: string): Obj {
 }
 
 /**
- * Runs the normalization (of a decoded protobuf message, a `toObject` of one, or OTLP/JSON); nesting
- * deep enough to exhaust the stack is an undecodable request too.
+ * Runs the normalization of OTLP/JSON, or of protobufjs' `toObject` copy of a decoded request
+ * (`json` false: snake_case keys, bytes as bytes; the reference the wire decoder is tested
+ * against). Nesting deep enough to exhaust the stack is an undecodable request too.
  */
 export function guarded(req: Obj, json: boolean): Decoded {
   try {
@@ -177,23 +172,11 @@ function intOf(v: unknown): number {
   return Number.isInteger(n) ? n : 0;
 }
 
-/** fixed64 nanoseconds as a decimal string (JSON may send a number or a string; protobuf gives a Long). */
+/** fixed64 nanoseconds as a decimal string (JSON may send a number or a string). */
 function nanos(v: unknown): string {
   if (typeof v === 'string' && /^\d+$/.test(v)) return v.replace(/^0+(?=\d)/, '');
   if (typeof v === 'number' && Number.isFinite(v) && v >= 0) return BigInt(Math.trunc(v)).toString();
-  const big = longOf(v, false);
-  return big === null ? '0' : big.toString();
-}
-
-/** A 64-bit integer decoded as a Long (`{ low, high }`, two 32-bit halves), as a bigint; null for anything else. */
-function longOf(v: unknown, signed: boolean): bigint | null {
-  if (typeof v !== 'object' || v === null) return null;
-  const { low, high } = v as { low?: unknown; high?: unknown };
-  if (typeof low !== 'number' || typeof high !== 'number') return null;
-  // Below 2^53 the halves add up exactly as numbers (most times and counts are far below it).
-  if (high >= 0 && high < 0x200000) return BigInt(high * 0x100000000 + (low >>> 0));
-  const u = (BigInt(high >>> 0) << 32n) | BigInt(low >>> 0);
-  return signed ? BigInt.asIntN(64, u) : u;
+  return '0';
 }
 
 /** Ids: raw bytes in protobuf, case-insensitive hex in OTLP/JSON. Returned lower-case hex; null when malformed. */
@@ -207,8 +190,7 @@ function id(v: unknown, json: boolean): string | null {
 function attributes(v: unknown, json: boolean): Attributes {
   const out: Attributes = {};
   for (const kv of list(v, 'attributes')) {
-    // A decoded message's unset key reads as '' (its default); absent, it is left out, as in JSON.
-    const key = json || Object.hasOwn(kv, 'key') ? kv.key : undefined;
+    const key = kv.key;
     if (typeof key !== 'string') continue;
     out[key] = anyValue(kv.value, json);
   }
@@ -218,8 +200,7 @@ function attributes(v: unknown, json: boolean): Attributes {
 function anyValue(v: unknown, json: boolean): AttributeValue {
   if (v === undefined || v === null) return null;
   const o = message(v, 'AnyValue');
-  // A decoded protobuf message has every member (unset ones read as their defaults): the kind is the one the bytes set.
-  const get = json ? (k: string) => field(o, k, true) : (k: string) => (Object.hasOwn(o, k) ? o[k] : undefined);
+  const get = (k: string) => field(o, k, json);
   if (get('string_value') !== undefined) return strOf(get('string_value'));
   if (get('bool_value') !== undefined) return get('bool_value') === true;
   if (get('int_value') !== undefined) return int64(get('int_value'));
@@ -237,13 +218,8 @@ function anyValue(v: unknown, json: boolean): AttributeValue {
   return null;
 }
 
-const MIN_SAFE = BigInt(Number.MIN_SAFE_INTEGER);
-const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
-
 /** int64: a number when it is a safe integer, else its decimal string. */
 function int64(v: unknown): number | string | null {
-  const big = longOf(v, true);
-  if (big !== null) return big >= MIN_SAFE && big <= MAX_SAFE ? Number(big) : big.toString();
   const s = typeof v === 'number' ? (Number.isInteger(v) ? String(v) : null) : typeof v === 'string' && /^-?\d+$/.test(v) ? v : null;
   if (s === null) return null;
   const n = Number(s);

@@ -2,10 +2,10 @@ import fc from 'fast-check';
 import { decodeProtobuf, guarded, otlpRoot } from '../../../src/receivers/otlp/decode';
 
 /*
- * decodeProtobuf reads the decoded message as it is. It replaced reading a `toObject` copy of it
- * (longs as decimal strings, no defaults), kept here as the reference: both must normalize any
- * request to the same spans (unset fields, every AnyValue kind and nesting, int64s of any sign and
- * size, fixed64 times up to 2^64 - 1, empty and missing ids).
+ * decodeProtobuf reads the request's bytes itself (trace-wire.ts). protobufjs' own decoding, read
+ * through its `toObject` copy (longs as decimal strings, no defaults), is kept here as the
+ * reference: both must normalize any request to the same spans (unset fields, every AnyValue kind
+ * and nesting, int64s of any sign and size, fixed64 times up to 2^64 - 1, empty and missing ids).
  */
 const Req = otlpRoot().lookupType('opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest');
 
@@ -72,7 +72,7 @@ const request = fc.record({
   ),
 });
 
-describe('decodeProtobuf reads the decoded message as its toObject copy read', () => {
+describe('decodeProtobuf reads a request as protobufjs decodes it', () => {
   it('the same spans, rejections and reasons for any request', () => {
     fc.assert(
       fc.property(request, (r) => {
