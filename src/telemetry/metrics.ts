@@ -1,4 +1,5 @@
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Gauge, Registry, collectDefaultMetrics } from 'prom-client';
+import { FastCounter, FastHistogram } from './fast-metrics';
 import type { Api } from '../model/records';
 
 /**
@@ -43,52 +44,52 @@ export type Metrics = ReturnType<typeof createMetrics>;
 /** Proxied calls: requests, latency, streaming, tokens, and captures not kept. */
 function proxyMetrics(registry: Registry, seconds: number[], fine: number[]) {
   return {
-    proxyRequests: new Counter({
+    proxyRequests: new FastCounter({
       name: 'lightning_sidecar_proxy_requests_total',
       help: 'Proxied requests by recorded api (or "other") and response status class.',
       labelNames: ['api', 'status_class'] as const,
       registers: [registry],
     }),
-    proxyDuration: new Histogram({
+    proxyDuration: new FastHistogram({
       name: 'lightning_sidecar_proxy_request_duration_seconds',
       help: 'Whole proxied request time, from request arrival to response end, in seconds.',
       labelNames: ['api', 'streamed'] as const,
       buckets: seconds,
       registers: [registry],
     }),
-    upstreamTtfb: new Histogram({
+    upstreamTtfb: new FastHistogram({
       name: 'lightning_sidecar_upstream_ttfb_seconds',
       help: 'Upstream time to first response byte, from dispatch, in seconds.',
       labelNames: ['api'] as const,
       buckets: seconds,
       registers: [registry],
     }),
-    proxyAdded: new Histogram({
+    proxyAdded: new FastHistogram({
       name: 'lightning_sidecar_proxy_added_latency_seconds',
       help: "The proxy's own time before the agent got the response head: total time to head minus upstream time to head, in seconds.",
       labelNames: ['api'] as const,
       buckets: fine,
       registers: [registry],
     }),
-    streamedChunks: new Counter({
+    streamedChunks: new FastCounter({
       name: 'lightning_sidecar_streamed_chunks_total',
       help: 'Response body chunks forwarded on streamed (SSE) calls.',
       labelNames: ['api'] as const,
       registers: [registry],
     }),
-    tokens: new Counter({
+    tokens: new FastCounter({
       name: 'lightning_sidecar_tokens_total',
       help: 'Tokens seen on recorded calls, by kind (prompt, response).',
       labelNames: ['kind'] as const,
       registers: [registry],
     }),
-    missingTokenIds: new Counter({
+    missingTokenIds: new FastCounter({
       name: 'lightning_sidecar_calls_missing_token_ids_total',
       help: 'Recorded calls whose response carried no token ids (the server was not asked or cannot return them).',
       labelNames: ['api'] as const,
       registers: [registry],
     }),
-    captureDrops: new Counter({
+    captureDrops: new FastCounter({
       name: 'lightning_sidecar_capture_drops_total',
       help: 'Captures not kept or kept incomplete, by reason.',
       labelNames: ['reason'] as const,
@@ -100,25 +101,25 @@ function proxyMetrics(registry: Registry, seconds: number[], fine: number[]) {
 /** OTLP spans: intake, classification, tool calls and their AIR rewards. */
 function spanMetrics(registry: Registry) {
   return {
-    otlpSpans: new Counter({
+    otlpSpans: new FastCounter({
       name: 'lightning_sidecar_otlp_spans_total',
       help: 'OTLP spans received, by transport (grpc, http), outcome (accepted, refused, rejected) and reason.',
       labelNames: ['transport', 'outcome', 'reason'] as const,
       registers: [registry],
     }),
-    spansClassified: new Counter({
+    spansClassified: new FastCounter({
       name: 'lightning_sidecar_spans_classified_total',
       help: 'Accepted spans by kind (tool, reward, other) and what became of them (recorded, rejected as late or for no known rollout, unattributed, dropped).',
       labelNames: ['kind', 'result'] as const,
       registers: [registry],
     }),
-    toolSpans: new Counter({
+    toolSpans: new FastCounter({
       name: 'lightning_sidecar_tool_spans_total',
       help: 'Tool calls on closed episodes by outcome (ok, error, missing, unobserved).',
       labelNames: ['outcome'] as const,
       registers: [registry],
     }),
-    airRewards: new Histogram({
+    airRewards: new FastHistogram({
       name: 'lightning_sidecar_air_reward',
       help: 'Intermediate (AIR) rewards given to tool calls.',
       buckets: [-1, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1],
@@ -135,13 +136,13 @@ function spanMetrics(registry: Registry) {
 /** Delivery of exported records: oversize records and the lag to acknowledgement. */
 function deliveryMetrics(registry: Registry) {
   return {
-    exportOversize: new Counter({
+    exportOversize: new FastCounter({
       name: 'lightning_sidecar_export_oversize_total',
       help: 'Records above the Kafka message size, by what was done (chunked: sent in chunks; dead_letter: over max_record_bytes or refused by the broker).',
       labelNames: ['action'] as const,
       registers: [registry],
     }),
-    exportLag: new Histogram({
+    exportLag: new FastHistogram({
       name: 'lightning_sidecar_export_lag_seconds',
       help: 'Seconds from the end of a captured call to the exporter acknowledging its transition.',
       buckets: [0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600],
@@ -165,19 +166,19 @@ function upstreamMetrics(registry: Registry) {
       labelNames: ['flavor', 'source', 'adding_fields'] as const,
       registers: [registry],
     }),
-    injectionRefused: new Counter({
+    injectionRefused: new FastCounter({
       name: 'lightning_sidecar_injection_refused_total',
       help: 'Calls the model server refused because of a field the sidecar added (each is sent again without it).',
       labelNames: ['field'] as const,
       registers: [registry],
     }),
-    translatedCalls: new Counter({
+    translatedCalls: new FastCounter({
       name: 'lightning_sidecar_translated_calls_total',
       help: 'Responses API and Anthropic Messages calls: translated to chat completions for token ids, or passed through (reason).',
       labelNames: ['api', 'result'] as const,
       registers: [registry],
     }),
-    upstreamCalls: new Counter({
+    upstreamCalls: new FastCounter({
       name: 'lightning_sidecar_upstream_replica_calls_total',
       help: 'Requests sent to each model-server replica (address:port), a call moved to another replica counted on both.',
       labelNames: ['replica'] as const,
@@ -202,36 +203,36 @@ function upstreamMetrics(registry: Registry) {
       help: 'Rollouts whose calls are kept on one replica (sticky routing), at most receivers.llm_proxy.routing.max_placements.',
       registers: [registry],
     }),
-    upstreamPlacementsMade: new Counter({
+    upstreamPlacementsMade: new FastCounter({
       name: 'lightning_sidecar_upstream_placements_total',
       help: 'Rollouts placed on a replica by their first call (sticky routing).',
       registers: [registry],
     }),
-    upstreamMoves: new Counter({
+    upstreamMoves: new FastCounter({
       name: 'lightning_sidecar_upstream_placement_moves_total',
       help: 'Rollouts moved to another replica: replica_down, overloaded, replica_removed (gone from DNS or the configuration).',
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
-    tokenInRendering: new Counter({
+    tokenInRendering: new FastCounter({
       name: 'lightning_sidecar_token_in_rendering_total',
       help: "Token-in calls by who rendered the conversation into ids: the sidecar from the model's tokenizer files (token_in.tokenizer_dir), or the model server (/tokenize).",
       labelNames: ['by'] as const,
       registers: [registry],
     }),
-    tokenInRenderChecks: new Counter({
+    tokenInRenderChecks: new FastCounter({
       name: 'lightning_sidecar_token_in_render_checks_total',
       help: "The sidecar's own rendering compared with the model server's (every call that does not continue its rollout, and token_in.verify_fraction of those that do): match, or mismatch (that model is then rendered by the server).",
       labelNames: ['result'] as const,
       registers: [registry],
     }),
-    tokenInResumes: new Counter({
+    tokenInResumes: new FastCounter({
       name: 'lightning_sidecar_token_in_resumes_total',
       help: 'Token-in calls the model server aborted mid-answer (a weight update, a pause): resumed (sent again with the ids sampled so far), limit (token_in.max_resumes reached: the call ended as the engine ended it), or failed (could not be sent again: budget spent, no token ids, the server refused).',
       labelNames: ['result'] as const,
       registers: [registry],
     }),
-    tokenInCalls: new Counter({
+    tokenInCalls: new FastCounter({
       name: 'lightning_sidecar_token_in_calls_total',
       help: "Chat calls under token-in: spliced (continuing the previous call's ids), rendered afresh, or gone through as chat (fallback); with the reason.",
       labelNames: ['result', 'reason'] as const,
@@ -269,13 +270,13 @@ function journalMetrics(registry: Registry) {
       help: 'Journal segment files on disk.',
       registers: [registry],
     }),
-    journalRecovered: new Counter({
+    journalRecovered: new FastCounter({
       name: 'lightning_sidecar_journal_recovered_total',
       help: 'Found in the journal at start-up, by kind: unreadable regions set aside (torn_tail, corrupt_tail, corrupt_segment) and calls without an end (cut by a stop, or their end refused by a full journal), recorded as aborted (unended_call).',
       labelNames: ['kind'] as const,
       registers: [registry],
     }),
-    journalQuarantined: new Counter({
+    journalQuarantined: new FastCounter({
       name: 'lightning_sidecar_journal_quarantined_total',
       help: 'Journal records that could not be processed, written to {data_dir}/quarantine/ and skipped.',
       registers: [registry],
@@ -286,19 +287,19 @@ function journalMetrics(registry: Registry) {
 /** Rollouts and episodes: the rollout API, rewards, late records, open episodes and the export backlog. */
 function episodeMetrics(registry: Registry) {
   return {
-    rolloutApi: new Counter({
+    rolloutApi: new FastCounter({
       name: 'lightning_sidecar_rollout_api_requests_total',
       help: 'Rollout API requests by route and outcome.',
       labelNames: ['route', 'outcome'] as const,
       registers: [registry],
     }),
-    rewards: new Counter({
+    rewards: new FastCounter({
       name: 'lightning_sidecar_rewards_total',
       help: 'Rewards and ends by source and outcome: applied to an open episode, or rejected (episode_closed, unknown_rollout).',
       labelNames: ['source', 'kind', 'outcome'] as const,
       registers: [registry],
     }),
-    lateRecords: new Counter({
+    lateRecords: new FastCounter({
       name: 'lightning_sidecar_late_records_total',
       help: 'Calls and spans that came after their episode closed, by what happened to them.',
       labelNames: ['kind', 'outcome'] as const,
@@ -324,7 +325,7 @@ function episodeMetrics(registry: Registry) {
       help: 'Bytes of records encoded ahead for an exporter that is away, waiting on disk to be sent (up to service.export_backlog_encoded_bytes).',
       registers: [registry],
     }),
-    episodesClosed: new Counter({
+    episodesClosed: new FastCounter({
       name: 'lightning_sidecar_episodes_closed_total',
       help: 'Episodes closed, by status.',
       labelNames: ['status'] as const,
@@ -336,72 +337,72 @@ function episodeMetrics(registry: Registry) {
 /** What was exported: transitions, trajectories (their segments, calls and tokens) and export errors. */
 function exportMetrics(registry: Registry) {
   return {
-    transitionsExported: new Counter({
+    transitionsExported: new FastCounter({
       name: 'lightning_sidecar_transitions_exported_total',
       help: 'Transitions handed to the exporter and acknowledged by it.',
       labelNames: ['exporter'] as const,
       registers: [registry],
     }),
-    trajectoriesExported: new Counter({
+    trajectoriesExported: new FastCounter({
       name: 'lightning_sidecar_trajectories_exported_total',
       help: 'Trajectories handed to the exporter and acknowledged by it.',
       labelNames: ['exporter'] as const,
       registers: [registry],
     }),
-    trajectorySegments: new Histogram({
+    trajectorySegments: new FastHistogram({
       name: 'lightning_sidecar_trajectory_segments',
       help: 'Trajectory segments per closed rollout attempt (1 when every call continued the one before; 0 when no call had token ids).',
       buckets: [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64],
       registers: [registry],
     }),
-    trajectoryCalls: new Counter({
+    trajectoryCalls: new FastCounter({
       name: 'lightning_sidecar_trajectory_calls_total',
       help: 'Calls (and choices) by what became of them in trajectories: merged into a segment, started a new one, or left out; by reason.',
       labelNames: ['outcome', 'reason'] as const,
       registers: [registry],
     }),
-    trajectoryTokens: new Histogram({
+    trajectoryTokens: new FastHistogram({
       name: 'lightning_sidecar_trajectory_tokens',
       help: 'Token ids per trajectory (its final context).',
       buckets: [256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576],
       registers: [registry],
     }),
-    samplingPinned: new Counter({
+    samplingPinned: new FastCounter({
       name: 'lightning_sidecar_sampling_pinned_total',
       help: 'Pinned sampling parameters (processors.sampling.pin) by parameter and what was done: set (the call left it out), overridden (force), refused (refuse).',
       labelNames: ['param', 'action'] as const,
       registers: [registry],
     }),
-    trajectoryRouting: new Counter({
+    trajectoryRouting: new FastCounter({
       name: 'lightning_sidecar_trajectory_routing_total',
       help: 'Trajectories with routed experts (MoE routing replay), by whether every row is there and aligned (complete) or not.',
       labelNames: ['complete'] as const,
       registers: [registry],
     }),
-    trajectoryImages: new Counter({
+    trajectoryImages: new FastCounter({
       name: 'lightning_sidecar_trajectory_images_total',
       help: 'Trajectories with images, by outcome: complete (every image stored and paired with its placeholder run), or why not (placeholders_do_not_pair, placeholder_length, url_not_stored, unreadable_image, unreadable_request, no_prompt_ids, store_failed); such a trajectory is exported with images_complete false.',
       labelNames: ['outcome'] as const,
       registers: [registry],
     }),
-    imagesStored: new Counter({
+    imagesStored: new FastCounter({
       name: 'lightning_sidecar_images_stored_total',
       help: 'Images of trajectories put in the content-addressed image store: written, already_stored (the same bytes came before), or failed.',
       labelNames: ['result'] as const,
       registers: [registry],
     }),
-    trajectorySamplingMask: new Counter({
+    trajectorySamplingMask: new FastCounter({
       name: 'lightning_sidecar_trajectory_sampling_mask_total',
       help: 'Trajectories with sampling masks (or asked to have them), by whether every sampled position has its row and every sampled id is in it (complete) or not.',
       labelNames: ['complete'] as const,
       registers: [registry],
     }),
-    samplingMaskViolations: new Counter({
+    samplingMaskViolations: new FastCounter({
       name: 'lightning_sidecar_sampling_mask_violations_total',
       help: 'Sampled token ids that are not among the ids their sampling mask says were kept (a sampler or capture fault).',
       registers: [registry],
     }),
-    exportErrors: new Counter({
+    exportErrors: new FastCounter({
       name: 'lightning_sidecar_export_errors_total',
       help: 'Export attempts that failed, by exporter and kind (retryable, permanent).',
       labelNames: ['exporter', 'kind'] as const,
@@ -418,7 +419,7 @@ function controlMetrics(registry: Registry) {
       help: '1 while the trainer has paused new model calls (weight sync), 0 otherwise.',
       registers: [registry],
     }),
-    pausedSeconds: new Counter({
+    pausedSeconds: new FastCounter({
       name: 'lightning_sidecar_paused_seconds_total',
       help: 'Seconds spent paused, counted at each resume.',
       registers: [registry],
@@ -428,13 +429,13 @@ function controlMetrics(registry: Registry) {
       help: 'Model calls held right now because of a pause.',
       registers: [registry],
     }),
-    heldCalls: new Counter({
+    heldCalls: new FastCounter({
       name: 'lightning_sidecar_held_calls_total',
       help: 'Model calls held by a pause, by how the hold ended (released, timed_out, rejected, shutdown, abandoned: the client went away).',
       labelNames: ['outcome'] as const,
       registers: [registry],
     }),
-    controlMessages: new Counter({
+    controlMessages: new FastCounter({
       name: 'lightning_sidecar_control_messages_total',
       help: 'Control messages by source (kafka, http) and outcome (applied, invalid).',
       labelNames: ['source', 'outcome'] as const,
