@@ -1,6 +1,7 @@
 import type { TransitionRecord } from '../model/records';
 import { isDigit, startsWithConcat } from '../formats/json-scan';
 import type { TransitionWriter } from './transition-json';
+import { extend } from '../model/extend';
 
 /**
  * A prompt delta as JSON pieces: `{"previous_transition_id":…,"prefix_length":N,"suffix":[…]}`
@@ -94,12 +95,12 @@ interface Held {
  * `prompt_token_ids_delta` member, the suffix being the model server's bytes.
  */
 export function deltaJsonParts(writer: TransitionWriter, t: TransitionRecord, d: PromptDeltaParts): Buffer[] {
-  return writer.jsonParts({ ...t, prompt_token_ids: null }, undefined, deltaMember(d));
+  return writer.jsonParts(extend(t, { prompt_token_ids: null }), undefined, deltaMember(d));
 }
 
 /** The same bytes in one buffer. */
 export function deltaJson(writer: TransitionWriter, t: TransitionRecord, d: PromptDeltaParts): Buffer {
-  return writer.json({ ...t, prompt_token_ids: null }, undefined, deltaMember(d));
+  return writer.json(extend(t, { prompt_token_ids: null }), undefined, deltaMember(d));
 }
 
 /** `,"prompt_token_ids_delta":{…}` as pieces. */

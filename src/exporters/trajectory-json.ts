@@ -1,6 +1,7 @@
 import { dtypeOf } from '../formats/routed-experts';
 import type { RoutedExpertsJson, Trajectory, TrajectoryImages, TrajectoryRecord, TrajectoryRouting, TrajectorySamplingMask } from '../model/records';
 import { joinPieces, type JsonPiece, type TransitionWriter } from './transition-json';
+import { extend } from '../model/extend';
 
 /** `0,0,…` shared by every zero run of the logprobs (grown as needed). */
 let zeros = Buffer.alloc(0);
@@ -139,8 +140,7 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     if (logprobs && lp) for (let k = 0; k < lp.length; k++) logprobs[turn.response_start + k] = lp[k];
   });
   const { turns, token_rewards, reward, final_reward, episode_status, policy_versions, started_at, ended_at, ...head } = rest;
-  return {
-    ...head,
+  return extend(head, {
     token_ids: prompt.concat(response),
     loss_mask: mask,
     logprobs,
@@ -157,7 +157,7 @@ export function materializeTrajectory(writer: TransitionWriter, t: TrajectoryRec
     policy_versions,
     started_at,
     ended_at,
-  };
+  });
 }
 
 /** A trajectory's images as their four JSON fields (docs/images.md), in one order for both writers. */

@@ -2,6 +2,7 @@ import { brotliDecompressSync, gunzipSync, inflateSync } from 'node:zlib';
 import type { CallRecord, ChoiceCapture, RawBody, TokenIds } from '../model/records';
 import { extractBody, extractStream, type Extracted } from './adapters';
 import { intList, isObject } from './json';
+import { extend } from '../model/extend';
 import { IDS_MARKER, logprobsMarker, ROUTING_MARKER } from './adapters/shape';
 import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, topLevelMembers, type Member, type ValueEnd } from './json-scan';
 
@@ -36,15 +37,14 @@ const MAX_DECODED = 64 * 1024 * 1024;
  */
 export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffer): { facts: CallFacts; responseBytes: Buffer | null } {
   if (!call.bodies) {
-    const facts: CallFacts = {
-      ...call,
+    const facts: CallFacts = extend(call, {
       model: call.model ?? null,
       usage: call.usage ?? null,
       promptTokenIds: call.promptTokenIds ?? null,
       choices: call.choices ?? [],
       request: call.request ?? null,
       response: call.response ?? null,
-    };
+    });
     return { facts, responseBytes: null };
   }
   const bodies = call.bodies;
@@ -148,8 +148,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     response = received.response;
     if (received.facts !== null) choices = withAgentFacts(choices, received.facts);
   }
-  const facts: CallFacts = {
-    ...call,
+  const facts: CallFacts = extend(call, {
     status,
     error,
     model: extracted?.model ?? modelFromRequest(bodies.request, read),
@@ -158,7 +157,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
     choices,
     request,
     response,
-  };
+  });
   return { facts, responseBytes: decoded };
 }
 
@@ -198,7 +197,7 @@ function withAgentFacts(server: ChoiceCapture[], agent: ChoiceCapture[]): Choice
   const byIndex = new Map(agent.map((c) => [c.index, c]));
   return server.map((c) => {
     const a = byIndex.get(c.index);
-    return a ? { ...c, finishReason: a.finishReason, toolCalls: a.toolCalls } : c;
+    return a ? extend(c, { finishReason: a.finishReason, toolCalls: a.toolCalls }) : c;
   });
 }
 

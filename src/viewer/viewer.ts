@@ -189,7 +189,7 @@ export class Viewer {
       group_id: id,
       mean,
       std,
-      episodes: entries.map((e, i) => ({ ...closedRow(e), advantage: (rewards[i] - mean) / (std + 1e-6) })),
+      episodes: entries.map((e, i) => Object.assign(closedRow(e), { advantage: (rewards[i] - mean) / (std + 1e-6) })),
     };
   }
 }

@@ -15,6 +15,7 @@ import type {
 import { dtypeOf } from '../../formats/routed-experts';
 import { TransitionWriter } from '../transition-json';
 import { materializeTrajectory, routingBytes, trajectoryJson } from '../trajectory-json';
+import { extend } from '../../model/extend';
 
 export type Encoding = 'json' | 'protobuf';
 
@@ -52,9 +53,10 @@ export function encodeTransition(
   extra?: { prompt_token_ids_delta?: PromptIdsDelta },
 ): Buffer {
   if (encoding === 'json') return writer.json(record, extra);
-  const t: OutgoingTransition = { ...writer.materialize(record), ...extra };
-  const msg = {
-    ...dropNulls(t),
+  const m = writer.materialize(record);
+  const t: OutgoingTransition = extra ? extend(m, extra) : m;
+  // Members added to dropNulls' fresh object in place (a literal starting with a spread is slow: see model/extend.ts).
+  const msg = Object.assign(dropNulls(t), {
     request_json: JSON.stringify(t.request ?? null),
     response_json: JSON.stringify(t.response ?? null),
     usage_json: JSON.stringify(t.usage ?? null),
@@ -68,7 +70,7 @@ export function encodeTransition(
     bodies_dropped: t.bodies_dropped === true,
     prompt_token_ids_delta: t.prompt_token_ids_delta,
     sampling: t.sampling === undefined ? undefined : dropNulls(t.sampling),
-  };
+  });
   const type = types().transition;
   return Buffer.from(type.encode(type.fromObject(msg)).finish());
 }
@@ -160,23 +162,24 @@ export function encodeTrajectory(t: TrajectoryRecord, encoding: Encoding, writer
   if (encoding === 'json') return trajectoryJson(writer, t);
   // The routing's bytes go in as they are, not through base64 and back.
   const x = materializeTrajectory(writer, t, false);
-  const msg = {
-    ...dropNulls(x),
+  const msg = Object.assign(dropNulls(x), {
     logprobs: x.logprobs ?? [],
     has_logprobs: x.logprobs !== null,
     ...(t.routing === null ? {} : routedExpertsMessage(t.routing)),
     weight_versions: x.weight_versions ?? [],
     has_weight_versions: x.weight_versions !== undefined,
-    sampling_mask: x.sampling_mask === undefined ? undefined : { ...x.sampling_mask, missing: x.sampling_mask.missing.map(([start, end]) => ({ start, end })) },
+    sampling_mask:
+      x.sampling_mask === undefined ? undefined : extend(x.sampling_mask, { missing: x.sampling_mask.missing.map(([start, end]) => ({ start, end })) }),
     images: (x.images ?? []).map((i) => dropNulls(i)),
     has_images: x.images !== undefined,
     image_processor: x.image_processor === undefined ? undefined : dropNulls(x.image_processor),
-    turns: x.turns.map((turn) => ({
-      ...dropNulls(turn),
-      tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
-      sampling: turn.sampling === undefined ? undefined : dropNulls(turn.sampling),
-    })),
-  };
+    turns: x.turns.map((turn) =>
+      Object.assign(dropNulls(turn), {
+        tool_calls: turn.tool_calls.map((c) => dropNulls(c)),
+        sampling: turn.sampling === undefined ? undefined : dropNulls(turn.sampling),
+      }),
+    ),
+  });
   const type = types().trajectory;
   return asBuffer(type.encode(type.fromObject(msg)).finish());
 }
@@ -403,7 +406,7 @@ function samplingFromMessage(m: unknown): SamplingParams | undefined {
     out[f] = typeof v === 'number' ? v : null;
   }
   const defaults = o.server_defaults as string[] | undefined;
-  return defaults !== undefined && defaults.length > 0 ? { ...out, server_defaults: defaults } : out;
+  return defaults !== undefined && defaults.length > 0 ? extend(out, { server_defaults: defaults }) : out;
 }
 
 function dropNulls<T extends object>(o: T): Record<string, unknown> {

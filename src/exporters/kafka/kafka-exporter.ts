@@ -17,6 +17,7 @@ import { CONTENT_TYPE, decodeEpisode, decodeTrajectory, decodeTransition, encode
 import { materializeTrajectory } from '../trajectory-json';
 import { DeltaTracker } from './prompt-delta';
 import type { OutMessage, Producer, SendResult } from './producer';
+import { extend } from '../../model/extend';
 
 /** Bytes Kafka adds around a record (batch, record and chunk headers), kept out of max_message_bytes. */
 const RECORD_OVERHEAD = 1024;
@@ -391,7 +392,7 @@ function deltaOfIds(writer: TransitionWriter, encoding: KafkaExporterConfig['enc
   const tracker = new DeltaTracker(writer);
   return (t) => {
     const d = tracker.next(t);
-    return d ? { value: encodeTransition({ ...t, prompt_token_ids: null }, encoding, writer, { prompt_token_ids_delta: d }) } : null;
+    return d ? { value: encodeTransition(extend(t, { prompt_token_ids: null }), encoding, writer, { prompt_token_ids_delta: d }) } : null;
   };
 }
 

@@ -1,6 +1,7 @@
 import type { ChoiceCapture, TokenIds } from '../../model/records';
 import { appendTo, intList, isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, logprobList, NONE_READ, toolCall, withEngineExtras, type Extracted, type ReadLogprobs } from './shape';
+import { extend } from '../../model/extend';
 
 /** `/v1/chat/completions`, non-streamed: OpenAI fields plus vLLM and SGLang token fields. */
 export function extractChat(body: unknown, read: ReadLogprobs = NONE_READ): Extracted {
@@ -82,8 +83,7 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
     }
   }
   const ordered = [...accs.values()].sort((a, b) => a.index - b.index);
-  const response: Json = {
-    ...top,
+  const response: Json = extend(top, {
     object: 'chat.completion',
     choices: ordered.map((a) => {
       const message: Json = { ...a.message };
@@ -95,7 +95,7 @@ export function assembleChatStream(chunks: unknown[], done: boolean): Extracted 
       return out;
     }),
     usage,
-  };
+  });
   if (promptTokenIds !== null) response.prompt_token_ids = promptTokenIds;
   const extracted = extractChat(response);
   extracted.incomplete = !done && ordered.every((a) => a.finishReason === null);

@@ -1,6 +1,7 @@
 import type { ChoiceCapture } from '../../model/records';
 import { appendTo, intList, isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, logprobList, withEngineExtras, type Extracted } from './shape';
+import { extend } from '../../model/extend';
 
 /**
  * Legacy `/v1/completions`: `text`, `logprobs.token_logprobs`, and vLLM/SGLang per-choice token ids.
@@ -77,5 +78,5 @@ export function foldCompletionsStream(chunks: unknown[]): Json {
     }
   }
   const ordered = [...accs.values()].sort((a, b) => (a.index as number) - (b.index as number));
-  return { ...top, choices: ordered, usage };
+  return extend(top, { choices: ordered, usage });
 }

@@ -6,6 +6,7 @@ import { assembleCompletionsStream, extractCompletions } from './completions';
 import { assembleResponsesStream, extractResponses } from './responses';
 import { assembleSglangGenerateStream, extractSglangGenerate } from './sglang-generate';
 import type { Extracted, ReadLogprobs } from './shape';
+import { extend } from '../../model/extend';
 
 export type { Extracted } from './shape';
 
@@ -63,5 +64,5 @@ export function extractStream(api: Api, text: string): Extracted & { invalidEven
       extracted = assembleAnthropicStream(payloads);
       break;
   }
-  return { ...extracted, invalidEvents: invalid };
+  return extend(extracted, { invalidEvents: invalid });
 }

@@ -1,5 +1,6 @@
 import { appendTo, isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, logprobList, withEngineExtras, type Extracted } from './shape';
+import { extend } from '../../model/extend';
 
 /**
  * SGLang's native `/generate` (which only token-in calls): `{text, output_ids, meta_info}`, one
@@ -59,6 +60,6 @@ export function foldSglangGenerateStream(chunks: unknown[]): Json {
     }
     for (const [k, v] of Object.entries(m)) if (v !== null && v !== undefined) meta[k] = v;
   }
-  meta = { ...meta, output_token_logprobs: logprobs };
+  meta = extend(meta, { output_token_logprobs: logprobs });
   return { text, output_ids: ids, meta_info: meta };
 }

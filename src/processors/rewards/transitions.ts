@@ -27,6 +27,7 @@ import { samplingOf, type ServerDefaults } from './sampling';
 import { hasImageParts } from '../../formats/images';
 import { trajectoryImages, type ImageOptions } from './images';
 import { buildTrajectories, Segmenter } from './trajectories';
+import { extend } from '../../model/extend';
 
 export interface EpisodeFacts {
   rolloutId: string;
@@ -109,7 +110,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     decodeRouting(f, read, options.sglangRouting ?? null, responseBytes);
     checkSamplingMasks(f, responseBytes);
     const agent = f.correlation.agentName === null ? agentOf(f, facts.agentSpans ?? []) : null;
-    if (agent !== null) f.correlation = { ...f.correlation, agentName: agent };
+    if (agent !== null) f.correlation = extend(f.correlation, { agentName: agent });
     all.push(f);
     // A prompt that repeats the previous call's prompt and answer byte for byte (an agent's
     // growing context): only what it adds is read from here on (validity, length, placeholders).
@@ -129,7 +130,7 @@ export function buildEpisode(facts: EpisodeFacts, status: EpisodeStatus, options
     if (placeholders) withPlaceholders.add(f.seq);
     if (rest !== null || (previous !== null && continuesFrom(current, previous))) continues.add(f.seq);
     const promptLength: number | null = segmenter === null || prompt === null ? null : ((rest && lengthAfter(rest)) ?? idsLength(prompt, responseBytes));
-    previous = current.prompt !== null && current.response !== null ? { ...current, placeholders, promptLength } : null;
+    previous = current.prompt !== null && current.response !== null ? extend(current, { placeholders, promptLength }) : null;
     segmenter?.add(f, responseBytes, promptLength);
   }
   const joined = joinToolSpans(all, facts.toolSpans, (c) => parsedRequest(c, read));

@@ -24,6 +24,7 @@ import { serveTokenIn } from './token-in/token-in-call';
 import { planTranslation, serveTranslated, type TranslatedApi, type TranslationPlan } from './translated-call';
 import type { UpstreamResponse } from './upstream-client';
 import { UpstreamPool } from './upstream-pool';
+import { extend } from '../../model/extend';
 
 /**
  * The call engine: every admitted call is planned (how to call the model server for it), then
@@ -329,7 +330,7 @@ export class CallEngine implements Engine {
   extraFields(call?: Call): Record<string, string> | null {
     const routing = this.deps.sglangRouting && this.flavors.current() === 'sglang' ? ENGINE.sglang.routingFields : null;
     const masks = call?.maskFields ?? null;
-    return routing && masks ? { ...routing, ...masks } : (routing ?? masks);
+    return routing && masks ? extend(routing, masks) : (routing ?? masks);
   }
 
   responded(call: Call, ures: UpstreamResponse, sentAt: number, at = performance.now()): void {

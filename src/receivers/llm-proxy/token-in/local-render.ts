@@ -2,6 +2,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { TokenizerLoader } from '@lenml/tokenizers';
+import { extend } from '../../../model/extend';
 
 /**
  * Renders a chat conversation into token ids in the sidecar, from the model's own tokenizer files
@@ -124,7 +125,7 @@ function withParsedArguments(call: unknown): unknown {
   } catch {
     args = {};
   }
-  return { ...c, function: { ...c.function, arguments: typeof args === 'object' && args !== null && !Array.isArray(args) ? args : {} } };
+  return extend(c, { function: extend(c.function, { arguments: typeof args === 'object' && args !== null && !Array.isArray(args) ? args : {} }) });
 }
 
 /** A tool as vLLM hands it to the template: its function's `name`, `description` and `parameters` first, null when missing. */
@@ -133,5 +134,5 @@ function asTemplateTool(t: unknown): unknown {
   const tool = t as { function?: Record<string, unknown> };
   if (typeof tool.function !== 'object' || tool.function === null) return t;
   const f = tool.function;
-  return { ...tool, function: { name: f.name ?? null, description: f.description ?? null, parameters: f.parameters ?? null, ...f } };
+  return extend(tool, { function: { name: f.name ?? null, description: f.description ?? null, parameters: f.parameters ?? null, ...f } });
 }

@@ -1,5 +1,6 @@
 import type { TokenState } from './conversation';
 import type { TokenInRequest } from './request';
+import { extend } from '../../../model/extend';
 
 /**
  * Token-in against SGLang's native `POST /generate` (docs/token-in.md#sglangs-generate): the
@@ -100,7 +101,7 @@ export class SglangAnswerReader {
     if (cumulative)
       for (const key of ['output_token_logprobs', 'output_token_sampling_mask'])
         if (Array.isArray(meta[key]) && (meta[key] as unknown[]).length === ids.length) deltaMeta[key] = (meta[key] as unknown[]).slice(from);
-    const delta = cumulative ? { ...o, text: newText, output_ids: newIds, meta_info: deltaMeta } : (o as Record<string, unknown>);
+    const delta = cumulative ? extend(o, { text: newText, output_ids: newIds, meta_info: deltaMeta }) : (o as Record<string, unknown>);
     this.ids = cumulative ? ids.length : this.ids + ids.length;
     this.text = cumulative ? text : this.text + text;
     const finish = meta.finish_reason as { type?: unknown; matched?: unknown } | null | undefined;
