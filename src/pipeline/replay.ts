@@ -7,6 +7,7 @@ import type { Context } from './context';
 import type { ExportQueue } from './export-queue';
 import type { Intake } from './intake';
 import type { JournalRecord } from './records';
+import { extend } from '../model/extend';
 
 /** Calls started but not ended in the journal, with their body frames (a process killed mid-call). */
 type Unended = Map<number, { start: CallStartRecord; bodies: Record<'request' | 'response' | 'agent_request' | 'agent_response', number[]> }>;
@@ -53,7 +54,7 @@ export class Replay {
     this.ctx.journalMetrics();
     if (recovery.records > 0) {
       this.deps.collect?.();
-      log.info('journal replayed', { ...recovery, open_episodes: assembler.openCount, to_export: this.deps.queue.length });
+      log.info('journal replayed', extend(recovery, { open_episodes: assembler.openCount, to_export: this.deps.queue.length }));
     }
     return recovery;
   }

@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { OutMessage } from './producer';
+import { extend } from '../../model/extend';
 
 /**
  * Splits a record's value into ordered chunks under the same key (so the same partition, in
@@ -15,15 +16,14 @@ export function chunkMessages(key: string, value: Buffer, headers: Record<string
     out.push({
       key,
       value: value.subarray(index * chunkBytes, Math.min(value.length, (index + 1) * chunkBytes)),
-      headers: {
-        ...headers,
+      headers: extend(headers, {
         'lightning-chunk': 'v1',
         'lightning-record-id': recordId,
         'lightning-chunk-index': String(index),
         'lightning-chunk-count': String(count),
         'lightning-record-bytes': String(value.length),
         'lightning-record-sha256': sha256,
-      },
+      }),
     });
   }
   return out;

@@ -1,5 +1,6 @@
 import { isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, toolCall, type Extracted } from './shape';
+import { extend } from '../../model/extend';
 
 /** Anthropic `/v1/messages`: `tool_use` content blocks are the tool calls. */
 export function extractAnthropic(body: unknown): Extracted {
@@ -51,7 +52,7 @@ export function assembleAnthropicStream(events: { event: string; value: unknown 
       blocks.set(index, block);
     } else if (type === 'message_delta') {
       if (isObject(value.delta)) Object.assign(message, value.delta);
-      if (isObject(value.usage)) message.usage = { ...(isObject(message.usage) ? message.usage : {}), ...value.usage };
+      if (isObject(value.usage)) message.usage = extend(isObject(message.usage) ? message.usage : {}, value.usage);
     } else if (type === 'message_stop') {
       stopped = true;
     }

@@ -1,5 +1,6 @@
 import { appendTo, intList, isObject, str, type Json } from '../json';
 import { emptyChoice, intArray, logprobList, toolCall, type Extracted } from './shape';
+import { extend } from '../../model/extend';
 
 /** OpenAI Responses API: `output[]` items; `function_call` items are the tool calls. */
 export function extractResponses(body: unknown): Extracted {
@@ -52,7 +53,7 @@ export function assembleResponsesStream(events: { event: string; value: unknown 
     }
     if (type === 'response.output_item.done' && isObject(value.item)) items.push(value.item);
   }
-  const rebuilt = { ...(snapshot ?? {}), output: items, status: 'incomplete' };
+  const rebuilt = extend(snapshot ?? {}, { output: items, status: 'incomplete' });
   const extracted = extractResponses(rebuilt);
   extracted.incomplete = true;
   return extracted;

@@ -1,6 +1,7 @@
 import type { BodyReader, CallFacts } from '../../formats/extract';
 import type { SamplingParams } from '../../model/records';
 import { requestNumbers } from './request-numbers';
+import { extend } from '../../model/extend';
 
 const NUMBERS = ['temperature', 'top_p', 'top_k', 'min_p', 'seed', 'presence_penalty', 'frequency_penalty', 'repetition_penalty'] as const;
 
@@ -27,7 +28,7 @@ export function samplingOf(call: CallFacts, read: BodyReader, defaults: ServerDe
     out[key] = d;
     applied.push(key);
   }
-  return applied.length > 0 ? { ...out, server_defaults: applied } : out;
+  return applied.length > 0 ? extend(out, { server_defaults: applied }) : out;
 }
 
 /** The model server's defaults (`processors.sampling.server_defaults`), by parameter. */

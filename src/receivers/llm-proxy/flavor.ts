@@ -1,6 +1,7 @@
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { detectUpstream, type UpstreamDetection } from './upstream-detect';
+import { extend } from '../../model/extend';
 
 export type ConfiguredFlavor = 'auto' | 'openai' | 'vllm' | 'sglang';
 export type Flavor = 'openai' | 'vllm' | 'sglang';
@@ -147,7 +148,7 @@ export class UpstreamFlavor {
         [found.findIndex((d) => d.flavor === 'vllm' || d.flavor === 'sglang'), found.findIndex((d) => d.flavor === 'openai')].find((i) => i >= 0) ?? -1;
       const d: UpstreamDetection =
         at >= 0
-          ? { ...found[at], evidence: this.baseUrls.length > 1 ? `${shownUrl(this.baseUrls[at])}: ${found[at].evidence}` : found[at].evidence }
+          ? extend(found[at], { evidence: this.baseUrls.length > 1 ? `${shownUrl(this.baseUrls[at])}: ${found[at].evidence}` : found[at].evidence })
           : {
               flavor: 'unknown',
               evidence: found.map((x, i) => (this.baseUrls.length > 1 ? `${shownUrl(this.baseUrls[i])}: ${x.evidence}` : x.evidence)).join('; '),

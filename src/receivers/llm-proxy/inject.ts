@@ -1,6 +1,7 @@
 import { ENGINE } from '../../formats/engines';
 import type { Api } from '../../model/records';
 import { findMembers, skipWs, topLevelKeys } from '../../formats/json-scan';
+import { extend } from '../../model/extend';
 
 export interface Injection {
   body: Buffer;
@@ -45,7 +46,7 @@ export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api, extra:
   // Sent only to a server known to be vLLM or SGLang (configured or detected), never to others.
   const base = flavor === 'openai' ? undefined : ENGINE[flavor].idsFields[api];
   if (!base) return null;
-  return extra ? { ...base, ...extra } : base;
+  return extra ? extend(base, extra) : base;
 }
 
 /**

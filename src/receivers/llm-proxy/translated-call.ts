@@ -18,6 +18,7 @@ import {
   type AnthropicContext,
   type ResponsesContext,
 } from './translate';
+import { extend } from '../../model/extend';
 
 /** The agent-facing APIs served over chat completions. */
 export type TranslatedApi = 'responses' | 'anthropic.messages';
@@ -401,11 +402,7 @@ class TranslatedCall {
   private settle(o: Omit<TranslatedOutcome, 'httpStatus' | 'streamed'>): void {
     if (this.done) return;
     this.done = true;
-    const outcome: TranslatedOutcome = {
-      ...o,
-      httpStatus: this.agentStatus,
-      streamed: this.agentStreamed,
-    };
+    const outcome: TranslatedOutcome = extend(o, { httpStatus: this.agentStatus, streamed: this.agentStreamed });
     this.o.settled?.(outcome);
     this.resolve(outcome);
   }

@@ -4,6 +4,7 @@ import type { RoutingConfig } from '../../config/schema';
 import type { Logger } from '../../telemetry/logger';
 import type { Metrics } from '../../telemetry/metrics';
 import { UpstreamClient, type UpstreamRequest } from './upstream-client';
+import { extend } from '../../model/extend';
 
 /**
  * The model-server replicas calls go to, and which replica serves which call (docs/routing.md).
@@ -484,7 +485,7 @@ export class UpstreamPool {
           r.scrapeAfter = this.now() + SCRAPE_BACKOFF_MS;
           return;
         }
-        r.scraped = { ...load, at: this.now() };
+        r.scraped = extend(load, { at: this.now() });
       });
     }
   }

@@ -8,6 +8,7 @@ import { splitAddress } from '../../config/address';
 import { LISTENERS } from '../../config/listeners';
 import { boundPort, closeServer, listen, ListenError } from '../../telemetry/listen';
 import { decodeJson, decodeProtobuf, DecodeError, encodeExportResponse, encodeStatus, type Decoded } from './decode';
+import { extend } from '../../model/extend';
 
 export type SpanSinkResult =
   /** `rejected` spans can never apply (e.g. after their episode closed): a partial success saying why. */
@@ -110,7 +111,7 @@ export function createOtlpReceiver(options: OtlpReceiverOptions, deps: OtlpRecei
             }),
           )
         : Buffer.from(encodeStatus(code, message, retryAfterMs));
-      res.writeHead(status, { ...headers, 'content-length': String(body.length) }).end(body);
+      res.writeHead(status, extend(headers, { 'content-length': String(body.length) })).end(body);
     };
     if (!authorized(req.headers.authorization)) {
       req.resume();

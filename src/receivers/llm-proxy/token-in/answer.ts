@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { ReasoningStream, ToolCallOut, ToolStream } from './parser-kit';
+import { extend } from '../../../model/extend';
 
 /** What the agent's chat answer is built from: the completions answer's text, read as it comes. */
 export interface ChatPieces {
@@ -65,7 +66,7 @@ export class SampledText {
         calls = [...calls, ...e.calls];
       }
     }
-    const withIds = calls.map((c) => ({ ...c, id: `chatcmpl-tool-${randomBytes(16).toString('hex')}` }));
+    const withIds = calls.map((c) => extend(c, { id: `chatcmpl-tool-${randomBytes(16).toString('hex')}` }));
     this.pieces.reasoning += r.reasoning;
     this.pieces.content += content;
     this.pieces.calls.push(...withIds);

@@ -1,4 +1,5 @@
 import type { Logger } from '../../../telemetry/logger';
+import { extend } from '../../../model/extend';
 
 /**
  * Whether token-in calls go to vLLM's token-in route `/inference/v1/generate` (where newer vLLM
@@ -54,7 +55,7 @@ export class GenerateRoute {
 
 /** The one-token probe: `text` on its first choice. */
 export const PROBE_BODY = (model: unknown): Buffer =>
-  Buffer.from(JSON.stringify({ ...(model !== undefined ? { model } : {}), token_ids: [0], sampling_params: { max_tokens: 1 }, output_mode: 'text' }));
+  Buffer.from(JSON.stringify(extend(model !== undefined ? { model } : {}, { token_ids: [0], sampling_params: { max_tokens: 1 }, output_mode: 'text' })));
 
 function hasText(body: Buffer): boolean {
   try {

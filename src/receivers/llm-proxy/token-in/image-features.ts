@@ -1,4 +1,5 @@
 import { isObject, type Json } from '../../../formats/json';
+import { extend } from '../../../model/extend';
 
 /**
  * Token-in with images (docs/images.md#token-in), on vLLM's render and generate routes: the render
@@ -41,7 +42,7 @@ export function placeFeatures(prompt: ArrayLike<number>, features: Json, imageTo
     const r = rendered[k];
     if (!isObject(r) || r.length !== runs[k].length) return null;
   }
-  return { ...features, mm_placeholders: { ...placeholders, image: runs } };
+  return extend(features, { mm_placeholders: extend(placeholders, { image: runs }) });
 }
 
 /** The features as journaled: the images' processed data left out (tens of MB an image; the trainer recomputes it from the image). */
@@ -50,5 +51,5 @@ export function journaledFeatures(features: Json): Json {
   if (data === null) return features;
   const elided: Json = {};
   for (const [kind, items] of Object.entries(data)) elided[kind] = Array.isArray(items) ? items.map(() => null) : null;
-  return { ...features, kwargs_data: elided, kwargs_data_elided: true };
+  return extend(features, { kwargs_data: elided, kwargs_data_elided: true });
 }

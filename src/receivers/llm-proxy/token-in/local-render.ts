@@ -64,13 +64,13 @@ export function loadLocalRenderer(dir: string): LocalRenderer {
   return {
     dir,
     renderText(messages, tools, kwargs) {
-      return template.render({
-        ...named,
-        ...kwargs,
-        messages: messages.map(asTemplateMessage),
-        tools: tools && tools.length > 0 ? tools.map(asTemplateTool) : undefined,
-        add_generation_prompt: true,
-      });
+      return template.render(
+        extend(extend(named, kwargs ?? {}), {
+          messages: messages.map(asTemplateMessage),
+          tools: tools && tools.length > 0 ? tools.map(asTemplateTool) : undefined,
+          add_generation_prompt: true,
+        }),
+      );
     },
     encode: (text) => tok.encode(text, { add_special_tokens: false }),
     specialText: (id) => special.get(id) ?? null,

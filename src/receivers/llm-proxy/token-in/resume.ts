@@ -3,6 +3,7 @@ import { foldSglangGenerateStream } from '../../../formats/adapters/sglang-gener
 import { isObject, type Json } from '../../../formats/json';
 import { sseJsonPayloads } from '../../../formats/sse';
 import type { TokenInRequest } from './request';
+import { extend } from '../../../model/extend';
 
 /**
  * A token-in call the engine aborted (a weight update, a pause) is sent again with the ids sampled
@@ -90,7 +91,7 @@ function mergeCompletions(attempts: Json[]): Json {
   const last = choices[choices.length - 1];
   const tokens = choices.map((c) => ids(c.token_ids));
   const total = tokens.reduce((n, t) => n + t.length, 0);
-  const choice: Json = { ...last, index: 0 };
+  const choice: Json = extend(last, { index: 0 });
   choice.text = choices.map((c) => (typeof c.text === 'string' ? c.text : '')).join('');
   choice.token_ids = tokens.flat();
   if (first.prompt_token_ids !== undefined) choice.prompt_token_ids = first.prompt_token_ids;
@@ -102,7 +103,7 @@ function mergeCompletions(attempts: Json[]): Json {
   if (spans !== null) choice.weight_versions = spans;
   else delete choice.weight_versions;
   // Routing: the last attempt's, which covers the whole sequence (its prompt held the earlier attempts' ids).
-  const out: Json = { ...attempts[0], choices: [choice] };
+  const out: Json = extend(attempts[0], { choices: [choice] });
   const lastAnswer = attempts[attempts.length - 1];
   if (lastAnswer.prompt_routed_experts !== undefined) out.prompt_routed_experts = lastAnswer.prompt_routed_experts;
   const usage = mergedUsage(attempts[0].usage, total);
@@ -158,12 +159,11 @@ function mergeSglang(attempts: Json[]): Json {
     );
   delete meta.weight_versions;
   if (spans !== null) meta.weight_versions = spans.filter((s) => s.end > s.start);
-  return {
-    ...attempts[attempts.length - 1],
+  return extend(attempts[attempts.length - 1], {
     text: attempts.map((a) => (typeof a.text === 'string' ? a.text : '')).join(''),
     output_ids: tokens.flat(),
     meta_info: meta,
-  };
+  });
 }
 
 /**
@@ -181,7 +181,7 @@ export function resumedRequest(r: TokenInRequest, spent: number): TokenInRequest
     chat.max_tokens = budget - spent;
   }
   if (typeof c.min_tokens === 'number') chat.min_tokens = Math.max(0, c.min_tokens - spent);
-  return { ...r, chat };
+  return extend(r, { chat });
 }
 
 /** The usage a merged answer gives the agent. */

@@ -25,6 +25,7 @@ import {
   sglangRenderedIds,
   type ChoicePiece,
 } from './sglang-generate';
+import { extend } from '../../../model/extend';
 
 /**
  * Serves a chat call token-in (docs/token-in.md): the prompt is sent to `/v1/completions` as ids,
@@ -334,7 +335,7 @@ async function imageRendering(
   if (read === null) return 'render_answer';
   // Without a budget of the agent's or the context length, the generate route would stop at its default of 16 tokens.
   if (maxModelLen === null && (r.chat.max_completion_tokens ?? r.chat.max_tokens) == null) return 'context_length_unknown';
-  return { ...read, maxModelLen };
+  return extend(read, { maxModelLen });
 }
 
 /** The model's context length as the server lists it (`max_model_len`), asked once per model; null when it does not say. */

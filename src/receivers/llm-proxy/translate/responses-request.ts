@@ -1,5 +1,6 @@
 import { isObject, isSet, num, objects, str, type Json } from '../../../formats/json';
 import { seedOf } from './ids';
+import { extend } from '../../../model/extend';
 
 /** What the answer's translation needs from the agent's Responses request. */
 export interface ResponsesContext {
@@ -168,7 +169,7 @@ function translate(body: unknown): ResponsesRequestTranslation {
       topP: num(body.top_p),
       maxOutputTokens: num(body.max_output_tokens),
       metadata: isObject(body.metadata) ? body.metadata : {},
-      text: { ...text, format: isObject(text.format) ? text.format : { type: 'text' } },
+      text: extend(text, { format: isObject(text.format) ? text.format : { type: 'text' } }),
       reasoning: { effort: str(reasoning.effort), summary: str(reasoning.summary) },
       store: body.store !== false,
       user: str(body.user),

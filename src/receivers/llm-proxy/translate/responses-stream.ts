@@ -14,6 +14,7 @@ import {
 } from './responses-response';
 import type { Json } from '../../../formats/json';
 import { sseEvent } from '../../../formats/sse';
+import { extend } from '../../../model/extend';
 
 type Open =
   | { kind: 'reasoning'; index: number; text: string }
@@ -144,7 +145,7 @@ export class ChatStreamToResponsesEvents extends ChatStreamTranslator {
     this.items.push(item);
     this.open = { kind: 'reasoning', index, text: '' };
     return (
-      this.emit('response.output_item.added', { output_index: index, item: { ...item, content: [] } }) +
+      this.emit('response.output_item.added', { output_index: index, item: extend(item, { content: [] }) }) +
       this.emit('response.content_part.added', { item_id: item.id, output_index: index, content_index: 0, part: { type: 'reasoning_text', text: '' } })
     );
   }
@@ -155,7 +156,7 @@ export class ChatStreamToResponsesEvents extends ChatStreamTranslator {
     this.items.push(item);
     this.open = { kind: 'message', index, text: '', logprobs: [] };
     return (
-      this.emit('response.output_item.added', { output_index: index, item: { ...item, content: [] } }) +
+      this.emit('response.output_item.added', { output_index: index, item: extend(item, { content: [] }) }) +
       this.emit('response.content_part.added', {
         item_id: item.id,
         output_index: index,
