@@ -63,15 +63,19 @@ def open_source(
     follow: bool = False,
     settings: Optional[dict[str, Any]] = None,
     chunk_timeout_ms: float = 600_000,
+    until_end: bool = False,
 ) -> Source:
     """Kafka (``brokers``, default ``$LIGHTNING_KAFKA_BROKERS``) or a file exporter's ``data_dir``.
 
     ``records`` picks what is read besides episodes: ``'trajectories'`` (``trajectories_topic``,
     default ``$LIGHTNING_KAFKA_TRAJECTORIES_TOPIC``, then ``lightning.trajectories``; or
     ``{data_dir}/trajectories/``), ``'transitions'`` (``topic``; ``{data_dir}/transitions/``) or
-    ``'both'``.
+    ``'both'``. ``until_end`` (Kafka): stop once every assigned partition is read to its end, as a
+    ``data_dir`` without ``follow`` stops at the end of its files.
     """
     if data_dir is not None:
+        if until_end and follow:
+            raise ValueError('until_end and follow contradict each other: a data_dir without follow is read to its end')
         return FileSource(data_dir, follow=follow, records=records)
     env = os.environ
     return KafkaSource(
@@ -83,6 +87,7 @@ def open_source(
         records=records,
         settings=settings,
         chunk_timeout_ms=chunk_timeout_ms,
+        until_end=until_end,
     )
 
 

@@ -28,20 +28,21 @@ from .state import append_line, load_listed, remember
 
 USAGE = """usage: python3 -m lightning_sidecar_client groups --group-size N [--rows trajectories|transitions] [--brokers H:P,...]
            [--group-id ID] [--out FILE | --to-topic T] [--state FILE] [--group-timeout-ms MS] [--max-groups N]
-           [--idle-exit-ms MS] [--trajectories-topic T] [--topic T] [--episodes-topic T] [-X librdkafka.property=value ...]
+           [--idle-exit-ms MS] [--until-end] [--trajectories-topic T] [--topic T] [--episodes-topic T] [-X librdkafka.property=value ...]
            [--data-dir DIR [--follow]]
   (installed: lightning-sidecar-client groups ...)
   emit complete GRPO groups (lightning.group.v1) from the trajectories (--rows transitions: transitions)
   and episodes topics, in a Kafka consumer group (or from the file exporter's data directory with --data-dir)
   Groups emitted or given up on are listed in the state file (--state; default OUT.state with --out OUT,
   else ./lightning-groups.state; with --out, OUT lists the emitted ones) and never emitted again.
+  --until-end: stop once every assigned partition is read to its end (what --data-dir without --follow does)
   exit codes: 0 done, 1 failed while running, 2 bad command line or a missing extra (kafka, protobuf);
   LIGHTNING_DEBUG=1 prints the traceback of an unexpected error
 """
 
 _VALUED = {'--group-size', '--rows', '--brokers', '--group-id', '--out', '--to-topic', '--state', '--group-timeout-ms', '--max-groups',
            '--idle-exit-ms', '--trajectories-topic', '--topic', '--episodes-topic', '-X', '--data-dir'}
-_FLAGS = {'--follow', '--help', '-h'}
+_FLAGS = {'--follow', '--until-end', '--help', '-h'}
 
 
 class CommandError(Exception):
@@ -168,6 +169,8 @@ def _groups(args: list[str], out: TextIO, err: TextIO, env: dict[str, str]) -> i
     brokers = opts['--brokers'].split(',') if opts.get('--brokers') else brokers_from_env(env)
     if not brokers and (data_dir is None or to_topic):
         raise UsageError('groups: no brokers (use --brokers host:port or LIGHTNING_KAFKA_BROKERS)')
+    if data_dir is not None and opts.get('--follow') and opts.get('--until-end'):
+        raise UsageError('groups: --until-end and --follow exclude each other (--data-dir without --follow is read to its end)')
     if data_dir is not None and not opts.get('--follow') and not os.path.isdir(data_dir):
         raise UsageError(f"groups: --data-dir {data_dir} is not a directory (give the file exporter's data directory, or --follow to wait for it)")
     if data_dir is None or to_topic:
@@ -283,6 +286,7 @@ def _kafka_source(opts: dict[str, Any], env: dict[str, str], brokers: list[str],
         chunk_timeout_ms=timeout_ms,
         # Brokers that cannot be reached end the command (exit 1), as the Node `groups` does.
         give_up_s=float(env.get('LIGHTNING_KAFKA_GIVE_UP_MS', '30000')) / 1000,
+        until_end=bool(opts.get('--until-end')),
     )
 
 

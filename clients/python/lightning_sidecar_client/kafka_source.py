@@ -75,6 +75,12 @@ class KafkaSource:
     assignor is refused: a rebalance must read every partition again from its committed offset);
     ``consumer_factory`` builds the consumer from the full settings (tests inject one).
 
+    ``until_end``: the source is exhausted (its reader stops) once every partition assigned to it
+    has been read to its end (librdkafka's ``enable.partition.eof``), as a files source without
+    ``follow`` stops at the end of its files: a job that takes what is there and exits. What is
+    still pending then (a group not complete yet, a chunked record not whole) stays uncommitted,
+    for the next reader. An assignment of no partitions counts as read to its end.
+
     Readers call ``bind``: at a revocation the source commits below what the reader still needs,
     then has the reader forget everything pending.
     """
@@ -95,6 +101,7 @@ class KafkaSource:
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         clock: Callable[[], float] = time.monotonic,
         give_up_s: Optional[float] = None,
+        until_end: bool = False,
     ) -> None:
         servers = brokers if isinstance(brokers, str) else ','.join(brokers)
         if not servers:
@@ -131,6 +138,10 @@ class KafkaSource:
         self._reset: Optional[Callable[[], None]] = None
         self._rebalanced = False
         self._rebalance_events: list[SourceEvent] = []
+        # Read to the end: the partitions assigned, and those read to their end since their last message.
+        self._until_end = until_end
+        self._assignment: Optional[set[PartitionKey]] = None
+        self._at_end: set[PartitionKey] = set()
         full = {
             'bootstrap.servers': servers,
             'group.id': group_id,
@@ -141,6 +152,7 @@ class KafkaSource:
             'partition.assignment.strategy': DEFAULT_ASSIGNMENT_STRATEGY,
             'logger': log,
             'error_cb': self._on_error,
+            **({'enable.partition.eof': True} if until_end else {}),
             **(settings or {}),
         }
         if 'cooperative' in str(full['partition.assignment.strategy']):
@@ -183,8 +195,10 @@ class KafkaSource:
                     events.append(SourceEvent('kafka_error', f'kafka: {err}'))
                 else:
                     self._reached = True
+                    self._at_end.add((msg.topic(), msg.partition()))
                 continue
             self._reached = True
+            self._at_end.discard((msg.topic(), msg.partition()))
             pos = Position(msg.topic(), msg.partition(), msg.offset())
             kind = self._kinds[pos.topic]
             headers, value, record_pos = msg.headers(), msg.value() or b'', pos
@@ -233,15 +247,25 @@ class KafkaSource:
         if self._pending is not None:
             self.commit(self._pending())
         self._forget(partitions)
+        self._unassign(partitions)
 
     def _on_lost(self, consumer: Any, partitions: list) -> None:
         """As a revocation, without the commit: the partitions already belong to another member."""
         self._forget(partitions)
+        self._unassign(partitions)
+
+    def _unassign(self, partitions: list) -> None:
+        for tp in partitions:
+            if self._assignment is not None:
+                self._assignment.discard((tp.topic, tp.partition))
+            self._at_end.discard((tp.topic, tp.partition))
 
     def _on_assign(self, consumer: Any, partitions: list) -> None:
         # librdkafka starts each assigned partition at its committed offset (the assignment's
         # offsets are OFFSET_INVALID, read as "stored"): nothing read before is kept.
         self._forget([])
+        self._assignment = {(tp.topic, tp.partition) for tp in partitions}
+        self._at_end = set()
         by_topic: dict[str, list[int]] = {}
         for tp in partitions:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -311,7 +335,8 @@ class KafkaSource:
         return [_dropped(d) for d in self._chunks.tick(now_ms)]
 
     def exhausted(self) -> bool:
-        return False
+        """With ``until_end``: every assigned partition read to its end (after an assignment came)."""
+        return self._until_end and self._assignment is not None and self._assignment <= self._at_end
 
     def close(self) -> None:
         if self._closed:

@@ -237,6 +237,8 @@ def test_usage_errors_are_one_line_naming_what_was_typed(tmp_path):
         (['--group-size', 'two', '--brokers', 'b:1'], "groups: --group-size N is required (a positive integer), not 'two'"),
         (['--group-size', '2', '--brokers', 'b:1', '--idle-exit-ms', 'soon'], "groups: --idle-exit-ms must be a number, not 'soon'"),
         (['--group-size', '2', '--brokers', 'b:1', '--out', 'o', '--to-topic', 't'], 'groups: --out and --to-topic exclude each other'),
+        (['--group-size', '2', '--data-dir', str(tmp_path), '--follow', '--until-end'],
+         'groups: --until-end and --follow exclude each other (--data-dir without --follow is read to its end)'),
         (['--group-size', '2', '--data-dir', str(tmp_path / 'nope')],
          f"groups: --data-dir {tmp_path / 'nope'} is not a directory (give the file exporter's data directory, or --follow to wait for it)"),
     ]:

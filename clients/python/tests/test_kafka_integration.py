@@ -102,7 +102,9 @@ def copy_stream(stream: dict, transform) -> dict:
 
 
 def groups_of(stream: dict, rows: str, **kw) -> list[dict]:
-    kw.setdefault('idle_exit_ms', 1500)
+    # Read to the end of the topics and stop (the stream is all there before the test reads it).
+    if 'idle_exit_ms' not in kw:
+        kw.setdefault('until_end', True)
     return list(iter_groups(SPEC['group_size'], rows=rows, brokers=SPEC['brokers'], consumer_group=f'trainer-{uuid.uuid4()}', topic=stream['topic'],
                             trajectories_topic=stream.get('trajectories_topic'), episodes_topic=stream['episodes_topic'], **kw))
 
@@ -221,7 +223,7 @@ def test_verl_tensors_of_the_sidecars_trajectory_groups_match_the_model_servers_
 def test_plain_transitions_arrive_once_each_with_whole_prompts(name):
     stream = STREAMS[name]
     got = list(iter_transitions(brokers=SPEC['brokers'], consumer_group=f'plain-{uuid.uuid4()}', topic=stream['topic'],
-                                episodes_topic=stream['episodes_topic'], idle_exit_ms=1500))
+                                episodes_topic=stream['episodes_topic'], until_end=True))
     assert sorted(t['transition_id'] for t in got) == sorted(f'{rid}/0/{seq}' for rid, calls in stream['calls'].items() for seq in range(len(calls)))
     for t in got:
         call = stream['calls'][t['rollout_id']][t['seq']]
@@ -233,7 +235,7 @@ def test_plain_transitions_arrive_once_each_with_whole_prompts(name):
 def test_plain_trajectories_arrive_once_each_with_the_calls_merged(name):
     stream = STREAMS[name]
     got = list(iter_trajectories(brokers=SPEC['brokers'], consumer_group=f'plain-{uuid.uuid4()}', trajectories_topic=stream['trajectories_topic'],
-                                 episodes_topic=stream['episodes_topic'], idle_exit_ms=1500))
+                                 episodes_topic=stream['episodes_topic'], until_end=True))
     want = {f'{rid}/0/s{n}': (rid, n, seqs) for rid, calls in stream['calls'].items() for n, seqs in enumerate(segments(calls))}
     assert sorted(t['trajectory_id'] for t in got) == sorted(want)
     for t in got:
@@ -384,7 +386,7 @@ def test_the_cli_sends_groups_to_a_topic_and_remembers_them_in_its_state_file(tm
     topic = f'groups.{uuid.uuid4().hex[:8]}'
     state = tmp_path / 'state'
     args = ['--group-size', str(SPEC['group_size']), '--brokers', SPEC['brokers'], '--group-id', f'to-topic-{topic}', '--to-topic', topic,
-            '--state', str(state), *topic_args(stream, rows), '--idle-exit-ms', '1500']
+            '--state', str(state), *topic_args(stream, rows), '--until-end']
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     sent = read_topic(topic)
