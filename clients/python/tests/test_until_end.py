@@ -11,36 +11,19 @@ from lightning_sidecar_client import open_source
 from lightning_sidecar_client.kafka_source import KafkaSource
 from lightning_sidecar_client.readers import RecordReader
 from factories import JSON_HEADERS, rollout
+from test_readers import TP, Msg
 
 T, E = 'lightning.transitions', 'lightning.episodes'
 
 
-class Msg:
-    def __init__(self, topic, partition, offset=None, headers=None, value=None, eof=False):
-        self._t, self._p, self._o, self._h, self._v, self._eof = topic, partition, offset, headers, value, eof
+class EofMsg(Msg):
+    """librdkafka's end-of-partition event: a message whose error is ``_PARTITION_EOF``."""
+
+    def __init__(self, topic, partition, offset):
+        super().__init__(topic, partition, offset, None, None)
 
     def error(self):
-        return KafkaError(KafkaError._PARTITION_EOF) if self._eof else None
-
-    def topic(self):
-        return self._t
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def headers(self):
-        return self._h
-
-    def value(self):
-        return self._v
-
-
-class TP:
-    def __init__(self, topic, partition):
-        self.topic, self.partition = topic, partition
+        return KafkaError(KafkaError._PARTITION_EOF)
 
 
 class EofConsumer:
@@ -67,7 +50,7 @@ class EofConsumer:
                 return Msg(key[0], key[1], i, *msgs[i])
             if key not in self.eof_sent:
                 self.eof_sent.add(key)
-                return Msg(key[0], key[1], i, eof=True)
+                return EofMsg(key[0], key[1], i)
         return None
 
     def commit(self, offsets, asynchronous):
