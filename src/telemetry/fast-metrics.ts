@@ -53,9 +53,26 @@ function seriesOf(metric: object, names: readonly string[], labels: Labels): Kep
   return null;
 }
 
-/** Whether the kept series is still prom-client's (a `reset` or `remove` drops it). */
-function current(metric: object, kept: Kept | undefined): kept is Kept {
-  return kept !== undefined && (metric as unknown as Internals).hashMap[kept.hash] === kept.series;
+/**
+ * The series kept for these labels, still prom-client's (a `reset` or `remove` drops it); or,
+ * when there is none, null after prom-client's own `update` with `value` has made or found it,
+ * now kept.
+ */
+function keptSeries(
+  metric: object,
+  names: readonly string[],
+  kept: Map<string, Kept>,
+  labels: Labels,
+  update: Update,
+  value: number | undefined,
+): Series | null {
+  const key = keyOf(names, labels);
+  const k = kept.get(key);
+  if (k !== undefined && (metric as unknown as Internals).hashMap[k.hash] === k.series) return k.series;
+  update.call(metric, labels, value);
+  const found = seriesOf(metric, names, labels);
+  if (found) kept.set(key, found);
+  return null;
 }
 
 export class FastCounter<T extends string = string> extends Counter<T> {
@@ -73,15 +90,8 @@ export class FastCounter<T extends string = string> extends Counter<T> {
       promInc.call(this, labels, value);
       return;
     }
-    const key = keyOf(this.names, labels);
-    const kept = this.kept.get(key);
-    if (current(this, kept)) {
-      kept.series.value! += value ?? 1;
-      return;
-    }
-    promInc.call(this, labels, value);
-    const found = seriesOf(this, this.names, labels);
-    if (found) this.kept.set(key, found);
+    const s = keptSeries(this, this.names, this.kept, labels, promInc, value);
+    if (s !== null) s.value! += value ?? 1;
   }
 }
 
@@ -105,15 +115,8 @@ export class FastHistogram<T extends string = string> extends Histogram<T> {
       promObserve.call(this, labels, value);
       return;
     }
-    const key = keyOf(this.names, labels);
-    const kept = this.kept.get(key);
-    if (!current(this, kept)) {
-      promObserve.call(this, labels, value);
-      const found = seriesOf(this, this.names, labels);
-      if (found) this.kept.set(key, found);
-      return;
-    }
-    const s = kept.series;
+    const s = keptSeries(this, this.names, this.kept, labels, promObserve, value);
+    if (s === null) return;
     s.sum! += value;
     s.count! += 1;
     const bounds = this.bounds;

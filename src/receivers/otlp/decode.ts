@@ -1,7 +1,7 @@
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import type { Attributes, AttributeValue, Span, SpanEvent, SpanLink } from '../../model/span';
-import { decodeTraceRequest, WireError } from './trace-wire';
+import { decodeTraceRequest, idsProblem, WireError } from './trace-wire';
 
 let root: protobuf.Root | null = null;
 
@@ -119,12 +119,7 @@ function normalize(req: Obj, json: boolean): Decoded {
       for (const s of list(field(ss, 'spans', json), 'spans')) {
         const traceId = id(field(s, 'trace_id', json), json);
         const spanId = id(field(s, 'span_id', json), json);
-        const problem =
-          traceId === null || traceId.length !== 32 || /^0+$/.test(traceId)
-            ? 'invalid trace id (must be 16 non-zero bytes)'
-            : spanId === null || spanId.length !== 16 || /^0+$/.test(spanId)
-              ? 'invalid span id (must be 8 non-zero bytes)'
-              : null;
+        const problem = idsProblem(traceId, spanId);
         if (problem) {
           rejected++;
           rejectReason ??= problem;

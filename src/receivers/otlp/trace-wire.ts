@@ -204,6 +204,13 @@ function allZero(hex: string): boolean {
   return true;
 }
 
+/** Why a span's ids (lower-case hex, null when absent) cannot be taken, or null when they can (both OTLP decoders). */
+export function idsProblem(traceId: string | null, spanId: string | null): string | null {
+  if (traceId === null || traceId.length !== 32 || allZero(traceId)) return 'invalid trace id (must be 16 non-zero bytes)';
+  if (spanId === null || spanId.length !== 16 || allZero(spanId)) return 'invalid span id (must be 8 non-zero bytes)';
+  return null;
+}
+
 /** One KeyValue into `out` (a KeyValue without its key field is left out). */
 function keyValue(r: Reader, end: number, out: Attributes, depth: number): void {
   let key: string | undefined;
@@ -332,6 +339,13 @@ interface Sink {
   rejectReason: string | null;
 }
 
+/** Each Span field's wire type, by field number (the dropped counts, 10, 12 and 14, are not read). */
+const SPAN_WIRE: (number | undefined)[] = [];
+for (const f of [1, 2, 3, 4, 5, 9, 11, 13, 15]) SPAN_WIRE[f] = LEN;
+SPAN_WIRE[6] = VARINT;
+SPAN_WIRE[7] = SPAN_WIRE[8] = I64;
+SPAN_WIRE[16] = I32;
+
 function span(r: Reader, end: number, resource: Attributes, scope: Span['scope'], sink: Sink): void {
   let traceId: string | null = null;
   let spanId: string | null = null;
@@ -350,79 +364,56 @@ function span(r: Reader, end: number, resource: Attributes, scope: Span['scope']
     const tag = r.u32(end);
     const f = tag >>> 3;
     const w = tag & 7;
+    // A field on a wire type not its own is skipped, as an unknown one is.
+    if (SPAN_WIRE[f] !== w) {
+      r.skip(w, f, end);
+      continue;
+    }
     switch (f) {
       case 1:
-        if (w === LEN) traceId = idOf(r, end);
-        else r.skip(w, f, end);
+        traceId = idOf(r, end);
         break;
       case 2:
-        if (w === LEN) spanId = idOf(r, end);
-        else r.skip(w, f, end);
+        spanId = idOf(r, end);
         break;
       case 3:
-        if (w === LEN) traceState = r.str(end);
-        else r.skip(w, f, end);
+        traceState = r.str(end);
         break;
       case 4:
-        if (w === LEN) parentSpanId = idOf(r, end);
-        else r.skip(w, f, end);
+        parentSpanId = idOf(r, end);
         break;
       case 5:
-        if (w === LEN) name = r.str(end);
-        else r.skip(w, f, end);
+        name = r.str(end);
         break;
       case 6:
-        if (w === VARINT) kind = r.u32(end) | 0;
-        else r.skip(w, f, end);
+        kind = r.u32(end) | 0;
         break;
       case 7:
-        if (w === I64) {
-          r.f64(end);
-          start = nanosOf(r);
-        } else r.skip(w, f, end);
+        r.f64(end);
+        start = nanosOf(r);
         break;
       case 8:
-        if (w === I64) {
-          r.f64(end);
-          endTime = nanosOf(r);
-        } else r.skip(w, f, end);
+        r.f64(end);
+        endTime = nanosOf(r);
         break;
       case 9:
-        if (w === LEN) attribute(r, end, attributes, 0);
-        else r.skip(w, f, end);
+        attribute(r, end, attributes, 0);
         break;
       case 11:
-        if (w === LEN) {
-          const to = r.len(end);
-          events.push(eventOf(r, to));
-        } else r.skip(w, f, end);
+        events.push(eventOf(r, r.len(end)));
         break;
       case 13:
-        if (w === LEN) {
-          const to = r.len(end);
-          links.push(linkOf(r, to));
-        } else r.skip(w, f, end);
+        links.push(linkOf(r, r.len(end)));
         break;
       case 15:
-        if (w === LEN) {
-          const to = r.len(end);
-          status = statusOf(r, to);
-        } else r.skip(w, f, end);
+        status = statusOf(r, r.len(end));
         break;
       case 16:
-        if (w === I32) flags = r.f32(end);
-        else r.skip(w, f, end);
+        flags = r.f32(end);
         break;
-      default:
-        r.skip(w, f, end);
     }
   }
-  const problem =
-    traceId === null || traceId.length !== 32 || allZero(traceId)
-      ? 'invalid trace id (must be 16 non-zero bytes)'
-      : spanId === null || spanId.length !== 16 || allZero(spanId)
-        ? 'invalid span id (must be 8 non-zero bytes)'
-        : null;
+  const problem = idsProblem(traceId, spanId);
   if (problem !== null) {
     sink.rejected++;
     sink.rejectReason ??= problem;
@@ -447,17 +438,20 @@ function span(r: Reader, end: number, resource: Attributes, scope: Span['scope']
   });
 }
 
-/** Where a message's field 1 (singular: its last occurrence) and its repeated field `field` are. */
-function ranges(r: Reader, end: number, field: number): { last: [number, number] | null; all: [number, number][] } {
+/**
+ * Where a message's length-delimited fields are: the last occurrence of `single` (a singular
+ * message field; -1 for none) and every occurrence of `repeated`.
+ */
+function ranges(r: Reader, end: number, repeated: number, single = -1): { last: [number, number] | null; all: [number, number][] } {
   const all: [number, number][] = [];
   let last: [number, number] | null = null;
   while (r.pos < end) {
     const tag = r.u32(end);
     const f = tag >>> 3;
     const w = tag & 7;
-    if (w === LEN && (f === 1 || f === field)) {
+    if (w === LEN && (f === single || f === repeated)) {
       const to = r.len(end);
-      if (f === 1) last = [r.pos, to];
+      if (f === single) last = [r.pos, to];
       else all.push([r.pos, to]);
       r.pos = to;
     } else r.skip(w, f, end);
@@ -505,26 +499,16 @@ export function decodeTraceRequest(bytes: Uint8Array): WireDecoded {
   const b = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const r = new Reader(b);
   const sink: Sink = { spans: [], rejected: 0, rejectReason: null };
-  const end = b.length;
   // ExportTraceServiceRequest: resource_spans = 1.
-  const resourceSpans: [number, number][] = [];
-  while (r.pos < end) {
-    const tag = r.u32(end);
-    if (tag === ((1 << 3) | LEN)) {
-      const to = r.len(end);
-      resourceSpans.push([r.pos, to]);
-      r.pos = to;
-    } else r.skip(tag & 7, tag >>> 3, end);
-  }
-  for (const [from, to] of resourceSpans) {
+  for (const [from, to] of ranges(r, b.length, 1).all) {
     // ResourceSpans: resource = 1 (read first: its spans share it, wherever it comes), scope_spans = 2.
     r.pos = from;
-    const rs = ranges(r, to, 2);
+    const rs = ranges(r, to, 2, 1);
     const resource = resourceOf(r, rs.last);
     for (const [sFrom, sTo] of rs.all) {
       // ScopeSpans: scope = 1, spans = 2.
       r.pos = sFrom;
-      const ss = ranges(r, sTo, 2);
+      const ss = ranges(r, sTo, 2, 1);
       const scope = scopeOf(r, ss.last);
       for (const [from2, to2] of ss.all) {
         r.pos = from2;
