@@ -247,24 +247,17 @@ class KafkaSource:
         if self._pending is not None:
             self.commit(self._pending())
         self._forget(partitions)
-        self._unassign(partitions)
 
     def _on_lost(self, consumer: Any, partitions: list) -> None:
         """As a revocation, without the commit: the partitions already belong to another member."""
         self._forget(partitions)
-        self._unassign(partitions)
-
-    def _unassign(self, partitions: list) -> None:
-        for tp in partitions:
-            if self._assignment is not None:
-                self._assignment.discard((tp.topic, tp.partition))
-            self._at_end.discard((tp.topic, tp.partition))
 
     def _on_assign(self, consumer: Any, partitions: list) -> None:
         # librdkafka starts each assigned partition at its committed offset (the assignment's
         # offsets are OFFSET_INVALID, read as "stored"): nothing read before is kept.
         self._forget([])
         self._assignment = {(tp.topic, tp.partition) for tp in partitions}
+        # Read again from the committed offsets: no partition is at its end yet.
         self._at_end = set()
         by_topic: dict[str, list[int]] = {}
         for tp in partitions:
@@ -289,6 +282,9 @@ class KafkaSource:
         for tp in partitions:
             self._last.pop((tp.topic, tp.partition), None)
             self._committed.pop((tp.topic, tp.partition), None)
+            self._at_end.discard((tp.topic, tp.partition))
+            if self._assignment is not None:
+                self._assignment.discard((tp.topic, tp.partition))
         if self._reset is not None:
             self._reset()
 
