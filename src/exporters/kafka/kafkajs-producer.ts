@@ -5,6 +5,7 @@ import type { Config } from '../../config/schema';
 import { createKafkaLogCreator, KAFKAJS_LOG_LEVEL } from '../../telemetry/kafka-log';
 import type { Logger } from '../../telemetry/logger';
 import type { OutMessage, Producer, SendResult } from './producer';
+import { PIECEWISE_GZIP } from './parallel-gzip';
 
 let kafkajsModule: typeof KafkajsModule | null = null;
 
@@ -13,8 +14,13 @@ let kafkajsModule: typeof KafkajsModule | null = null;
  * loads it, and its code does not sit in the heap every full collection marks.
  */
 export function kafkajs(): typeof KafkajsModule {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  return (kafkajsModule ??= require('kafkajs') as typeof KafkajsModule);
+  if (kafkajsModule === null) {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    kafkajsModule = require('kafkajs') as typeof KafkajsModule;
+    // Codecs are kafkajs-wide: every client of this process compresses gzip in pieces (and reads it as kafkajs does).
+    kafkajsModule.CompressionCodecs[kafkajsModule.CompressionTypes.GZIP] = () => PIECEWISE_GZIP;
+  }
+  return kafkajsModule;
 }
 
 export interface KafkajsProducerOptions {
