@@ -4,7 +4,7 @@ import { extractBody, extractStream, type Extracted } from './adapters';
 import { intList, isObject } from './json';
 import { extend } from '../model/extend';
 import { IDS_MARKER, logprobsMarker, ROUTING_MARKER } from './adapters/shape';
-import { findMembers, memberCut, readChosenLogprobs, readIntArray, skipValue, topLevelMembers, type Member, type ValueEnd } from './json-scan';
+import { findMembers, memberCut, quoteFree, readChosenLogprobs, readIntArray, skipValue, topLevelMembers, type Member, type ValueEnd } from './json-scan';
 
 /**
  * Reads the bytes of journaled body frames, in order; into `scratch` when it is given and big
@@ -85,16 +85,20 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         }
         return skipValue(buf, i, end);
       };
+      // The id arrays first: the other members are searched around the long ones (a growing
+      // context's prompt ids are most of its answer, and a search through digits is slow).
+      const ids = idArrays(bytes, ID_KEYS);
       const lpMembers = lifted
-        ? findMembers(bytes, 'logprobs', 0, bytes.length, readLogprobs).filter((m) => bytes[m.valueStart] === 0x7b || bytes[m.valueStart] === 0x6e)
+        ? findMembers(bytes, 'logprobs', 0, bytes.length, readLogprobs, ids.skip).filter((m) => bytes[m.valueStart] === 0x7b || bytes[m.valueStart] === 0x6e)
         : [];
       // Routed experts (base64, megabytes) are decoded from the bytes too, not parsed as a string.
-      const routing = lifted ? findMembers(bytes, 'routed_experts').filter((m) => bytes[m.valueStart] === 0x22) : [];
+      const routing = lifted ? findMembers(bytes, 'routed_experts', 0, bytes.length, undefined, ids.skip).filter((m) => bytes[m.valueStart] === 0x22) : [];
       let patched = patchIds(
         bytes,
-        ['prompt_token_ids', 'token_ids'],
+        ID_KEYS,
         lpMembers.filter((m) => logprobs.has(logprobsMarker(m.valueStart))),
         routing,
+        ids.members,
       );
       let value: unknown;
       try {
@@ -104,7 +108,7 @@ export function extractFacts(call: CallRecord, read: BodyReader, scratch?: Buffe
         // parsed whole instead.
         if (!markersOnlyInChoices(value, logprobs)) {
           logprobs.clear();
-          patched = patchIds(bytes, ['prompt_token_ids', 'token_ids'], [], routing);
+          patched = patchIds(bytes, ID_KEYS, [], routing, ids.members);
           value = JSON.parse(patched.text);
         }
       } catch {
@@ -229,13 +233,37 @@ function modelFromRequest(offsets: number[], read: BodyReader): string | null {
   return null;
 }
 
+/** The members an answer's token ids are in, the prompt's first (the longest, searched around after). */
+const ID_KEYS = ['prompt_token_ids', 'token_ids'];
+
+/**
+ * The array members named by `keys`, in the order of the keys, each key's search going around the
+ * long arrays of those before it; `skip`: the long ones, for other searches (`findMembers`).
+ */
+export function idArrays(buf: Buffer, keys: readonly string[]): { members: Member[]; skip: Member[] } {
+  const members: Member[] = [];
+  let skip: Member[] = [];
+  for (const key of keys) {
+    const found = findMembers(buf, key, 0, buf.length, undefined, skip).filter((m) => buf[m.valueStart] === 0x5b);
+    for (const m of found) members.push(m);
+    const long = quoteFree(buf, found);
+    if (long.length > 0) skip = [...skip, ...long].sort((a, b) => a.valueStart - b.valueStart);
+  }
+  return { members, skip };
+}
+
 /**
  * The text of `buf` with each `key` member's array value replaced by a marker string naming the
  * array's byte range, and each of `read` (logprobs objects already read) by its logprobs marker.
+ * `members`: those arrays when already found (`idArrays(buf, keys).members`).
  */
-export function patchIds(buf: Buffer, keys: string[], read: Member[] = [], strings: Member[] = []): { text: string; members: Member[] } {
-  const members: Member[] = [];
-  for (const key of keys) for (const m of findMembers(buf, key)) if (buf[m.valueStart] === 0x5b) members.push(m);
+export function patchIds(
+  buf: Buffer,
+  keys: readonly string[],
+  read: Member[] = [],
+  strings: Member[] = [],
+  members: Member[] = idArrays(buf, keys).members,
+): { text: string; members: Member[] } {
   if (members.length === 0 && read.length === 0 && strings.length === 0) return { text: buf.toString('utf8'), members };
   const replaced = members.map((m) => ({ m, marker: `${IDS_MARKER}${m.valueStart}:${m.valueEnd}` }));
   for (const m of read) replaced.push({ m, marker: logprobsMarker(m.valueStart) });

@@ -205,15 +205,37 @@ export interface Member {
 
 /**
  * Every member named `key` in `[start, end)`, at any depth, in order. Members whose value is
- * malformed are skipped.
+ * malformed are skipped. `skip`: members, sorted by position, whose values hold no `"` (from
+ * `quoteFree`): a name begins and ends with a quote, so none begins in such a value, and one that
+ * begins before it and ends after it would hold all of it; one longer than the needle is not
+ * searched (a long prompt's ids, between an answer's members). The members found are the same.
  */
-export function findMembers(buf: Buffer, key: string, start = 0, end = buf.length, valueEnd: ValueEnd = plainValueEnd): Member[] {
+export function findMembers(
+  buf: Buffer,
+  key: string,
+  start = 0,
+  end = buf.length,
+  valueEnd: ValueEnd = plainValueEnd,
+  skip: readonly Member[] = NO_MEMBERS,
+): Member[] {
   const needle = needleOf(key);
   const out: Member[] = [];
   let from = start;
+  let s = 0;
   for (;;) {
-    const at = buf.indexOf(needle, from);
-    if (at < 0 || at + needle.length > end) return out;
+    while (s < skip.length && (skip[s].valueEnd <= from || skip[s].valueEnd - skip[s].valueStart < needle.length)) s++;
+    if (s < skip.length && skip[s].valueStart <= from) {
+      from = skip[s].valueEnd;
+      continue;
+    }
+    // Up to the next value skipped (a view: its indices are the buffer's).
+    const at = s < skip.length ? buf.subarray(0, skip[s].valueStart).indexOf(needle, from) : buf.indexOf(needle, from);
+    if (at < 0) {
+      if (s >= skip.length) return out;
+      from = skip[s].valueEnd;
+      continue;
+    }
+    if (at + needle.length > end) return out;
     from = at + needle.length;
     let k = at - 1;
     while (k >= start && buf[k] === BACKSLASH) k--;
@@ -226,6 +248,21 @@ export function findMembers(buf: Buffer, key: string, start = 0, end = buf.lengt
     out.push({ nameAt: at, valueStart, valueEnd: stop });
     from = stop;
   }
+}
+
+const NO_MEMBERS: readonly Member[] = [];
+
+/** Values shorter than this are searched anyway: skipping one costs more than reading it. */
+const SKIP_MIN_BYTES = 1024;
+
+/**
+ * Of `members`, those whose values hold no `"` and are at least `minBytes` long (a long array of
+ * numbers), sorted by position: what `findMembers` may leave unsearched (its `skip`).
+ */
+export function quoteFree(buf: Buffer, members: readonly Member[], minBytes = SKIP_MIN_BYTES): Member[] {
+  return members
+    .filter((m) => m.valueEnd - m.valueStart >= minBytes && buf.subarray(m.valueStart, m.valueEnd).indexOf(QUOTE) < 0)
+    .sort((a, b) => a.valueStart - b.valueStart);
 }
 
 /** Finds where the value at `i` ends (index past it, or -1 when malformed); may read it on the way. */

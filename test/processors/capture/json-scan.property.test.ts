@@ -4,6 +4,7 @@ import {
   isJson,
   looksLikeIntArray,
   memberCut,
+  quoteFree,
   readChosenLogprobs,
   readIntArray,
   skipValue,
@@ -12,6 +13,7 @@ import {
   topLevelKeys,
 } from '../../../src/formats/json-scan';
 import { logprobList } from '../../../src/formats/adapters/shape';
+import { idArrays } from '../../../src/formats/extract';
 
 /** Fixed seed: CI runs the same cases every time; change it to explore. */
 const RUN = { seed: 20261123, numRuns: 400 };
@@ -85,6 +87,46 @@ describe('structural JSON scanning agrees with JSON.parse', () => {
       }),
       RUN,
     );
+  });
+
+  it('finds the same members when it goes around values without a quote, in any bytes', () => {
+    // Documents, and text that is not JSON: the pieces a member search meets, in any order.
+    const piece = fc.constantFrom('"', '\\', ':', ' ', ',', '[', ']', '{', '}', '1', '23', '"token_ids"', '"prompt_token_ids"', '"logprobs"', 'a');
+    const bytes = fc.oneof(
+      // A name that holds a whole short value without a quote: `":[1]"` from the `"` closing
+      // `"prompt_token_ids"` on; one not longer than the needle is searched.
+      fc.constantFrom('{"prompt_token_ids":[1]":1}', '{"prompt_token_ids":[1,2]":1}'),
+      value.map((v) => spaced(v, [''])),
+      fc.tuple(value, whitespace).map(([v, ws]) => spaced(v, ws)),
+      fc.array(piece, { maxLength: 60 }).map((p) => p.join('')),
+      fc
+        .tuple(fc.array(fc.integer({ min: 0, max: 99 }), { maxLength: 40 }), fc.array(piece, { maxLength: 20 }))
+        .map(([ints, p]) => `{"prompt_token_ids":[${ints.join(',')}],${p.join('')}"token_ids":[${ints.slice(0, 3).join(',')}]}`),
+    );
+    fc.assert(
+      fc.property(bytes, fc.constantFrom('prompt_token_ids', 'token_ids', 'logprobs', 'model', '1,2', 'a', ':[1]'), fc.nat(8), (text, name, minBytes) => {
+        const buf = Buffer.from(text);
+        // Skipped: the values of the id members without a quote, however short (the needle's
+        // length decides then), or long.
+        const skip = quoteFree(buf, [...findMembers(buf, 'prompt_token_ids'), ...findMembers(buf, 'token_ids')], minBytes);
+        expect(findMembers(buf, name, 0, buf.length, undefined, skip)).toEqual(findMembers(buf, name));
+        const old = ['prompt_token_ids', 'token_ids'].flatMap((k) => findMembers(buf, k).filter((m) => buf[m.valueStart] === 0x5b));
+        expect(idArrays(buf, ['prompt_token_ids', 'token_ids']).members).toEqual(old);
+      }),
+      { ...RUN, numRuns: 1500 },
+    );
+  });
+
+  it('goes around a long array of ids: a member after it is found, none inside it', () => {
+    const ids = Array.from({ length: 3000 }, (_, i) => (i * 7919) % 151_000);
+    const buf = Buffer.from(`{"choices":[{"token_ids":[5,6],"logprobs":null}],"prompt_token_ids":[${ids.join(',')}],"routed_experts":"QUJD"}`);
+    const { members, skip } = idArrays(buf, ['prompt_token_ids', 'token_ids']);
+    expect(members.map((m) => buf.toString('latin1', m.nameAt, m.nameAt + 12))).toEqual(['"prompt_toke', '"token_ids":']);
+    expect(skip).toHaveLength(1);
+    expect(skip[0].valueEnd - skip[0].valueStart).toBeGreaterThan(10_000);
+    const [routed] = findMembers(buf, 'routed_experts', 0, buf.length, undefined, skip);
+    expect(buf.toString('latin1', routed.valueStart, routed.valueEnd)).toBe('"QUJD"');
+    expect(findMembers(buf, 'logprobs', 0, buf.length, undefined, skip)).toHaveLength(1);
   });
 
   it('cuts a member out and leaves a document equal to the value without it', () => {
