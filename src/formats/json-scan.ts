@@ -206,9 +206,10 @@ export interface Member {
 /**
  * Every member named `key` in `[start, end)`, at any depth, in order. Members whose value is
  * malformed are skipped. `skip`: members, sorted by position, whose values hold no `"` (from
- * `quoteFree`): a name begins and ends with a quote, so none begins in such a value, and one that
- * begins before it and ends after it would hold all of it; one longer than the needle is not
- * searched (a long prompt's ids, between an answer's members). The members found are the same.
+ * `quoteFree`), such as a long prompt's ids between an answer's members. A name begins and ends
+ * with a quote, so none begins or ends in such a value, and one that begins before it and ends
+ * after it holds all of it: a value at least as long as the name is not searched. The members
+ * found are the same as without `skip`.
  */
 export function findMembers(
   buf: Buffer,
