@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { promisify } from 'node:util';
 import { deflateRawSync, gunzipSync, gzipSync } from 'node:zlib';
 import fc from 'fast-check';
-import { gzipInPieces, PIECEWISE_GZIP } from '../../../src/exporters/kafka/parallel-gzip';
+import { gzipInPieces, ONE_THREAD_BELOW, PIECEWISE_GZIP } from '../../../src/exporters/kafka/parallel-gzip';
 import { kafkajs } from '../../../src/exporters/kafka/kafkajs-producer';
 import { startKafkaTestBroker } from '../../support/kafka-broker';
 
@@ -33,7 +33,7 @@ describe('gzipInPieces', () => {
     ['seven and a half pieces', 7 * 4096 + 2048],
   ])('writes one gzip member that gunzip reads back: %s', async (_name, size) => {
     for (const input of [text(size, 1), randomBytes(size)]) {
-      const out = await gzipInPieces(input, 6, 4096, 2);
+      const out = await gzipInPieces(input, 6, 4096, 2, 0);
       expect(out.subarray(0, 3)).toEqual(Buffer.from([0x1f, 0x8b, 8]));
       expect(gunzipSync(out).equals(input)).toBe(true);
       // One member: its trailer is the whole input's CRC-32 and size, at the very end.
@@ -48,9 +48,10 @@ describe('gzipInPieces', () => {
         fc.integer({ min: 1, max: 9000 }),
         fc.integer({ min: 1, max: 4 }),
         fc.integer({ min: 0, max: 9 }),
-        async (bytes, piece, atOnce, level) => {
+        fc.constantFrom(0, ONE_THREAD_BELOW, 1),
+        async (bytes, piece, atOnce, level, oneThreadBelow) => {
           const input = Buffer.from(bytes);
-          expect(gunzipSync(await gzipInPieces(input, level, piece, atOnce)).equals(input)).toBe(true);
+          expect(gunzipSync(await gzipInPieces(input, level, piece, atOnce, oneThreadBelow)).equals(input)).toBe(true);
         },
       ),
       { numRuns: 150 },
@@ -60,7 +61,9 @@ describe('gzipInPieces', () => {
   it('compresses text about as well as one deflate of the whole', async () => {
     const input = text(64 * 4096, 7);
     // A sync flush is 5 bytes a piece, and each piece's first block brings a Huffman table of its own.
-    expect((await gzipInPieces(input, 6, 4096, 2)).length).toBeLessThan(gzipSync(input).length * 1.1);
+    const pieces = await gzipInPieces(input, 6, 4096, 2);
+    expect(pieces.equals(gzipSync(input, { level: 6 }))).toBe(false);
+    expect(pieces.length).toBeLessThan(gzipSync(input).length * 1.1);
   });
 
   it('gives each piece the input before it as its dictionary', async () => {
@@ -70,7 +73,15 @@ describe('gzipInPieces', () => {
     let cold = 0;
     for (let at = 0; at < input.length; at += 4096) cold += deflateRawSync(input.subarray(at, at + 4096)).length;
     expect(cold).toBeGreaterThan(input.length / 2);
-    expect((await gzipInPieces(input, 6, 4096, 2)).length).toBeLessThan(whole + 40 * Math.ceil(input.length / 4096));
+    expect((await gzipInPieces(input, 6, 4096, 2, 0)).length).toBeLessThan(whole + 40 * Math.ceil(input.length / 4096));
+  });
+
+  it('compresses bytes that compress very well as one zlib.gzip: its first piece decides', async () => {
+    // The same 400 characters again and again: the first piece compresses far below a fifth.
+    const input = Buffer.from(randomBytes(300).toString('base64').repeat(200));
+    expect((await gzipInPieces(input, 6, 4096, 2)).equals(gzipSync(input, { level: 6 }))).toBe(true);
+    // Told to use threads whatever the ratio, it compresses in pieces.
+    expect((await gzipInPieces(input, 6, 4096, 2, 0)).equals(gzipSync(input, { level: 6 }))).toBe(false);
   });
 
   it('is the codec kafkajs uses for gzip once the sidecar loads kafkajs, and reads what kafkajs wrote', async () => {
