@@ -1,4 +1,5 @@
-import { constants, crc32, deflateRaw, gzip, unzip, type ZlibOptions } from 'node:zlib';
+import { promisify } from 'node:util';
+import { constants, crc32, deflateRaw, gzip, unzip } from 'node:zlib';
 
 /** Input a piece of a gzip member holds: big enough that a piece's fixed cost is noise. */
 export const PIECE_BYTES = 256 * 1024;
@@ -8,21 +9,17 @@ export const PIECES_AT_ONCE = 2;
 const WINDOW = 32 * 1024;
 /**
  * zlib's output buffer: Node goes back to the main thread each time one fills (16 KiB by
- * default), so a piece's output fits in one.
+ * default). A piece of text and ids fills two or so; each piece allocates one whatever its
+ * output, so it is not made as big as a piece.
  */
 const OUT_CHUNK = 64 * 1024;
 
 /** gzip's member header (RFC 1952): deflate, no flags, no time, no extra flags, OS unknown. */
 const HEADER = Buffer.from([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
 
-/** `zlib.gzip` of all of `input`, as kafkajs' own codec does it. */
-function gzipWhole(input: Buffer, level: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => gzip(input, { level }, (err, out) => (err ? reject(err) : resolve(out))));
-}
-
-function deflatePiece(piece: Buffer, options: ZlibOptions): Promise<Buffer> {
-  return new Promise((resolve, reject) => deflateRaw(piece, options, (err, out) => (err ? reject(err) : resolve(out))));
-}
+const gzipAsync = promisify(gzip);
+const deflateRawAsync = promisify(deflateRaw);
+const unzipAsync = promisify(unzip);
 
 /**
  * Below this ratio (compressed to input) of its first piece, an input is compressed on one thread:
@@ -49,7 +46,7 @@ export async function gzipInPieces(
   atOnce = PIECES_AT_ONCE,
   oneThreadBelow = ONE_THREAD_BELOW,
 ): Promise<Buffer> {
-  if (input.length <= pieceBytes * 1.5) return gzipWhole(input, level);
+  if (input.length <= pieceBytes * 1.5) return gzipAsync(input, { level });
   const starts: number[] = [];
   for (let at = 0; at < input.length; at += pieceBytes) starts.push(at);
   // A short tail goes with the piece before it.
@@ -57,7 +54,7 @@ export async function gzipInPieces(
   const piece = (i: number): Promise<Buffer> => {
     const from = starts[i];
     const last = i === starts.length - 1;
-    return deflatePiece(input.subarray(from, last ? input.length : starts[i + 1]), {
+    return deflateRawAsync(input.subarray(from, last ? input.length : starts[i + 1]), {
       level,
       chunkSize: OUT_CHUNK,
       dictionary: from === 0 ? undefined : input.subarray(Math.max(0, from - WINDOW), from),
@@ -65,7 +62,7 @@ export async function gzipInPieces(
     });
   };
   const first = await piece(0);
-  if (first.length < oneThreadBelow * starts[1]) return gzipWhole(input, level);
+  if (first.length < oneThreadBelow * starts[1]) return gzipAsync(input, { level });
   const out: Buffer[] = new Array<Buffer>(starts.length);
   out[0] = first;
   let next = 1;
@@ -97,5 +94,5 @@ export interface KafkajsCodec {
  */
 export const PIECEWISE_GZIP: KafkajsCodec = {
   compress: (encoder) => gzipInPieces(encoder.buffer),
-  decompress: (buffer) => new Promise((resolve, reject) => unzip(buffer, (err, out) => (err ? reject(err) : resolve(out)))),
+  decompress: (buffer) => unzipAsync(buffer),
 };
