@@ -220,9 +220,13 @@ read -r proxy_port telemetry_port grpc_port http_port < <(node -e '
 ctr=$("${BUILDAH[@]}" from --pull=never --name "lightning-image-smoke-$$" "$IMAGE")
 rootfs=$("${BUILDAH[@]}" mount "$ctr")
 leaked=$(find "$rootfs/usr/local/etc" "$rootfs/root" -name npmrc -o -name .npmrc -o -name ca.crt 2>/dev/null || true)
+crc_binary=$(find "$rootfs/app/node_modules/@node-rs" -name 'crc32.linux-x64-gnu.node' 2>/dev/null | head -n 1)
 "${BUILDAH[@]}" umount "$ctr" >/dev/null
 [ -z "$leaked" ] || fail "the build's npm configuration was left in the image: ${leaked//$rootfs/}"
 echo "check: ok   no npmrc or CA bundle of the build left in the image"
+# The journal's CRC-32 falls back to zlib's (a third of the speed) where this binary is missing.
+[ -n "$crc_binary" ] || fail "the image has no @node-rs/crc32 binary for linux-x64-gnu (npm ci skipped the optional dependency)"
+echo "check: ok   the journal's native CRC-32 binary is in the image"
 # Host network, loopback addresses only; the user and working directory are the image's own.
 timeout -k 5 300 "${BUILDAH[@]}" run --network host --volume "$work/data:$volume" \
   --env LIGHTNING_UPSTREAM_URL="http://127.0.0.1:$upstream_port/v1" \
