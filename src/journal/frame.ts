@@ -1,4 +1,4 @@
-import { crc32 } from './crc32';
+import { crc32 } from '../formats/crc32';
 
 /**
  * On-disk framing of one journal record:

@@ -1,6 +1,6 @@
 import { promisify } from 'node:util';
 import { constants, deflateRaw, gzip, unzip } from 'node:zlib';
-import { crc32 } from '../../journal/crc32';
+import { crc32 } from '../../formats/crc32';
 
 /** Input a piece of a gzip member holds: big enough that a piece's fixed cost is noise. */
 export const PIECE_BYTES = 256 * 1024;

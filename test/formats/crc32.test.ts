@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { crc32 as zlibCrc32 } from 'node:zlib';
-import { CRC32_IMPLEMENTATION, NATIVE_FROM, crc32 } from '../../src/journal/crc32';
+import { CRC32_IMPLEMENTATION, NATIVE_FROM, crc32 } from '../../src/formats/crc32';
 import { decodeFrame, frameHeader } from '../../src/journal/frame';
 
 describe('journal CRC-32', () => {
