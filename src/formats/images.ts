@@ -7,6 +7,29 @@ import { isObject } from './json';
  * or an http(s) URL (the model server fetches it; the request holds only the address).
  */
 
+/** What an image name begins with: `"image_url"` and `"image"` both do. */
+export const IMAGE_NAME = Buffer.from('"image');
+/** The longest image name's length (`"image_url"`, quotes included). */
+export const IMAGE_NAME_SPAN = 11;
+
+/**
+ * Whether the bytes at `at` (where `"image` begins) are a whole `"image"` or `"image_url"`, read
+ * through `byteAt` (bytes of one buffer or of several chunks). A request that names neither has no
+ * image part, as a member name or as a part's type; one that does is parsed to find out.
+ */
+export function imageNameAt(byteAt: (i: number) => number | undefined, at: number): boolean {
+  const end = at + IMAGE_NAME.length;
+  if (byteAt(end) === 0x22) return true;
+  return byteAt(end) === 0x5f && byteAt(end + 1) === 0x75 && byteAt(end + 2) === 0x72 && byteAt(end + 3) === 0x6c && byteAt(end + 4) === 0x22;
+}
+
+/** Whether a request's bytes name `"image_url"` or `"image"` (one pass for both: they begin alike). */
+export function namesImage(bytes: Buffer): boolean {
+  const byteAt = (i: number): number | undefined => bytes[i];
+  for (let i = bytes.indexOf(IMAGE_NAME); i >= 0; i = bytes.indexOf(IMAGE_NAME, i + 1)) if (imageNameAt(byteAt, i)) return true;
+  return false;
+}
+
 export type ImagePart = { kind: 'data'; mime: string; base64: string } | { kind: 'url'; url: string } | { kind: 'invalid'; why: string };
 
 /** The request's image parts, in the order the chat template renders them. */

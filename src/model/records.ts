@@ -155,6 +155,12 @@ export interface CallRecord {
   error: string | null;
   /** Fields the sidecar added to the upstream request. */
   injected: string[];
+  /**
+   * Whether the request as sent upstream names an image (`"image_url"` or `"image"`), found by the
+   * proxy while the body streamed through; absent where it did not look (the export reads the
+   * request then). False spares the export reading a large request back only to learn that.
+   */
+  namesImage?: boolean;
   /** The capture cap was hit: request and/or response bodies are incomplete. */
   truncated: boolean;
   startedAt: number;

@@ -157,6 +157,17 @@ describe('images in calls become trainable trajectories, or fail closed', () => 
     expect(await metric(sidecar, 'lightning_sidecar_trajectory_images_total{outcome="placeholders_do_not_pair"}')).toBe(1);
   }, 60_000);
 
+  it('images the server gave no placeholders at all: the request still read for them, and flagged', async () => {
+    // No placeholder in any prompt: only the proxy's note that the request names images (made as
+    // it streamed through) has the export read the request; without it the images would be lost.
+    const { sidecar } = await setup({ pads: () => 0 });
+    await openaiAgent(sidecar, 'no-placeholders', false);
+    const [t] = await closed(sidecar, 'no-placeholders');
+    expect(t.images).toHaveLength(4);
+    expect(t.images_complete).toBe(false);
+    expect(t.images_error).toMatch(/^placeholders_do_not_pair: 0 placeholder run\(s\) for 4 image\(s\)/);
+  }, 60_000);
+
   it('a run of another length than the processor gives: flagged as placeholder_length', async () => {
     const { sidecar } = await setup({ pads: (index, n) => (index === 1 ? n + 2 : n) });
     await openaiAgent(sidecar, 'drift', false);

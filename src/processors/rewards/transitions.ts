@@ -24,7 +24,7 @@ import { continuesFrom, idsLength, type Ids } from './continuity';
 import { decodeRouting, type SglangRoutingShape } from './routing';
 import { checkSamplingMasks } from './sampling-mask';
 import { samplingOf, type ServerDefaults } from './sampling';
-import { hasImageParts } from '../../formats/images';
+import { hasImageParts, namesImage } from '../../formats/images';
 import { trajectoryImages, type ImageOptions } from './images';
 import { buildTrajectories, Segmenter } from './trajectories';
 import { extend } from '../../model/extend';
@@ -340,18 +340,6 @@ const TOKEN_ROUTES = new Set(['completions', 'generate', 'sglang.generate']);
 
 const DEFAULT_IMAGES: ImageOptions = { imageTokenId: QWEN_VL_IMAGE_TOKEN_ID, processor: null };
 
-const IMAGE_NAME = Buffer.from('"image');
-
-/** Whether a request's bytes name `"image_url"` or `"image"` (one pass for both: they begin alike). */
-export function namesImage(bytes: Buffer): boolean {
-  for (let i = bytes.indexOf(IMAGE_NAME); i >= 0; i = bytes.indexOf(IMAGE_NAME, i + 1)) {
-    const at = i + IMAGE_NAME.length;
-    if (bytes[at] === 0x22) return true;
-    if (bytes[at] === 0x5f && bytes[at + 1] === 0x75 && bytes[at + 2] === 0x72 && bytes[at + 3] === 0x6c && bytes[at + 4] === 0x22) return true;
-  }
-  return false;
-}
-
 /**
  * The images of a trajectory whose last call is `call` (docs/images.md): its request's image parts
  * and its prompt's placeholder runs. A request that names no image is not parsed, unless its
@@ -373,6 +361,8 @@ function imagesOf(
   const r = call.request as RawBody | null;
   const journaled = offsets !== null || (r !== null && typeof r === 'object' && r.raw === 'journal');
   let request: unknown = call.request;
+  // The proxy found no image name in the bytes sent upstream while they streamed: nothing to read.
+  if (offsets !== null && call.namesImage === false && !placeholders) return null;
   if (journaled) {
     let bytes: Buffer;
     try {

@@ -41,6 +41,8 @@ export class CallCapture {
   firstByteAt: number | null = null;
   chunks = 0;
   injected: string[] = [];
+  /** Whether the request names an image, when the proxy looked (see `CallRecord.namesImage`). */
+  namesImage: boolean | null = null;
   policyVersion: string | null = null;
 
   constructor(
@@ -262,6 +264,7 @@ export class CallCapture {
       httpStatus: this.responseStatus,
       error: outcome.error,
       injected: this.injected.slice(),
+      ...(this.namesImage !== null ? { namesImage: this.namesImage } : {}),
       truncated: this.truncated,
       startedAt: this.startedAt,
       endedAt: outcome.endedAt,

@@ -2,6 +2,7 @@ import { ENGINE } from '../../formats/engines';
 import type { Api } from '../../model/records';
 import { findMembers, skipWs, topLevelKeys } from '../../formats/json-scan';
 import { extend } from '../../model/extend';
+import { IMAGE_NAME, IMAGE_NAME_SPAN, imageNameAt } from '../../formats/images';
 
 export interface Injection {
   body: Buffer;
@@ -51,12 +52,14 @@ export function fieldsFor(flavor: 'openai' | 'vllm' | 'sglang', api: Api, extra:
 
 /**
  * What the injector noted about a request for the next request of its rollout: where it wrote the
- * fields, and where each member name it looks for first occurs in the agent's bytes (-1: nowhere).
+ * fields, where each member name it looks for first occurs in the agent's bytes (-1: nowhere), and
+ * where the first image name does (`"image_url"` or `"image"`, see `formats/images.ts`; -1: none).
  */
 export interface RequestNotes {
   insertedAt: number;
   insertion: string;
   first: Record<string, number>;
+  image: number;
 }
 
 /**
@@ -121,6 +124,15 @@ export class StreamInjector {
     return this.noted;
   }
 
+  /**
+   * Whether the agent's body names an image (after `injected`): found in the same look as the
+   * member names, so the export need not read a large request back to learn that it has none.
+   * Null when the body was not looked at (not a JSON object: nothing was added).
+   */
+  namesImage(): boolean | null {
+    return this.noted === null ? null : this.noted.image >= 0;
+  }
+
   /** Takes a chunk of the agent's body; returns what to send upstream now (empty while undecided). */
   push(chunk: Buffer): Buffer[] {
     if (chunk.length > 0) this.agent.push(chunk);
@@ -181,8 +193,15 @@ export class StreamInjector {
           ? before
           : indexIn(this.agent, needle, Math.max(0, shared - needle.length + 1));
     }
+    // An image name in the shared bytes was in the previous request too: searched only after them
+    // when that one had none, from the start when it is not known.
+    const before = prior === null ? undefined : prior.image;
+    const image =
+      typeof before === 'number' && before >= 0 && before + IMAGE_NAME_SPAN <= shared
+        ? before
+        : firstImageName(this.agent, before === -1 ? Math.max(0, shared - IMAGE_NAME_SPAN + 1) : 0);
     this.agent = [];
-    return { insertedAt: a, insertion, first };
+    return { insertedAt: a, insertion, first, image };
   }
 }
 
@@ -193,8 +212,25 @@ function isNotes(v: unknown): v is RequestNotes {
     typeof (v as RequestNotes).insertedAt === 'number' &&
     typeof (v as RequestNotes).insertion === 'string' &&
     typeof (v as RequestNotes).first === 'object' &&
-    (v as RequestNotes).first !== null
+    (v as RequestNotes).first !== null &&
+    typeof (v as RequestNotes).image === 'number'
   );
+}
+
+/** Where the first image name (`"image_url"` or `"image"`) begins at or after `from` in the concatenation of `chunks`, or -1. */
+export function firstImageName(chunks: readonly Buffer[], from: number): number {
+  let k = 0;
+  let base = 0;
+  // The byte at `i` of the concatenation (undefined past its end); positions asked mostly grow.
+  const byteAt = (i: number): number | undefined => {
+    if (i < base) k = base = 0;
+    while (k < chunks.length && i >= base + chunks[k].length) base += chunks[k++].length;
+    return k < chunks.length ? chunks[k][i - base] : undefined;
+  };
+  for (let i = indexIn(chunks, IMAGE_NAME, from); i >= 0; i = indexIn(chunks, IMAGE_NAME, i + 1)) {
+    if (imageNameAt(byteAt, i)) return i;
+  }
+  return -1;
 }
 
 /** The first position at or after `from` where `needle` occurs in the concatenation of `chunks`, or -1. */

@@ -181,6 +181,7 @@ class PassThrough {
         r ??= open();
         send(out);
         capture!.injected = injector.injected(capture!.requestRepeats());
+        capture!.namesImage = injector.namesImage();
         const notes = injector.notes();
         if (notes !== null) capture!.noteRequest(notes);
       }

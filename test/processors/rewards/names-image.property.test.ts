@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { namesImage } from '../../../src/processors/rewards/transitions';
+import { namesImage } from '../../../src/formats/images';
 
 /*
  * A request that names no image is not parsed when its trajectory is built: one pass finds both

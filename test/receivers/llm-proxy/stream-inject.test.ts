@@ -1,6 +1,11 @@
-import { indexIn, StreamInjector } from '../../../src/receivers/llm-proxy/inject';
+import fc from 'fast-check';
+import { namesImage } from '../../../src/formats/images';
+import { firstImageName, indexIn, StreamInjector } from '../../../src/receivers/llm-proxy/inject';
 
 const FIELDS = { return_token_ids: 'true', logprobs: 'true' };
+const IMAGE_MESSAGE = '{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}';
+/** A body's opening with an image message as its first member (the rest of a body follows). */
+const IMAGE_TURN = `{"first":${IMAGE_MESSAGE},`;
 
 /** Feeds `body` split at the given points; returns what went upstream and the injector. */
 function feed(body: string, cuts: number[]): { sent: string; injector: StreamInjector; decidedAt: number } {
@@ -89,7 +94,7 @@ describe('finding the member names an agent sent', () => {
       repeats = { shared: Math.min(shared, prior.under ?? shared), notes: prior.previous.notes };
     }
     const injected = injector.injected(repeats);
-    return { sent, injected, notes: injector.notes() };
+    return { sent, injected, notes: injector.notes(), namesImage: injector.namesImage() };
   }
 
   const history = (n: number, extra = '') =>
@@ -111,6 +116,13 @@ describe('finding the member names an agent sent', () => {
       ['{"model":"m","logprobs":1}', '{"model":"m","logprobz":1}'],
       // Unrelated bodies.
       [history(2, ',"logprobs":true'), '{"return_token_ids":true}'],
+      // An image part in the shared history, and one that first comes after it.
+      [IMAGE_TURN + history(2).slice(1), IMAGE_TURN + history(3).slice(1)],
+      [history(2), history(2).slice(0, -2) + ',' + IMAGE_MESSAGE + ']}'],
+      // An image name that the two part in the middle of, either way.
+      ['{"model":"m","type":"image_ur","x":1}', '{"model":"m","type":"image_url","x":1}'],
+      ['{"model":"m","type":"image","x":1}', '{"model":"m","type":"imagex","x":1}'],
+      ['{"model":"m","type":"image_url"}', '{"model":"m","type":"image_ur"}'],
     ];
     for (const [first, second] of cases)
       for (const parts of [1, 3, 17])
@@ -121,7 +133,25 @@ describe('finding the member names an agent sent', () => {
           const full = send(second, 1);
           expect(next.injected).toEqual(full.injected);
           expect(next.notes).toEqual(full.notes);
+          expect(next.namesImage).toBe(namesImage(Buffer.from(second)));
         }
+  });
+
+  it('finds the first image name across any chunking, as the search of one buffer does', () => {
+    const pieces = ['"image', '"image"', '"image_url"', '"image_ur', '_url"', '"', 'image', 'x', '{"type":"text"}', 'é'];
+    fc.assert(
+      fc.property(fc.array(fc.constantFrom(...pieces), { maxLength: 10 }), fc.array(fc.nat(), { maxLength: 6 }), fc.nat(), (parts, cuts, start) => {
+        const text = Buffer.from(parts.join(''));
+        const at = [...new Set(cuts.map((c) => c % (text.length + 1)))].sort((a, b) => a - b);
+        const chunks = [0, ...at].map((c, i, all) => text.subarray(c, i + 1 < all.length ? all[i + 1] : text.length));
+        const from = start % (text.length + 1);
+        let expected = -1;
+        for (let i = text.indexOf('"image', from); i >= 0 && expected < 0; i = text.indexOf('"image', i + 1))
+          if (namesImage(text.subarray(i, i + 11))) expected = i;
+        expect(firstImageName(chunks, from)).toBe(expected);
+      }),
+      { numRuns: 2000 },
+    );
   });
 
   it('does not trust notes written with other fields', () => {
