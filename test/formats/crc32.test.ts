@@ -9,6 +9,30 @@ describe('journal CRC-32', () => {
     else expect(['node-rs', 'zlib']).toContain(CRC32_IMPLEMENTATION);
   });
 
+  test('where the package cannot be loaded (no binary for the platform), zlib computes every CRC-32', () => {
+    jest.isolateModules(() => {
+      jest.doMock('@node-rs/crc32', () => {
+        throw new Error('Cannot find native binding');
+      });
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const fallback = require('../../src/formats/crc32') as typeof import('../../src/formats/crc32');
+      expect(fallback.CRC32_IMPLEMENTATION).toBe('zlib');
+      const big = Buffer.alloc(3 * NATIVE_FROM, 0x5a);
+      expect(fallback.crc32(big, 99)).toBe(zlibCrc32(big, 99));
+    });
+    jest.dontMock('@node-rs/crc32');
+  });
+
+  test('a binding that gives another value than zlib is not used', () => {
+    jest.isolateModules(() => {
+      jest.doMock('@node-rs/crc32', () => ({ crc32: () => 0 }));
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const checked = require('../../src/formats/crc32') as typeof import('../../src/formats/crc32');
+      expect(checked.CRC32_IMPLEMENTATION).toBe('zlib');
+    });
+    jest.dontMock('@node-rs/crc32');
+  });
+
   test('equals zlib for any bytes and initial value, on both sides of the size where it switches', () => {
     const sizes = fc.oneof(fc.integer({ min: 0, max: 64 }), fc.integer({ min: NATIVE_FROM - 8, max: NATIVE_FROM + 8 }), fc.integer({ min: 0, max: 70_000 }));
     fc.assert(
