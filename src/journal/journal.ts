@@ -243,16 +243,16 @@ export class Journal {
    * Appends raw bytes of a call's request or response (one buffer or pieces) as a body frame, without copying them.
    * `callId` names the call (the offset of its start record). Refused like `append`. Body
    * frames are lazy: what must be in the file before an agent sees it is written through by the
-   * call's end record (`afterWrite`), or by `writeSoon` when a streamed answer begins. With
-   * `keep`, a copy stays in memory for a while (see `recent`): for calls whose episode is
-   * exported right after they end.
+   * call's end record (`afterWrite`), or by `writeSoon` when a streamed answer begins. A frame of
+   * at most `keepUpTo` bytes leaves a copy in memory for a while (see `recent`): for calls whose
+   * episode is exported right after they end.
    */
-  appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[], keep = false): number {
+  appendBody(callId: number, kind: BodyKind, bytes: Buffer | readonly Buffer[], keepUpTo = 0): number {
     const parts = Buffer.isBuffer(bytes) ? [bytes] : bytes;
     let length = 0;
     for (const b of parts) length += b.length;
     const { offset } = this.enqueue([bodyHeader(callId, kind), ...parts], BODY_HEADER_BYTES + length, length, false, false, true);
-    if (keep) this.recent.keep(offset, parts, length);
+    if (length <= keepUpTo) this.recent.keep(offset, parts, length);
     return offset;
   }
 

@@ -8,13 +8,6 @@ import type { Intake } from './intake';
 /** A request's body bytes handed over at once up to this many are kept in memory for the export (see `body`). */
 const KEEP_REQUEST_BYTES = 16 * 1024;
 
-function byteLength(bytes: Buffer | readonly Buffer[]): number {
-  if (Buffer.isBuffer(bytes)) return bytes.length;
-  let n = 0;
-  for (const b of bytes) n += b.length;
-  return n;
-}
-
 /**
  * What the LLM proxy journals a call through: its start and end records (via intake) and its
  * bodies, as deltas against its rollout's previous call when it has one (body-writers.ts).
@@ -61,7 +54,7 @@ export function createCaptureSink(ctx: Context, intake: Intake, writers: BodyWri
         // as it ends): a copy stays in memory for that export. Not of a large request's bytes: the
         // export reads a request only for what the proxy did not note (whether it names an image),
         // and the copy cost ~150 µs a MiB of prompt (read from the file when it is needed).
-        else frames.push(journal.appendBody(callId, kind, bytes, kind !== 'request' || byteLength(bytes) <= KEEP_REQUEST_BYTES));
+        else frames.push(journal.appendBody(callId, kind, bytes, kind === 'request' ? KEEP_REQUEST_BYTES : Infinity));
         return true;
       } catch (err) {
         refusedCapture(err);

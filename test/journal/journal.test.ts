@@ -250,10 +250,10 @@ describe('journal body frames', () => {
     const dir = tmp();
     const { j } = await reopen(dir, { segmentBytes: 1 << 20, maxBytes: 8 << 20, cacheBytes: 1300 });
     const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
-    const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'), true);
+    const old = j.appendBody(call, 'request', Buffer.alloc(600, 'o'), Infinity);
     // Pushes `old` out of memory (600 + 600 + 600 bytes > 1300).
-    j.appendBody(call, 'request', Buffer.alloc(600, 'x'), true);
-    const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')], true);
+    j.appendBody(call, 'request', Buffer.alloc(600, 'x'), Infinity);
+    const recent = j.appendBody(call, 'response', [Buffer.alloc(300, 'r'), Buffer.alloc(300, 's')], Infinity);
     // Not kept: read from the file.
     const unkept = j.appendBody(call, 'response', Buffer.from('plain'));
     // Queued, not yet written: readable all the same (an episode may be built before the write).
@@ -283,12 +283,12 @@ describe('journal body frames', () => {
     const dir = tmp();
     const { j } = await reopen(dir, { segmentBytes: 256, maxBytes: 8 << 20 });
     const call = j.append(Buffer.from('{"type":"call_start"}')).offset;
-    const kept = j.appendBody(call, 'request', Buffer.from('{"kept":true}'), true);
+    const kept = j.appendBody(call, 'request', Buffer.from('{"kept":true}'), Infinity);
     j.flushNow();
     const internals = j as unknown as { fd: number | null };
     const fd = internals.fd;
     internals.fd = 1 << 20;
-    const lost = j.appendBody(call, 'response', Buffer.from('{"lost":true}'), true);
+    const lost = j.appendBody(call, 'response', Buffer.from('{"lost":true}'), Infinity);
     j.flushNow();
     internals.fd = fd;
     expect(j.writeFailures).toBe(1);
