@@ -174,7 +174,7 @@ export class StreamInjector {
     return at < head.length ? [head.subarray(0, at), this.insertion, head.subarray(at)] : [head.subarray(0, at), this.insertion];
   }
 
-  /** Finds the member names in the agent's bytes, skipping what is shared with the previous request. */
+  /** Finds the member names and the first image name in the agent's bytes, skipping what is shared with the previous request. */
   private look(repeats: { shared: number; notes: unknown } | null): RequestNotes {
     const insertion = this.insertion.toString();
     const prior =
@@ -186,23 +186,22 @@ export class StreamInjector {
     const a = this.insertedAt;
     const shared = sent <= a ? sent : Math.max(a, sent - this.insertion.length);
     const first: Record<string, number> = {};
-    for (const [k, needle] of this.needles) {
-      const before = prior?.first[k];
-      first[k] =
-        typeof before === 'number' && before >= 0 && before + needle.length <= shared
-          ? before
-          : indexIn(this.agent, needle, Math.max(0, shared - needle.length + 1));
-    }
-    // An image name in the shared bytes was in the previous request too: searched only after them
-    // when that one had none, from the start when it is not known.
-    const before = prior === null ? undefined : prior.image;
-    const image =
-      typeof before === 'number' && before >= 0 && before + IMAGE_NAME_SPAN <= shared
-        ? before
-        : firstImageName(this.agent, before === -1 ? Math.max(0, shared - IMAGE_NAME_SPAN + 1) : 0);
+    for (const [k, needle] of this.needles) first[k] = firstPast(prior?.first[k], needle.length, shared, (from) => indexIn(this.agent, needle, from));
+    // Image names (`"image_url"` is the longer) are found past the shared bytes the same way.
+    const image = firstPast(prior?.image, IMAGE_NAME_SPAN, shared, (from) => firstImageName(this.agent, from));
     this.agent = [];
     return { insertedAt: a, insertion, first, image };
   }
+}
+
+/**
+ * Where a name of up to `span` bytes first occurs in a request whose first `shared` bytes equal the
+ * previous request's, in which it first occurred at `before` (-1: nowhere; undefined: not known,
+ * then `shared` is 0). One that lies within the shared bytes is where it was; otherwise it begins
+ * past them, or so close to their end that it reaches past them: only from there is it searched.
+ */
+function firstPast(before: number | undefined, span: number, shared: number, search: (from: number) => number): number {
+  return typeof before === 'number' && before >= 0 && before + span <= shared ? before : search(Math.max(0, shared - span + 1));
 }
 
 function isNotes(v: unknown): v is RequestNotes {
