@@ -108,7 +108,7 @@ export class Journal {
    */
   private pins: number[] = [];
   /**
-   * Copies of the newest body frames appended with `keep` or read from a segment (`cacheBytes` of
+   * Copies of the newest body frames appended with `keepUpTo` or read from a segment (`cacheBytes` of
    * them). Frames still queued are read from here too (a call's episode may be built before the
    * batch of its turn is written); a batch that cannot be written is dropped from it.
    */
