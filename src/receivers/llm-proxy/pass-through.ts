@@ -296,7 +296,7 @@ class PassThrough {
   }
 
   /** A JSON answer with members given back as null: held whole, sent with its new length. */
-  private relayStrippedJson(ures: UpstreamResponse, status: number, out: string[], strip: string[]): void {
+  private relayStrippedJson(ures: UpstreamResponse, status: number, out: string[], strip: readonly string[]): void {
     const { res } = this.call;
     const capture = this.call.capture!;
     const parts: Buffer[] = [];
@@ -311,7 +311,9 @@ class PassThrough {
       for (const p of body) length += p.length;
       this.settle('ok', null, `${Math.floor(status / 100)}xx`, () => {
         res.writeHead(status, ures.statusMessage, setLength(out, length));
-        // One write for the pieces (they stay pieces of the server's answer, not a copy).
+        // A small answer goes out as one buffer (a copy costs less than a write call a piece); a
+        // large one as its pieces in one write, not copied.
+        if (body.length === 1 || length <= JOIN_BELOW) return void res.end(body.length === 1 ? body[0] : Buffer.concat(body, length));
         res.cork();
         for (const p of body.slice(0, -1)) res.write(p);
         res.end(body[body.length - 1]);
@@ -380,6 +382,9 @@ const DROP_WHEN_REWRITTEN = new Set(['expect', 'content-length']);
 /** Asks buffering reverse proxies in front of us (nginx, ingress) not to hold SSE back. */
 const SSE_EXTRA = { 'x-accel-buffering': 'no' };
 const NONE = {};
+
+/** A stripped answer up to this size is joined into one buffer before it is written. */
+const JOIN_BELOW = 64 * 1024;
 
 function withoutLength(headers: string[]): string[] {
   const out: string[] = [];

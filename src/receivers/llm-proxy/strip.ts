@@ -3,9 +3,20 @@ import { findMembersOfEach } from '../../formats/json-scan';
 import { SseEventFramer } from '../../formats/sse';
 
 /** The answer's members the agent did not ask for, given the fields the sidecar added for it (what each brings: src/formats/engines). */
-export function broughtMembers(injected: readonly string[]): string[] {
-  return [...new Set(injected.flatMap((f) => BROUGHT[f] ?? []))];
+export function broughtMembers(injected: readonly string[]): readonly string[] {
+  // The same few sets of added fields come again call after call: each answer is kept.
+  const key = injected.join('\n');
+  let members = brought.get(key);
+  if (members === undefined) {
+    members = [...new Set(injected.flatMap((f) => BROUGHT[f] ?? []))];
+    if (brought.size < BROUGHT_KEPT) brought.set(key, members);
+  }
+  return members;
 }
+
+/** `broughtMembers`' answers by the fields added (field names come from the engines' tables, so few sets). */
+const brought = new Map<string, readonly string[]>();
+const BROUGHT_KEPT = 64;
 
 /**
  * The bytes with each named member's value replaced by `null` (what the server answers when the

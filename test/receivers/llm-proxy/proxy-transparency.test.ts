@@ -100,6 +100,33 @@ describe('proxy transparency', () => {
     expect(firstEvent).toContain('"role":"assistant"');
   });
 
+  // A small answer goes to the agent as one buffer, a large one as the server's pieces with the
+  // nulls between them: both must be the server's answer with only those members changed.
+  for (const [size, words] of [
+    ['small', 5],
+    ['large', 12_000],
+  ] as const)
+    it(`gives an agent that did not ask for ids or logprobs the server's answer with them null, and its length (${size})`, async () => {
+      await setup({ flavor: 'vllm', script: () => ({ content: Array.from({ length: words }, (_, i) => `w${i}`).join(' ') }) }, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+      const asked = await request(`${upstream.url}/chat/completions`, { body: chatBody({ return_token_ids: true, logprobs: true }) });
+      const proxied = await request(`${sidecar.origin}/rollout/strip-${size}/v1/chat/completions`, { body: chatBody() });
+      expect(proxied.status).toBe(200);
+      expect(Number(proxied.headers['content-length'])).toBe(proxied.body.length);
+      // What the sidecar asked for is in the server's answer, so there is something to give back as null.
+      if (size === 'large') expect(asked.body.length).toBeGreaterThan(64 * 1024);
+      const server = JSON.parse(asked.body.toString()) as { id: string; created: number; prompt_token_ids: unknown; choices: Record<string, unknown>[] };
+      expect(server.prompt_token_ids).toEqual(expect.any(Array));
+      expect(server.choices[0].token_ids).toEqual(expect.any(Array));
+      expect(server.choices[0].logprobs).not.toBeNull();
+      const agent = JSON.parse(proxied.body.toString()) as typeof server;
+      const expected = { ...server, id: agent.id, created: agent.created, prompt_token_ids: null, choices: server.choices.map((c) => ({ ...c, token_ids: null, logprobs: null })) };
+      expect(agent).toEqual(expected);
+      // The journal kept the server's bytes: the record has the ids the agent was not given.
+      await fetch(`${sidecar.origin}/lightning/v1/rollouts/strip-${size}/end`, { method: 'POST', body: '{}' });
+      await sidecar.waitForEpisodes(1);
+      expect(sidecar.transitions()[0].response_token_ids).toEqual(server.choices[0].token_ids);
+    });
+
   it('passes upstream 4xx/5xx bodies through unchanged and records the call as an error', async () => {
     const errBody = JSON.stringify({ error: { message: 'model overloaded', type: 'server_error' } });
     await setup({ fault: () => ({ kind: 'status', status: 500, body: errBody }) });
