@@ -24,6 +24,12 @@ const LIBRARY_PARTS = [
   ['metrics and logs', /^prom-client\//],
   ['Kafka client (kafkajs)', /^kafkajs\//],
 ];
+/**
+ * Helpers several parts call (the JSON byte scanner, the checksum): their time counts for the
+ * part that called them (the strip's scan for the capture hooks, the checksum for the journal or
+ * the Kafka codec), and for their own part only when no other sidecar frame is above them.
+ */
+const SHARED_HELPERS = /\/dist\/formats\/(json-scan|crc32)\.js$/;
 const OTHER_SIDECAR = 'other sidecar code';
 const OTHER_LIBRARY = 'other libraries';
 const GC = 'garbage collection';
@@ -72,13 +78,19 @@ function analyzeProfile(profile, windows, top = 10) {
     else if (special === '(program)') c = PROGRAM;
     else {
       c = NODE;
+      let helper = null;
       for (let x = id; x !== undefined; x = parent.get(x)) {
-        const part = partOf(byId.get(x).callFrame.url);
-        if (part !== null) {
-          c = part;
-          break;
+        const url = byId.get(x).callFrame.url;
+        const part = partOf(url);
+        if (part === null) continue;
+        if (SHARED_HELPERS.test(url)) {
+          helper ??= part;
+          continue;
         }
+        c = part;
+        break;
       }
+      if (c === NODE && helper !== null) c = helper;
     }
     categoryMemo.set(id, c);
     return c;

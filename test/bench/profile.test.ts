@@ -104,6 +104,37 @@ describe('bench profile analysis', () => {
   });
 });
 
+describe('bench profile analysis: shared helpers', () => {
+  // The JSON scanner and the checksum are called by several parts: each sample counts for the
+  // part that called them, and for the helper's own part only with no sidecar frame above it.
+  const CAPTURE = 'proxy: capture hooks (tee, ids asked for, stripped)';
+  const EXTRACTION = 'extraction (answers read for ids, logprobs, tool calls)';
+  const scanFromStrip = frame('findMembersOfEach', `${DIST}formats/json-scan.js`);
+  const strip = frame('nullCuts', `${DIST}receivers/llm-proxy/strip.js`, [scanFromStrip]);
+  const crcNative = frame('crc32', '');
+  const crc = frame('crc32', `${DIST}formats/crc32.js`, [crcNative]);
+  const journal = frame('frameHeader', `${DIST}journal/frame.js`, [crc]);
+  const scanFromExtract = frame('countIntArray', `${DIST}formats/json-scan.js`);
+  const extract = frame('extractFacts', `${DIST}formats/extract.js`, [scanFromExtract]);
+  const crcInKafka = frame('crc32', `${DIST}formats/crc32.js`);
+  const kafka = frame('gzip', `${DIST}exporters/kafka/parallel-gzip.js`, [crcInKafka]);
+  const alone = frame('skipValue', `${DIST}formats/json-scan.js`);
+  const root = frame('(root)', '', [strip, journal, extract, kafka, alone]);
+  const nodes = [root, strip, scanFromStrip, journal, crc, crcNative, extract, scanFromExtract, kafka, crcInKafka, alone];
+  const order = [scanFromStrip, crcNative, crcNative, scanFromExtract, crcInKafka, alone];
+  const profile = { nodes, startTime: 0, endTime: 10 * (order.length + 1), samples: order.map((n) => n.id), timeDeltas: order.map(() => 10) };
+
+  it('counts a shared helper for the part that called it', () => {
+    const [a] = bench.analyzeProfile(profile, [{ name: 'a', startUs: 0, endUs: 1000, units: 1 }]);
+    expect(a.parts).toEqual({
+      [CAPTURE]: 10,
+      journal: 20,
+      [EXTRACTION]: 20,
+      'export (transition JSON, NDJSON or Kafka)': 10,
+    });
+  });
+});
+
 describe('bench profile report', () => {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const report = require(path.join(__dirname, '../../bench/report.js')) as { whereTheTimeGoes: (p: unknown) => string[] };
