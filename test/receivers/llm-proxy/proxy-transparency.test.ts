@@ -107,7 +107,10 @@ describe('proxy transparency', () => {
     ['large', 12_000],
   ] as const)
     it(`gives an agent that did not ask for ids or logprobs the server's answer with them null, and its length (${size})`, async () => {
-      await setup({ flavor: 'vllm', script: () => ({ content: Array.from({ length: words }, (_, i) => `w${i}`).join(' ') }) }, { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } });
+      await setup(
+        { flavor: 'vllm', script: () => ({ content: Array.from({ length: words }, (_, i) => `w${i}`).join(' ') }) },
+        { receivers: { llm_proxy: { upstream_flavor: 'vllm' } } },
+      );
       const asked = await request(`${upstream.url}/chat/completions`, { body: chatBody({ return_token_ids: true, logprobs: true }) });
       const proxied = await request(`${sidecar.origin}/rollout/strip-${size}/v1/chat/completions`, { body: chatBody() });
       expect(proxied.status).toBe(200);
@@ -119,7 +122,13 @@ describe('proxy transparency', () => {
       expect(server.choices[0].token_ids).toEqual(expect.any(Array));
       expect(server.choices[0].logprobs).not.toBeNull();
       const agent = JSON.parse(proxied.body.toString()) as typeof server;
-      const expected = { ...server, id: agent.id, created: agent.created, prompt_token_ids: null, choices: server.choices.map((c) => ({ ...c, token_ids: null, logprobs: null })) };
+      const expected = {
+        ...server,
+        id: agent.id,
+        created: agent.created,
+        prompt_token_ids: null,
+        choices: server.choices.map((c) => ({ ...c, token_ids: null, logprobs: null })),
+      };
       expect(agent).toEqual(expected);
       // The journal kept the server's bytes: the record has the ids the agent was not given.
       await fetch(`${sidecar.origin}/lightning/v1/rollouts/strip-${size}/end`, { method: 'POST', body: '{}' });
