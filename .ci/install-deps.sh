@@ -17,13 +17,16 @@ DEPS=(
   "kcat|kcat -V"
   # promtool lints a live /metrics page and the alert rules; prometheus evaluates the alerts
   "prometheus|promtool --version && prometheus --version"
-  # the trainer-side Python client's tests: the interpreter, its modules, and protoc
-  "python3|python3 --version || /usr/bin/python3 --version"
-  "python3-confluent-kafka|python3 -c 'import confluent_kafka' || /usr/bin/python3 -c 'import confluent_kafka'"
-  "python3-protobuf|python3 -c 'import google.protobuf' || /usr/bin/python3 -c 'import google.protobuf'"
+  # the trainer-side Python client's tests: Debian's interpreter, its modules, and protoc. The
+  # modules are asked of /usr/bin/python3, the interpreter these packages install into and the one
+  # every Python test can use: a `python3` earlier on PATH (pyenv, a venv) may have some of them and
+  # not others, and no test can use modules split over two interpreters.
+  "python3|/usr/bin/python3 --version"
+  "python3-confluent-kafka|/usr/bin/python3 -c 'import confluent_kafka'"
+  "python3-protobuf|/usr/bin/python3 -c 'import google.protobuf'"
   "protobuf-compiler|protoc --version"
-  "python3-pytest|python3 -c 'import pytest' || /usr/bin/python3 -c 'import pytest'"
-  "python3-numpy|python3 -c 'import numpy' || /usr/bin/python3 -c 'import numpy'"
+  "python3-pytest|/usr/bin/python3 -c 'import pytest'"
+  "python3-numpy|/usr/bin/python3 -c 'import numpy'"
   # a fresh venv of Debian's python3 for the client's install test (test/python/packaging.test.ts)
   "python3-venv|/usr/bin/python3 -c 'import venv, ensurepip'"
   # a real browser for the viewer's tests (driven by npm playwright-core; no browser download)
