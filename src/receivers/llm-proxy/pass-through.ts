@@ -313,7 +313,7 @@ class PassThrough {
         res.writeHead(status, ures.statusMessage, setLength(out, length));
         // A small answer goes out as one buffer (a copy costs less than a write call a piece); a
         // large one as its pieces in one write, not copied.
-        if (body.length === 1 || length <= JOIN_BELOW) return void res.end(body.length === 1 ? body[0] : Buffer.concat(body, length));
+        if (body.length === 1 || length <= JOIN_UP_TO) return void res.end(body.length === 1 ? body[0] : Buffer.concat(body, length));
         res.cork();
         for (const p of body.slice(0, -1)) res.write(p);
         res.end(body[body.length - 1]);
@@ -384,7 +384,7 @@ const SSE_EXTRA = { 'x-accel-buffering': 'no' };
 const NONE = {};
 
 /** A stripped answer up to this size is joined into one buffer before it is written. */
-const JOIN_BELOW = 64 * 1024;
+const JOIN_UP_TO = 64 * 1024;
 
 function withoutLength(headers: string[]): string[] {
   const out: string[] = [];
